@@ -1,0 +1,133 @@
+"""Every strategy must train exactly like one process on the whole batch.
+
+On every rank, the test trains a single-process reference on the whole batch (no communication:
+the independent reference) and the strategy on that rank's rows, and after every step checks
+that the parameters agree. The parent then checks that all ranks hold identical parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import ddp
+from ddp.bucketed import BucketedDDP
+from ddp.launcher import rank_info
+from correctness_tests.models import MODEL_CASES
+
+STEPS = 3
+ROWS_PER_RANK = 4
+MICRO_BATCHES = 2  # with accumulation: this many backward passes per step, all but the last in no_sync()
+
+# Bucket sizes for ``bucketed`` and ``torch``, as functions of the model's gradient sizes in bytes.
+BUCKET_CASES = {
+    "one_tensor_per_bucket": lambda sizes: 1e-9,
+    "few_per_bucket": lambda sizes: sum(sizes) / 3 / 2**20,
+    "all_in_one": lambda sizes: 2 * sum(sizes) / 2**20,
+    "tensor_over_cap": lambda sizes: max(sizes) / 2 / 2**20,
+}
+
+STRATEGY_CASES = [
+    pytest.param("naive", None, id="naive"),
+    pytest.param("flat", None, id="flat"),
+    pytest.param("overlap", None, id="overlap"),
+    *(pytest.param("bucketed", case, id=f"bucketed-{case}") for case in BUCKET_CASES),
+    pytest.param("torch", "few_per_bucket", id="torch"),
+]
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    # eps well above float rounding of tiny gradients, which Adam would otherwise amplify to a full step;
+    # weight decay large enough that a gradient wrongly set to zeros (instead of None) shows.
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, eps=1e-6, weight_decay=0.5),
+}
+
+
+def _strategy_options(strategy: str, bucket_case: str | None, module, has_unused: bool) -> dict:
+    options = {}
+    if bucket_case is not None:
+        sizes = [p.numel() * p.element_size() for p in module.parameters() if p.requires_grad]
+        options["bucket_size_mb"] = BUCKET_CASES[bucket_case](sizes)
+    if strategy == "torch" and has_unused:
+        options["find_unused_parameters"] = True
+    return options
+
+
+def _check_bucket_plan(model: BucketedDDP, bucket_case: str) -> None:
+    sizes = [p.numel() * p.element_size() for p in model.parameters_to_sync]
+    if bucket_case == "one_tensor_per_bucket":
+        assert model.num_allreduce_calls_per_step == len(sizes)
+    elif bucket_case == "all_in_one":
+        assert model.num_allreduce_calls_per_step == 1
+    elif bucket_case == "tensor_over_cap":
+        largest = max(sizes)
+        assert largest in model.bucket_sizes_bytes, "a tensor over the cap must have a bucket of its own"
+    cap = model.bucket_size_mb * 2**20
+    assert all(size <= cap or size in sizes for size in model.bucket_sizes_bytes)
+    assert sum(model.bucket_sizes_bytes) == sum(sizes)
+
+
+def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
+    """Runs on every rank: train the strategy and the reference side by side, compare each step."""
+    info = rank_info()
+    case = MODEL_CASES[model_name]
+    torch.manual_seed(0)
+    reference = case.build().to(info.device)
+    local = copy.deepcopy(reference)
+    with torch.no_grad():  # rank 0's parameters must win: start every other rank elsewhere
+        for tensor in (*local.parameters(), *local.buffers()):
+            if tensor.is_floating_point():
+                tensor.add_(info.rank)
+    model = ddp.make_ddp(strategy, local, **_strategy_options(strategy, bucket_case, local, case.has_unused_parameters))
+    if isinstance(model, BucketedDDP):
+        _check_bucket_plan(model, bucket_case)
+    reference_optimizer = OPTIMIZERS[optimizer_name](reference.parameters())
+    optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+
+    generator = torch.Generator().manual_seed(1234)
+    rows = slice(info.rank * ROWS_PER_RANK, (info.rank + 1) * ROWS_PER_RANK)
+    for step in range(STEPS):
+        inputs, targets = case.batch(ROWS_PER_RANK * info.world_size, generator)
+        inputs, targets = inputs.to(info.device), targets.to(info.device)
+
+        reference_optimizer.zero_grad()
+        case.loss(reference(inputs), targets).backward()
+        reference_optimizer.step()
+
+        optimizer.zero_grad()
+        mine, my_targets = inputs[rows], targets[rows]
+        if accumulate:
+            micro = ROWS_PER_RANK // MICRO_BATCHES
+            with model.no_sync():
+                for start in range(0, ROWS_PER_RANK - micro, micro):
+                    (case.loss(model(mine[start : start + micro]), my_targets[start : start + micro]) / MICRO_BATCHES).backward()
+            (case.loss(model(mine[-micro:]), my_targets[-micro:]) / MICRO_BATCHES).backward()
+        else:
+            case.loss(model(mine), my_targets).backward()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+
+        for (name, expected), actual in zip(reference.named_parameters(), model.module.parameters()):
+            assert_close(actual, expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}, {name}: {m}")
+        for (name, expected), actual in zip(reference.named_buffers(), model.module.buffers()):
+            assert_close(actual, expected, msg=lambda m: f"buffer {name}: {m}")
+    return [p.detach().cpu() for p in model.module.parameters()]
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("model_name", list(MODEL_CASES))
+@pytest.mark.parametrize("strategy, bucket_case", STRATEGY_CASES)
+def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, accumulate):
+    per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, accumulate)
+    for rank, params in enumerate(per_rank[1:], start=1):
+        for mine, rank0 in zip(params, per_rank[0]):
+            assert_close(mine, rank0, rtol=0, atol=0, msg=lambda m: f"rank {rank} differs from rank 0: {m}")
+
+
+def test_user_class_by_import_path(rank_group):
+    """``make_ddp`` takes "package.module:ClassName": a user's own DDP runs the same tests."""
+    rank_group.run(train_against_reference, "ddp.flat:FlatDDP", None, "frozen_mlp", "adamw", True)

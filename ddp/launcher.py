@@ -1,0 +1,327 @@
+"""The one place that starts ranks: a persistent group of worker processes, one per rank.
+
+``RankGroup`` spawns ``world_size`` processes once, each joined into a ``torch.distributed``
+process group through a ``FileStore`` in a private temporary folder (no ports to collide between
+parallel runs), and then runs any importable function on every rank, as often as asked:
+
+    group = RankGroup(world_size=2, backend="gloo")
+    results = group.run(train_step, config)   # one result per rank
+    group.close()
+
+A rank that raises fails the call with that rank's traceback; a call that outlives its timeout
+fails with every rank's stack, dumped by ``faulthandler``. Either way the group is torn down and
+the next call starts a fresh one. Ranks die with their parent (``PR_SET_PDEATHSIG``), ignore
+Ctrl-C (the parent ends them) and are closed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import datetime
+import faulthandler
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+# How long the other ranks get to report after one has failed: they are often blocked in a
+# collective that the failed rank will never join.
+GRACE_AFTER_FAILURE_SECONDS = 2.0
+
+
+class RankError(RuntimeError):
+    """A rank raised, died or hung; the message carries its traceback or every rank's stack."""
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """``auto`` means NCCL when there is a GPU for every rank, otherwise gloo on CPU."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r}: use auto, gloo or nccl")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
+    return backend
+
+
+def unavailable_reason(backend: str, world_size: int, device: str) -> str | None:
+    """Why this configuration cannot run here, phrased as what to do; None when it can."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world_size < 1:
+        return f"world size must be at least 1, got {world_size}"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            return "this torch build has no NCCL; use --backend gloo"
+        if gpus < world_size:
+            return f"nccl needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) found; use --backend gloo"
+    if device == "cuda" and gpus == 0:
+        return "--device cuda needs a GPU, none found; use --device cpu"
+    return None
+
+
+def default_device(backend: str) -> str:
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a function running on a rank may ask about where it runs."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+
+
+_rank_info: RankInfo | None = None
+
+
+def rank_info() -> RankInfo:
+    """The calling rank's rank, world size, backend and device (only inside ``RankGroup.run``)."""
+    if _rank_info is None:
+        raise RuntimeError("rank_info() is only available inside a function run by RankGroup.run")
+    return _rank_info
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the parent's atexit handler still ends the ranks
+
+
+def _worker_main(
+    rank: int, world_size: int, backend: str, device_type: str, store_path: str, stack_dir: str, conn
+) -> None:
+    global _rank_info
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    if device_type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        # Share the cores between ranks instead of every rank oversubscribing all of them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=DEFAULT_TIMEOUT_SECONDS * 2),
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
+    _rank_info = RankInfo(rank, world_size, backend, device)
+    conn.send(("ready", None))
+    try:
+        while True:
+            try:
+                task = conn.recv()
+            except EOFError:
+                return
+            if task is None:
+                return
+            fn, args, kwargs = task
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                conn.send(("error", traceback.format_exc()))
+            else:
+                conn.send(("ok", result))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+_live_groups: weakref.WeakSet[RankGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_groups() -> None:
+    for group in list(_live_groups):
+        group.close()
+
+
+class RankGroup:
+    """A reusable group of ``world_size`` rank processes sharing one process group."""
+
+    def __init__(
+        self,
+        world_size: int = 2,
+        backend: str = "auto",
+        device: str | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.world_size = world_size
+        self.backend = resolve_backend(backend, world_size)
+        self.device = device or default_device(self.backend)
+        reason = unavailable_reason(self.backend, world_size, self.device)
+        if reason:
+            raise RuntimeError(reason)
+        self.timeout_seconds = timeout_seconds
+        self._processes: list[multiprocessing.Process] = []
+        self._conns: list[multiprocessing.connection.Connection] = []
+        self._tmpdir: str | None = None
+        self.starts = 0  # how many times ranks were (re)started: tests of recovery read it
+
+    @property
+    def started(self) -> bool:
+        return bool(self._processes)
+
+    def start(self) -> None:
+        if self.started:
+            return
+        context = multiprocessing.get_context("spawn")
+        self._tmpdir = tempfile.mkdtemp(prefix="ddp-bench-ranks-")
+        store_path = os.path.join(self._tmpdir, "store")
+        _live_groups.add(self)
+        for rank in range(self.world_size):
+            parent_conn, child_conn = context.Pipe()
+            process = context.Process(
+                target=_worker_main,
+                args=(rank, self.world_size, self.backend, self.device, store_path, self._tmpdir, child_conn),
+                name=f"ddp-bench-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            child_conn.close()
+            self._processes.append(process)
+            self._conns.append(parent_conn)
+        self.starts += 1
+        try:
+            self._collect(None, timeout_seconds=120.0, what="starting the process group")
+        except BaseException:
+            self.kill()
+            raise
+
+    def run(self, fn: Callable[..., Any], *args, timeout_seconds: float | None = None, **kwargs) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return each rank's result, by rank.
+
+        ``fn`` must be importable by its module path (defined at module level), as must its
+        arguments and result be picklable.
+        """
+        self.start()
+        try:
+            for conn in self._conns:
+                conn.send((fn, args, kwargs))
+            return self._collect(fn, timeout_seconds or self.timeout_seconds, what=_describe(fn))
+        except BaseException:
+            # Whatever went wrong (a rank's error, a hang, Ctrl-C), the ranks may be stuck in a
+            # collective: replace them rather than reuse them.
+            self.kill()
+            raise
+
+    def _collect(self, fn, timeout_seconds: float, what: str) -> list[Any]:
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout_seconds
+        conn_rank = {id(conn): rank for rank, conn in enumerate(self._conns)}
+        sentinel_rank = {process.sentinel: rank for rank, process in enumerate(self._processes)}
+        while len(results) + len(errors) < self.world_size:
+            pending = [c for r, c in enumerate(self._conns) if r not in results and r not in errors]
+            pending_sentinels = [s for s, r in sentinel_rank.items() if r not in results and r not in errors]
+            remaining = deadline - time.monotonic()
+            if errors:
+                remaining = min(remaining, GRACE_AFTER_FAILURE_SECONDS)
+            if remaining <= 0:
+                break
+            ready = multiprocessing.connection.wait(pending + pending_sentinels, timeout=remaining)
+            if not ready:
+                break
+            for item in ready:
+                if isinstance(item, int):  # a sentinel: the process exited
+                    rank = sentinel_rank[item]
+                    conn = self._conns[rank]
+                    if conn.poll():
+                        continue  # it sent something before dying; read that first
+                    errors[rank] = f"rank {rank} died with exit code {self._processes[rank].exitcode}"
+                    continue
+                rank = conn_rank[id(item)]
+                try:
+                    status, payload = item.recv()
+                except EOFError:
+                    errors[rank] = f"rank {rank} closed its pipe (exit code {self._processes[rank].exitcode})"
+                    continue
+                if status == "error":
+                    errors[rank] = payload
+                else:
+                    results[rank] = payload
+        if errors:
+            shown = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items()))
+            raise RankError(f"{len(errors)} of {self.world_size} ranks failed in {what}:\n{shown}")
+        if len(results) < self.world_size:
+            stuck = [r for r in range(self.world_size) if r not in results]
+            raise RankError(
+                f"{what} timed out after {timeout_seconds:.0f} s; ranks {stuck} did not finish. "
+                f"Where each rank was:\n{self._dump_stacks(stuck)}"
+            )
+        return [results[rank] for rank in range(self.world_size)]
+
+    def _dump_stacks(self, ranks: list[int]) -> str:
+        for rank in ranks:
+            if self._processes[rank].is_alive():
+                os.kill(self._processes[rank].pid, signal.SIGUSR1)
+        time.sleep(1.0)  # faulthandler writes from a signal handler; give it a moment
+        dumps = []
+        for rank in ranks:
+            path = Path(self._tmpdir) / f"rank{rank}.txt"
+            text = path.read_text() if path.exists() else ""
+            dumps.append(f"--- rank {rank} ---\n{text.strip() or '(no stack: the rank was not running Python)'}")
+        return "\n".join(dumps)
+
+    def close(self) -> None:
+        """Ask every rank to leave its process group and exit; end any that do not."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """End every rank at once and remove the rendezvous folder."""
+        for process in self._processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+        for conn in self._conns:
+            conn.close()
+        self._processes, self._conns = [], []
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+        _live_groups.discard(self)
+
+    def __enter__(self) -> RankGroup:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _describe(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
