@@ -47,9 +47,14 @@ class TorchDDP(nn.Module):
         return self.ddp.module
 
     @property
+    def bucket_sizes_bytes(self) -> list[int]:
+        """The reducer's bucket plan as it logs it (its first bucket is capped at 1 MiB)."""
+        sizes = self.ddp._get_ddp_logging_data().get("bucket_sizes", "")
+        return [int(size) for size in str(sizes).split(",") if size]
+
+    @property
     def num_allreduce_calls_per_step(self) -> int:
-        # After the first step the reducer rebuilds its buckets in the order gradients arrived.
-        return len(self.ddp.reducer._get_zeros_like_grad_buckets())
+        return len(self.bucket_sizes_bytes)
 
     def forward(self, *args, **kwargs):
         return self.ddp(*args, **kwargs)
