@@ -63,10 +63,10 @@ def unavailable_reason(backend: str, world_size: int, device: str) -> str | None
     if world_size < 1:
         return f"world size must be at least 1, got {world_size}"
     if backend == "nccl":
-        if not dist.is_nccl_available():
-            return "this torch build has no NCCL; use --backend gloo"
         if gpus < world_size:
             return f"nccl needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) found; use --backend gloo"
+        if not dist.is_nccl_available():
+            return "this torch build has no NCCL; use --backend gloo"
     if device == "cuda" and gpus == 0:
         return "--device cuda needs a GPU, none found; use --device cpu"
     return None
@@ -254,13 +254,13 @@ class RankGroup:
                     conn = self._conns[rank]
                     if conn.poll():
                         continue  # it sent something before dying; read that first
-                    errors[rank] = f"rank {rank} died with exit code {self._processes[rank].exitcode}"
+                    errors[rank] = self._death_message(rank)
                     continue
                 rank = conn_rank[id(item)]
                 try:
                     status, payload = item.recv()
-                except EOFError:
-                    errors[rank] = f"rank {rank} closed its pipe (exit code {self._processes[rank].exitcode})"
+                except EOFError:  # the rank's process ended without a word
+                    errors[rank] = self._death_message(rank)
                     continue
                 if status == "error":
                     errors[rank] = payload
@@ -276,6 +276,11 @@ class RankGroup:
                 f"Where each rank was:\n{self._dump_stacks(stuck)}"
             )
         return [results[rank] for rank in range(self.world_size)]
+
+    def _death_message(self, rank: int) -> str:
+        # The pipe and the sentinel close a moment before the process can be reaped.
+        self._processes[rank].join(5.0)
+        return f"rank {rank} died with exit code {self._processes[rank].exitcode}"
 
     def _dump_stacks(self, ranks: list[int]) -> str:
         for rank in ranks:

@@ -1,0 +1,75 @@
+"""Bad input fails at construction with an error that says what to do."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import ddp
+from ddp.launcher import RankGroup, rank_info
+
+
+def test_unknown_strategy_lists_known_names():
+    with pytest.raises(ValueError, match="unknown strategy 'bucketted'.*naive, flat, overlap, bucketed, torch"):
+        ddp.make_ddp("bucketted", nn.Linear(2, 2))
+
+
+def test_plugin_that_cannot_be_imported():
+    with pytest.raises(ValueError, match="cannot load strategy 'no_such_package.ddp:MyDDP'.*PYTHONPATH"):
+        ddp.make_ddp("no_such_package.ddp:MyDDP", nn.Linear(2, 2))
+
+
+def test_plugin_class_that_does_not_exist():
+    with pytest.raises(ValueError, match="cannot load strategy 'ddp.naive:NoSuchDDP'"):
+        ddp.make_ddp("ddp.naive:NoSuchDDP", nn.Linear(2, 2))
+
+
+def test_plugin_without_the_interface():
+    with pytest.raises(TypeError, match="lacks finish_gradient_synchronization, no_sync"):
+        ddp.make_ddp("torch.nn:Linear", nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("strategy", ddp.BUCKETED_STRATEGIES)
+@pytest.mark.parametrize("bucket_size_mb", [0, -1.0, math.inf, math.nan, "25", True, None])
+def test_bucket_size_must_be_positive_and_finite(strategy, bucket_size_mb):
+    with pytest.raises(ValueError, match="bucket_size_mb must be a positive finite number of MiB"):
+        ddp.make_ddp(strategy, nn.Linear(2, 2), bucket_size_mb=bucket_size_mb)
+
+
+@pytest.mark.parametrize("strategy", ddp.DDP_STRATEGIES)
+def test_wrapping_before_a_process_group_exists(strategy):
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match="needs a process group: call torch.distributed.init_process_group"):
+        ddp.make_ddp(strategy, nn.Linear(2, 2))
+
+
+def test_option_a_strategy_does_not_take():
+    with pytest.raises(TypeError, match="strategy 'naive' does not take that option"):
+        ddp.make_ddp("naive", nn.Linear(2, 2), bucket_size_mb=25.0)
+
+
+def test_not_a_module():
+    with pytest.raises(TypeError, match="make_ddp wraps an nn.Module, got function"):
+        ddp.make_ddp("naive", lambda x: x)
+
+
+def backward_twice_without_finishing(strategy: str) -> None:
+    model = ddp.make_ddp(strategy, nn.Linear(4, 2))
+    model(torch.ones(1, 4)).sum().backward()
+    model(torch.ones(1, 4)).sum().backward()
+
+
+@pytest.mark.parametrize("strategy", ["overlap", "bucketed"])
+def test_second_backward_without_finishing_is_refused(rank_group, strategy):
+    with pytest.raises(Exception, match="produced twice without finish_gradient_synchronization"):
+        rank_group.run(backward_twice_without_finishing, strategy)
+
+
+def test_nccl_without_enough_gpus_says_what_to_do():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs enough for 2 NCCL ranks")
+    with pytest.raises(RuntimeError, match="nccl needs one GPU per rank: 2 ranks, .* found; use --backend gloo"):
+        RankGroup(2, "nccl")

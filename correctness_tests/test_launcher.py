@@ -1,0 +1,89 @@
+"""The rank launcher: a failing or hanging rank fails its test quickly, with that rank's
+traceback or every rank's stack, and the group is replaced for the next test."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp.launcher import RankError, RankGroup, rank_info
+
+
+def sum_of_ranks() -> float:
+    tensor = torch.tensor([float(rank_info().rank)])
+    dist.all_reduce(tensor)
+    return tensor.item()
+
+
+def raise_on_rank_one() -> None:
+    if rank_info().rank == 1:
+        raise ValueError("rank one cannot go on")
+    dist.barrier()  # rank 0 waits for a rank that will never arrive
+
+
+def hang_in_a_collective_on_rank_zero() -> None:
+    if rank_info().rank == 0:
+        dist.barrier()
+    else:
+        time.sleep(3600)
+
+
+def exit_on_rank_one() -> None:
+    if rank_info().rank == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def own_pid() -> int:
+    return os.getpid()
+
+
+def test_runs_a_function_on_every_rank(rank_group):
+    expected = sum(range(rank_group.world_size))
+    assert rank_group.run(sum_of_ranks) == [expected] * rank_group.world_size
+
+
+def test_rank_that_raises_fails_with_its_traceback_and_the_group_recovers(rank_group):
+    started = rank_group.starts
+    began = time.monotonic()
+    with pytest.raises(RankError) as failure:
+        rank_group.run(raise_on_rank_one)
+    assert time.monotonic() - began < 30
+    message = str(failure.value)
+    assert "--- rank 1 ---" in message
+    assert "ValueError: rank one cannot go on" in message
+    assert "in raise_on_rank_one" in message
+    assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
+    assert rank_group.starts == started + 1
+
+
+def test_rank_that_hangs_fails_after_the_timeout_with_every_stack(rank_group):
+    began = time.monotonic()
+    with pytest.raises(RankError) as failure:
+        rank_group.run(hang_in_a_collective_on_rank_zero, timeout_seconds=3)
+    assert time.monotonic() - began < 30
+    message = str(failure.value)
+    assert "timed out after 3 s" in message
+    assert "hang_in_a_collective_on_rank_zero" in message  # where the ranks were stuck
+    assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
+    assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
+
+
+def test_rank_that_dies_is_reported(rank_group):
+    with pytest.raises(RankError, match="rank 1 died with exit code 3"):
+        rank_group.run(exit_on_rank_one, timeout_seconds=60)
+    assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
+
+
+def test_close_leaves_no_rank_process():
+    group = RankGroup(world_size=2, backend="gloo")
+    pids = group.run(own_pid)
+    group.close()
+    assert not group.started
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
