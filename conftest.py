@@ -2,13 +2,20 @@
 
 The rank group is started once per session (a spawn per test is too slow) and replaced
 automatically after a test in which a rank failed or hung.
+
+The perf options (the benchmark grid) are declared here, where pytest reads options; the grid's
+defaults and the benchmark fixtures live in perf_tests/conftest.py. Saved benchmark runs go to
+``.benchmarks/<backend>-<device>/`` (pytest-benchmark's machine id cannot tell gloo on CPU from
+NCCL on GPUs), and the machine info saved with each run names torch, CUDA, NCCL and the GPU.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
-from ddp.launcher import RankGroup, resolve_backend, unavailable_reason
+from ddp.launcher import RankGroup, default_device, resolve_backend, unavailable_reason
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +39,73 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=600.0,
         help="seconds a test may run on the ranks before it fails with every rank's stack (default: 600)",
     )
+
+    perf = parser.getgroup("ddp-bench-perf", "ddp-bench: the benchmark grid of perf_tests/ (comma-separated lists)")
+    perf.addoption(
+        "--model-size",
+        default=None,
+        help="a size from ddp.model.MODEL_SIZES (default: xl with nccl, tiny on CPU)",
+    )
+    perf.addoption(
+        "--strategies",
+        default=None,
+        help="strategies to benchmark, e.g. naive,bucketed (default: all of ddp.STRATEGIES)",
+    )
+    perf.addoption("--batch-sizes", default=None, help="sequences per rank (default: 2,4 with nccl; 64,128 on CPU)")
+    perf.addoption("--seq-lens", default=None, help="tokens per sequence (default: 128,256,512 with nccl; 64,128 on CPU)")
+    perf.addoption(
+        "--bucket-sizes",
+        default=None,
+        help="bucket caps in MB for bucketed and torch (default: 1,10,100,1000 with nccl; 0.1,1 on CPU)",
+    )
+    perf.addoption("--rounds", type=int, default=None, help="timed rounds per benchmark (default: 10 with nccl, 5 on CPU)")
+    perf.addoption("--warmup-rounds", type=int, default=None, help="untimed rounds before them (default: 2 with nccl, 1 on CPU)")
+    perf.addoption(
+        "--allreduce-sizes-mb",
+        default=None,
+        help="float32 all-reduce sizes in MB (default: 1,10,100,1024 with nccl; 1,10,100 on CPU)",
+    )
+    perf.addoption(
+        "--allreduce-world-sizes",
+        default=None,
+        help="ranks for the all-reduce benchmark (default: 2,4,6 where there are GPUs for them, else 2,4,6 "
+        "gloo ranks sharing the CPU cores)",
+    )
+
+
+def backend_and_device(config: pytest.Config) -> tuple[str, str]:
+    """The session's backend and device, as the rank_group fixture resolves them."""
+    world_size = config.getoption("--world-size")
+    backend = resolve_backend(config.getoption("--backend"), world_size)
+    return backend, config.getoption("--device") or default_device(backend)
+
+
+DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Keep runs of each backend and device apart, unless the user chose a storage: comparing an
+    # NCCL run against a gloo baseline would report every benchmark as a regression.
+    if getattr(config.option, "benchmark_storage", None) == DEFAULT_BENCHMARK_STORAGE:
+        backend, device = backend_and_device(config)
+        config.option.benchmark_storage = f"file://{config.rootpath / '.benchmarks' / f'{backend}-{device}'}"
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    backend, device = backend_and_device(config)
+    info = {
+        "torch": torch.__version__,
+        "backend": backend,
+        "device": device,
+        "world_size": config.getoption("--world-size"),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+        if dist.is_nccl_available():
+            info["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    machine_info["ddp_bench"] = info
 
 
 @pytest.fixture(scope="session")
