@@ -44,19 +44,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     perf.addoption(
         "--model-size",
         default=None,
-        help="a size from ddp.model.MODEL_SIZES (default: xl with nccl, tiny on CPU)",
+        help="a size from ddp.model.MODEL_SIZES (default: xl with nccl, mini on CPU)",
     )
     perf.addoption(
         "--strategies",
         default=None,
         help="strategies to benchmark, e.g. naive,bucketed (default: all of ddp.STRATEGIES)",
     )
-    perf.addoption("--batch-sizes", default=None, help="sequences per rank (default: 2,4 with nccl; 64,128 on CPU)")
+    perf.addoption("--batch-sizes", default=None, help="sequences per rank (default: 2,4 with nccl; 4,8 on CPU)")
     perf.addoption("--seq-lens", default=None, help="tokens per sequence (default: 128,256,512 with nccl; 64,128 on CPU)")
     perf.addoption(
         "--bucket-sizes",
         default=None,
-        help="bucket caps in MB for bucketed and torch (default: 1,10,100,1000 with nccl; 0.1,1 on CPU)",
+        help="bucket caps in MB for bucketed and torch (default: 1,10,100,1000 with nccl; 1,10,100 on CPU)",
     )
     perf.addoption("--rounds", type=int, default=None, help="timed rounds per benchmark (default: 10 with nccl, 5 on CPU)")
     perf.addoption("--warmup-rounds", type=int, default=None, help="untimed rounds before them (default: 2 with nccl, 1 on CPU)")
