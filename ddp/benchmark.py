@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 import ddp
+from ddp.base import trainable_parameters
 from ddp.launcher import rank_info
 from ddp.model import build_model, language_model_loss, num_parameters, random_batch
 
@@ -86,9 +87,11 @@ class StepSetup:
 
     rank: int
     num_parameters: int
-    num_buckets: int | None
-    """Gradient buckets (read after warm-up, when PyTorch's DDP has rebuilt its plan); None for
-    strategies that do not bucket."""
+    num_parameter_tensors: int
+    """Trainable parameter tensors (a tied weight counts once)."""
+    bucket_sizes_bytes: list[int] | None
+    """Gradient bytes in each bucket, in launch order (read after warm-up, when PyTorch's DDP has
+    rebuilt its plan); None for strategies that do not bucket."""
     allreduce_calls_per_step: int
     bytes_per_step: int
     """Gradient bytes this rank all-reduces per step (0 for ``local``)."""
@@ -157,6 +160,7 @@ class _Trainer:
             module.config, config.batch_size, config.seq_len, generator=generator, device=info.device
         )
         self.num_parameters = num_parameters(module)
+        self.num_parameter_tensors = len(trainable_parameters(module))
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
         self.cuda = info.device.type == "cuda"
         self._last_gradient_seconds = 0.0
@@ -181,7 +185,8 @@ class _Trainer:
         return StepSetup(
             rank=rank_info().rank,
             num_parameters=self.num_parameters,
-            num_buckets=len(sizes) if sizes is not None else None,
+            num_parameter_tensors=self.num_parameter_tensors,
+            bucket_sizes_bytes=list(sizes) if sizes is not None else None,
             allreduce_calls_per_step=int(self.model.num_allreduce_calls_per_step),
             bytes_per_step=self.gradient_bytes if communicates else 0,
         )
@@ -339,9 +344,12 @@ def extra_info(
         "batch_size": config.batch_size,
         "seq_len": config.seq_len,
         "bucket_size_mb": config.bucket_size_mb,
-        "num_buckets": setup.num_buckets,
+        "num_parameter_tensors": setup.num_parameter_tensors,
+        "num_buckets": len(setup.bucket_sizes_bytes) if setup.bucket_sizes_bytes is not None else None,
+        "bucket_sizes_bytes": setup.bucket_sizes_bytes,
         "allreduce_calls_per_step": setup.allreduce_calls_per_step,
         "bytes_per_step": setup.bytes_per_step,
+        "step_seconds": summary.step_seconds,
         "comm_wait_seconds": summary.comm_wait_seconds,
         "comm_fraction": summary.comm_fraction,
         "tokens_per_second": summary.tokens_per_second,

@@ -1,0 +1,266 @@
+"""``python -m ddp report``: the figures it derives from saved runs, the files it writes, its errors.
+
+The runs are small pytest-benchmark JSON files written here with known numbers, so every figure
+the report states (overheads, ratios, the winner, bucket counts) is checked against a value
+worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddp.__main__ import main as ddp_main
+from ddp.report import (
+    ReportError,
+    bucket_plans,
+    compare_runs,
+    load_run,
+    machine_differences,
+    overheads_over_local,
+    plan_sentence,
+    render_markdown,
+    winners,
+    write_report,
+)
+
+MIB = 2**20
+TOTAL_BYTES = 5 * MIB // 2  # 2.5 MiB of gradients
+
+
+def step_bench(strategy, step_ms, comm_ms, *, bucket_mb=None, buckets=None, sizes=None, batch=2, seq=32, name=None):
+    """A step benchmark as perf_tests/test_step.py saves it (only the fields the report reads)."""
+    extra = {
+        "strategy": strategy,
+        "backend": "gloo",
+        "device": "cpu",
+        "world_size": 2,
+        "model_size": "tiny",
+        "num_parameters": TOTAL_BYTES // 4,
+        "batch_size": batch,
+        "seq_len": seq,
+        "bucket_size_mb": bucket_mb,
+        "num_buckets": buckets,
+        "allreduce_calls_per_step": 0 if strategy == "local" else (buckets or 1),
+        "bytes_per_step": 0 if strategy == "local" else TOTAL_BYTES,
+        "comm_wait_seconds": comm_ms / 1e3,
+        "comm_fraction": comm_ms / step_ms,
+        "tokens_per_second": 2 * batch * seq / (step_ms / 1e3),
+        "peak_memory_bytes": None,
+        "rank_step_seconds": [step_ms / 1e3, step_ms / 1e3],
+    }
+    if sizes is not None:
+        extra["bucket_sizes_bytes"] = sizes
+    bucket = f"-bucket{bucket_mb:g}mb" if bucket_mb is not None else ""
+    return {
+        "name": name or f"test_step[{strategy}-b{batch}-s{seq}{bucket}]",
+        "group": f"step: model tiny, batch {batch}, seq len {seq}",
+        "params": {},
+        "extra_info": extra,
+        "stats": {"median": step_ms / 1e3, "mean": step_ms / 1e3, "min": step_ms / 1e3, "max": step_ms / 1e3,
+                  "stddev": 0.0, "iqr": 0.0, "rounds": 3},
+    }
+
+
+def allreduce_bench(world_size, size_mb, ms):
+    size = size_mb * MIB
+    algbw = size / (ms / 1e3) / 1e9
+    return {
+        "name": f"test_allreduce[n{world_size}-{size_mb}mb]",
+        "group": f"all_reduce: gloo, {world_size} ranks",
+        "params": {},
+        "extra_info": {"backend": "gloo", "world_size": world_size, "size_bytes": size, "algbw_gbps": algbw,
+                       "busbw_gbps": algbw * 2 * (world_size - 1) / world_size, "wrong": 0},
+        "stats": {"median": ms / 1e3, "mean": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "stddev": 0.0, "rounds": 3},
+    }
+
+
+def run_json(benchmarks, node="bench-a", torch_version="2.13.0+cpu"):
+    return {
+        "machine_info": {"node": node, "system": "Linux", "release": "6.1", "python_version": "3.11.7",
+                         "cpu": {"brand_raw": "AMD EPYC", "count": 2},
+                         "ddp_bench": {"torch": torch_version, "backend": "gloo", "device": "cpu", "world_size": 2}},
+        "commit_info": {"id": "0123456789abcdef", "dirty": False, "branch": "main"},
+        "datetime": "2026-11-21T12:00:00",
+        "version": "5.1.0",
+        "benchmarks": benchmarks,
+    }
+
+
+def baseline_benchmarks():
+    return [
+        step_bench("local", 100.0, 0.1),
+        step_bench("naive", 200.0, 80.0),
+        step_bench("flat", 150.0, 40.0),
+        step_bench("overlap", 130.0, 20.0),
+        # cap 1 MiB: a 2 MiB tensor alone, then 0.5 MiB: 2 buckets where total / cap = ceil(2.5) = 3
+        step_bench("bucketed", 120.0, 10.0, bucket_mb=1, buckets=2, sizes=[2 * MIB, MIB // 2]),
+        step_bench("bucketed", 110.0, 5.0, bucket_mb=100, buckets=1, sizes=[TOTAL_BYTES]),
+        step_bench("torch", 125.0, 12.0, bucket_mb=1, buckets=2),
+        step_bench("torch", 115.0, 8.0, bucket_mb=100, buckets=1),
+        allreduce_bench(2, 1, 10.0),
+        allreduce_bench(2, 10, 50.0),
+    ]
+
+
+def table_row(report: str, *first_cells: str) -> list[str]:
+    """The cells of the first markdown table row that starts with ``first_cells``."""
+    for line in report.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[: len(first_cells)] == list(first_cells):
+            return cells
+    raise AssertionError(f"no table row starts with {first_cells}")
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def baseline(tmp_path) -> Path:
+    return write(tmp_path / "0001_base.json", run_json(baseline_benchmarks()))
+
+
+def test_overheads_over_local_are_ratio_and_difference(baseline):
+    overheads = {o.step.label: o for o in overheads_over_local(load_run(baseline).steps)}
+    assert set(overheads) == {"naive", "flat", "overlap", "bucketed 1 MB", "bucketed 100 MB", "torch 1 MB", "torch 100 MB"}
+    assert overheads["naive"].ratio == pytest.approx(2.0)  # 200 / 100
+    assert overheads["naive"].extra_seconds == pytest.approx(0.100)  # 200 - 100 ms
+    assert overheads["bucketed 100 MB"].ratio == pytest.approx(1.1)
+    assert overheads["bucketed 100 MB"].extra_seconds == pytest.approx(0.010)
+
+
+def test_winner_is_fastest_strategy_with_margins_against_torch_and_naive(baseline):
+    (win,) = winners(load_run(baseline).steps)
+    assert win.winner.label == "bucketed 100 MB"
+    assert win.torch.label == "torch 100 MB"  # torch at its best cap
+    assert win.naive.label == "naive"
+    assert win.torch.step_seconds / win.winner.step_seconds == pytest.approx(115 / 110)
+    assert win.naive.step_seconds / win.winner.step_seconds == pytest.approx(200 / 110)
+
+
+def test_bucket_plan_counts_are_not_total_over_cap(baseline):
+    plans = {(p.strategy, p.bucket_size_mb): p for p in bucket_plans(load_run(baseline).steps)}
+    one_mb = plans[("bucketed", 1.0)]
+    assert (one_mb.num_buckets, one_mb.total_over_cap, one_mb.oversized_buckets) == (2, 3, 1)
+    assert plans[("bucketed", 100.0)].total_over_cap == 1
+    assert plans[("torch", 1.0)].bucket_sizes_bytes is None  # not recorded: no sizes, no guess
+    assert plans[("torch", 1.0)].oversized_buckets is None
+
+
+def test_benchmarks_are_told_apart_by_extra_info_not_by_name(tmp_path):
+    odd = step_bench("naive", 200.0, 80.0, name="test_allreduce_lookalike")
+    other = {"name": "test_step[versus]", "group": "versus", "extra_info": {"ratio": 1.0},
+             "stats": {"median": 0.5, "iqr": 0.0}}
+    run = load_run(write(tmp_path / "run.json", run_json([odd, other, allreduce_bench(2, 1, 10.0)])))
+    assert [s.name for s in run.steps] == ["test_allreduce_lookalike"]
+    assert [a.size_bytes for a in run.allreduces] == [MIB]
+    assert [o.name for o in run.others] == ["test_step[versus]"]
+
+
+def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, tmp_path):
+    out = tmp_path / "report"
+    report = write_report([baseline], out).read_text()
+    assert "bucketed 100 MB is fastest at 110.00 ms" in report
+    assert "1.05x faster than torch 100 MB (115.00 ms, 5.00 ms less per step)" in report
+    assert "1.82x faster than naive (200.00 ms, 90.00 ms less per step)" in report
+    assert "naive at batch 2, seq 32 waits 80.00 ms per step for its gradients (40.0% of the step)" in report
+    assert "**2 bucket(s)** for 2.5 MiB of gradients (total / cap = 3)" in report
+    assert "1 bucket(s) hold a single tensor larger than the cap" in report
+    assert "Fewer than total / cap: some buckets hold more than the cap" in report
+    # the overhead table row for naive: local 100 ms, step 200 ms, +100 ms, x2
+    assert table_row(report, "batch 2, seq 32", "naive") == ["batch 2, seq 32", "naive", "100.00", "200.00", "100.00", "2.000"]
+    # the all-reduce row for 10 MiB in 50 ms: algbw = 10 * 2^20 / 0.05 / 1e9 = 0.210 GB/s; 2 ranks: busbw = algbw
+    assert table_row(report, "gloo", "2", "10") == ["gloo", "2", "10", "50.000", "0.210", "0.210", "0"]
+    assert "Noise warning" not in report
+    images = sorted(p.name for p in out.glob("*.png"))
+    assert images == ["report_allreduce.png", "report_compute_vs_comm.png", "report_step_vs_bucket_seq32.png"]
+    for name in images:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in report
+
+
+def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp_path):
+    faster = [step_bench("local", 50.0, 0.1), step_bench("naive", 150.0, 60.0), step_bench("torch", 100.0, 1.0, bucket_mb=5, buckets=1)]
+    new = load_run(write(tmp_path / "0002_new.json", run_json(faster, node="bench-b", torch_version="2.12.0")))
+    old = load_run(baseline)
+    ratios = {c.name: c.ratio for c in compare_runs(old, new)}
+    assert ratios["test_step[local-b2-s32]"] == pytest.approx(0.5)  # 50 / 100
+    assert ratios["test_step[naive-b2-s32]"] == pytest.approx(0.75)  # 150 / 200
+    assert ratios["test_step[torch-b2-s32-bucket5mb]"] is None  # only in the new run
+    assert ratios["test_step[flat-b2-s32]"] is None  # only in the old run
+    assert machine_differences(old, new) == {"node": ("bench-a", "bench-b"), "torch": ("2.13.0+cpu", "2.12.0")}
+    report = render_markdown([old, new], images=[])
+    assert "WARNING: the runs come from different machines or setups** (node: bench-a vs bench-b; torch: 2.13.0+cpu vs 2.12.0)" in report
+    assert table_row(report, "test_step[naive-b2-s32]") == ["test_step[naive-b2-s32]", "200.00", "150.00", "0.750"]
+    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", ""]
+    # geometric mean of 0.5 and 0.75 = sqrt(0.375) = 0.612
+    assert "2 benchmarks in both runs, geometric mean of new / old 0.612; 8 only in the old run, 1 only in the new one." in report
+
+
+def test_no_warning_for_runs_from_one_machine(baseline, tmp_path):
+    again = write(tmp_path / "0002_again.json", run_json(baseline_benchmarks()))
+    assert machine_differences(load_run(baseline), load_run(again)) == {}
+    assert "WARNING" not in render_markdown([load_run(baseline), load_run(again)], images=[])
+
+
+def test_versus_benchmark_gets_its_own_table(tmp_path):
+    versus = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": {"median": 0.3, "iqr": 0.0},
+              "extra_info": {"model": "mlp", "parameters": 10, "bucket_size_mb": 25.0,
+                             "median_step_seconds": {"local": 0.1, "bucketed": 0.12, "torch": 0.15},
+                             "ratio_bucketed_over_torch": 0.8, "overhead_over_local_seconds": {}, "step_seconds": {}}}
+    run = load_run(write(tmp_path / "run.json", run_json([versus])))
+    assert [v.ratio_bucketed_over_torch for v in run.versus] == [0.8] and not run.others
+    report = render_markdown([run], images=[])
+    assert table_row(report, "test_versus_torch[mlp]") == ["test_versus_torch[mlp]", "mlp", "25", "100.00", "120.00", "150.00", "0.800"]
+
+
+def test_torch_plan_explains_its_first_bucket(tmp_path):
+    # 0.5 MiB of gradients under a 0.1 MiB cap: total / cap = 5, but PyTorch's first bucket takes up to 1 MiB
+    bench = step_bench("torch", 100.0, 1.0, bucket_mb=0.1, buckets=1)
+    bench["extra_info"]["bytes_per_step"] = MIB // 2
+    (plan,) = bucket_plans(load_run(write(tmp_path / "run.json", run_json([bench]))).steps)
+    assert (plan.num_buckets, plan.total_over_cap) == (1, 5)
+    assert "every gradient fits in PyTorch's first bucket" in plan_sentence(plan)
+
+
+def test_noise_warning_when_a_strategy_beats_local(tmp_path):
+    noisy = [step_bench("local", 100.0, 0.1), step_bench("naive", 90.0, 30.0), step_bench("flat", 120.0, 10.0)]
+    report = render_markdown([load_run(write(tmp_path / "noisy.json", run_json(noisy)))], images=[])
+    assert "1 of 2 data-parallel steps ran faster than `local`" in report
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json at all", "is not JSON (Expecting value at line 1, column 1); pass a file written by `pytest perf_tests --benchmark-json PATH`"),
+        ('{"comm_seconds": 0.1}', "is JSON but not a pytest-benchmark run (it has no 'benchmarks' list)"),
+        (json.dumps(run_json([])), "holds no ddp-bench step or all-reduce benchmarks (no benchmarks at all); run `pytest perf_tests --benchmark-json PATH`"),
+        (json.dumps(run_json([{"name": "test_x", "extra_info": {}}])), "benchmark 'test_x' has no stats.median (was it run with --benchmark-disable?)"),
+    ],
+    ids=["not-json", "not-pytest-benchmark", "no-benchmarks", "no-stats"],
+)
+def test_unusable_files_are_refused_saying_what_to_do(tmp_path, content, message):
+    path = tmp_path / "run.json"
+    path.write_text(content)
+    with pytest.raises(ReportError) as error:
+        load_run(path)
+    assert message in str(error.value)
+
+
+def test_step_benchmark_missing_a_field_names_it(tmp_path):
+    bench = step_bench("naive", 200.0, 80.0)
+    del bench["extra_info"]["bytes_per_step"]
+    with pytest.raises(ReportError, match=r"lacks extra_info\['bytes_per_step'\].*rerun the perf tests"):
+        load_run(write(tmp_path / "old.json", run_json([bench])))
+
+
+def test_command_line_errors_exit_2_with_the_message(tmp_path, capsys, baseline):
+    assert ddp_main(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "out")]) == 2
+    assert "missing.json: no such file" in capsys.readouterr().err
+    not_a_dir = write(tmp_path / "file.txt", "x")
+    assert ddp_main(["report", str(baseline), "--out", str(not_a_dir)]) == 2
+    assert "is a file; give a directory" in capsys.readouterr().err
