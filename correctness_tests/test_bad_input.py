@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ddp
-from ddp.launcher import RankGroup, rank_info
+from ddp.launcher import RankGroup
 
 
 def test_unknown_strategy_lists_known_names():

@@ -75,10 +75,39 @@ class StepConfig:
         if self.batch_size < 1 or self.seq_len < 1:
             raise ValueError(f"batch_size and seq_len must be positive, got {self.batch_size} and {self.seq_len}")
 
+    @property
+    def test_id(self) -> str:
+        """Stable id, e.g. ``bucketed-b2-s128-bucket25mb``: ``--benchmark-compare`` matches on it."""
+        bucket = f"-bucket{self.bucket_size_mb:g}mb" if self.bucket_size_mb is not None else ""
+        return f"{self.strategy}-b{self.batch_size}-s{self.seq_len}{bucket}"
+
+    @property
+    def group_name(self) -> str:
+        """The benchmark group: strategies of one model, batch and sequence length side by side."""
+        return f"step: model {self.model_size}, batch {self.batch_size}, seq len {self.seq_len}"
+
     def describe(self) -> str:
         """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512``."""
         bucket = f" (bucket {self.bucket_size_mb:g} MB)" if self.bucket_size_mb is not None else ""
         return f"{self.strategy}{bucket}, model {self.model_size}, batch {self.batch_size} per rank, seq len {self.seq_len}"
+
+
+def grid_configs(
+    model_size: str,
+    strategies: tuple[str, ...],
+    batch_sizes: tuple[int, ...],
+    seq_lens: tuple[int, ...],
+    bucket_sizes_mb: tuple[float, ...],
+) -> list[StepConfig]:
+    """Every configuration of a grid, in the order the suite runs them (bucket sizes apply to
+    ``ddp.BUCKETED_STRATEGIES`` only)."""
+    return [
+        StepConfig(strategy, model_size, batch_size, seq_len, bucket_size_mb)
+        for batch_size in batch_sizes
+        for seq_len in seq_lens
+        for strategy in strategies
+        for bucket_size_mb in (bucket_sizes_mb if strategy in ddp.BUCKETED_STRATEGIES else (None,))
+    ]
 
 
 @dataclass(frozen=True)
@@ -375,6 +404,7 @@ __all__ = [
     "device_name",
     "extra_info",
     "first_out_of_memory",
+    "grid_configs",
     "oom_reason",
     "prepare_step",
     "release_step",

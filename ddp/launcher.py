@@ -96,6 +96,12 @@ def rank_info() -> RankInfo:
     return _rank_info
 
 
+def set_rank_info(info: RankInfo) -> None:
+    """Say where this process runs as a rank; for launchers other than RankGroup (torchrun)."""
+    global _rank_info
+    _rank_info = info
+
+
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -108,7 +114,6 @@ def _die_with_parent() -> None:
 def _worker_main(
     rank: int, world_size: int, backend: str, device_type: str, store_path: str, stack_dir: str, conn
 ) -> None:
-    global _rank_info
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")
@@ -129,7 +134,7 @@ def _worker_main(
         timeout=datetime.timedelta(seconds=DEFAULT_TIMEOUT_SECONDS * 2),
         **({"device_id": device} if backend == "nccl" else {}),
     )
-    _rank_info = RankInfo(rank, world_size, backend, device)
+    set_rank_info(RankInfo(rank, world_size, backend, device))
     conn.send(("ready", None))
     try:
         while True:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel

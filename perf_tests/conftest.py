@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 import ddp
-from ddp.benchmark import StepConfig
+from ddp.benchmark import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 from conftest import backend_and_device
 
@@ -107,28 +107,11 @@ def benchmark_grid(config: pytest.Config) -> Grid:
     )
 
 
-def step_id(config: StepConfig) -> str:
-    """Stable test id, e.g. ``bucketed-b2-s128-bucket25mb``: ``--benchmark-compare`` matches on it."""
-    bucket = f"-bucket{config.bucket_size_mb:g}mb" if config.bucket_size_mb is not None else ""
-    return f"{config.strategy}-b{config.batch_size}-s{config.seq_len}{bucket}"
-
-
-def step_configs(grid: Grid) -> list[StepConfig]:
-    configs = []
-    for batch_size in grid.batch_sizes:
-        for seq_len in grid.seq_lens:
-            for strategy in grid.strategies:
-                buckets = grid.bucket_sizes_mb if strategy in ddp.BUCKETED_STRATEGIES else (None,)
-                for bucket_size_mb in buckets:
-                    configs.append(StepConfig(strategy, grid.model_size, batch_size, seq_len, bucket_size_mb))
-    return configs
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     grid = benchmark_grid(metafunc.config)
     if "step_config" in metafunc.fixturenames:
-        configs = step_configs(grid)
-        metafunc.parametrize("step_config", configs, ids=[step_id(c) for c in configs])
+        configs = grid_configs(grid.model_size, grid.strategies, grid.batch_sizes, grid.seq_lens, grid.bucket_sizes_mb)
+        metafunc.parametrize("step_config", configs, ids=[c.test_id for c in configs])
     if "allreduce_world_size" in metafunc.fixturenames:
         metafunc.parametrize("allreduce_world_size", grid.allreduce_world_sizes, ids=lambda n: f"n{n}")
     if "allreduce_size_mb" in metafunc.fixturenames:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
 
 from ddp.allreduce import BYTES_PER_MB, FLOAT32_BYTES, algbw_gbps, busbw_gbps, release_buffer, timed_all_reduce
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import ddp
 from ddp.allreduce import busbw_gbps
@@ -19,7 +18,6 @@ from ddp.benchmark import (
     release_step,
     summarize,
 )
-from perf_tests.conftest import step_id
 
 
 class OutOfMemoryDDP(ddp.LocalTraining):
@@ -54,9 +52,9 @@ def test_bucket_size_only_for_bucketed_strategies() -> None:
 
 
 def test_ids_are_stable() -> None:
-    assert step_id(StepConfig("bucketed", "xl", 2, 128, bucket_size_mb=25.0)) == "bucketed-b2-s128-bucket25mb"
-    assert step_id(StepConfig("torch", "xl", 4, 512, bucket_size_mb=0.1)) == "torch-b4-s512-bucket0.1mb"
-    assert step_id(StepConfig("naive", "xl", 2, 128)) == "naive-b2-s128"
+    assert StepConfig("bucketed", "xl", 2, 128, bucket_size_mb=25.0).test_id == "bucketed-b2-s128-bucket25mb"
+    assert StepConfig("torch", "xl", 4, 512, bucket_size_mb=0.1).test_id == "torch-b4-s512-bucket0.1mb"
+    assert StepConfig("naive", "xl", 2, 128).test_id == "naive-b2-s128"
 
 
 def test_summary_takes_the_slowest_rank_of_each_round() -> None:

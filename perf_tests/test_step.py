@@ -22,7 +22,7 @@ from ddp.benchmark import (
     summarize,
     timed_step,
 )
-from perf_tests.conftest import HarnessOverhead, step_id
+from perf_tests.conftest import HarnessOverhead
 
 
 class _RanOutOfMemory(Exception):
@@ -41,7 +41,7 @@ def step_group(rank_group):
 
 def test_step(benchmark, step_group, step_config: StepConfig, grid, harness_overheads) -> None:
     group = step_group
-    benchmark.group = f"step: model {step_config.model_size}, batch {step_config.batch_size}, seq len {step_config.seq_len}"
+    benchmark.group = step_config.group_name
     setups = group.run(prepare_step, step_config, warmup_steps=1)
     marker = first_out_of_memory(setups)
     if marker is not None:
@@ -81,7 +81,7 @@ def test_step(benchmark, step_group, step_config: StepConfig, grid, harness_over
         slowest_rank = [max(t.step_seconds for t in timings) for timings in timed_rounds]
         harness_overheads.append(
             HarnessOverhead(
-                step_id(step_config),
+                step_config.test_id,
                 [r - s for r, s in zip(round_seconds, slowest_rank)],
                 summary.step_seconds,
             )

@@ -1,0 +1,110 @@
+"""``python -m ddp run`` under ``torchrun``: the JSON it writes is pytest-benchmark's, with the
+names and figures of perf_tests/, so that compare and report read it like a local run.
+
+These tests start ``torchrun`` as a subprocess instead of asking ddp.launcher for ranks: what is
+under test is the command as a user launches it, env:// rendezvous included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_benchmark.logger import Logger
+from pytest_benchmark.plugin import pytest_benchmark_group_stats
+from pytest_benchmark.storage.file import FileStorage
+
+from ddp.run import ENVIRONMENT
+
+STEP_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "iterations", "ops", "data")
+STEP_EXTRA_INFO = (
+    "strategy", "backend", "device", "world_size", "model_size", "num_parameters", "batch_size", "seq_len",
+    "bucket_size_mb", "num_parameter_tensors", "num_buckets", "bucket_sizes_bytes", "allreduce_calls_per_step",
+    "bytes_per_step", "step_seconds", "comm_wait_seconds", "comm_fraction", "tokens_per_second",
+    "peak_memory_bytes", "rank_step_seconds",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def torchrun_json(tmp_path_factory) -> dict:
+    """One two-rank torchrun of the tiny model: naive, and bucketed at two bucket sizes."""
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not on PATH; install torch's console scripts (pip install torch)")
+    path = tmp_path_factory.mktemp("run") / "out.json"
+    command = [
+        "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ddp", "run",
+        "--strategies", "naive,bucketed", "--model-size", "tiny", "--batch-sizes", "2", "--seq-lens", "16",
+        "--bucket-sizes", "0.1,1", "--rounds", "2", "--warmup-rounds", "0", "--allreduce-sizes-mb", "0.01",
+        "--backend", "gloo", "--json", str(path),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return json.loads(path.read_text())
+
+
+def test_writes_pytest_benchmark_json_with_perf_tests_names(torchrun_json) -> None:
+    assert set(torchrun_json) == {"machine_info", "commit_info", "benchmarks", "datetime", "version"}
+    assert torchrun_json["machine_info"]["ddp_bench"]["world_size"] == 2
+    assert torchrun_json["machine_info"]["ddp_bench"]["launcher"] == "torchrun"
+    names = [b["name"] for b in torchrun_json["benchmarks"]]
+    assert names == [
+        "test_step[naive-b2-s16]",
+        "test_step[bucketed-b2-s16-bucket0.1mb]",
+        "test_step[bucketed-b2-s16-bucket1mb]",
+        "test_allreduce[n2-0.01mb]",
+    ]
+    for bench in torchrun_json["benchmarks"]:
+        assert bench["fullname"].endswith(f"::{bench['name']}")
+        assert bench["fullname"].startswith(("perf_tests/test_step.py::", "perf_tests/test_allreduce.py::"))
+        stats = bench["stats"]
+        assert set(STEP_STATS) <= set(stats)
+        assert stats["rounds"] == 2 and len(stats["data"]) == 2 and stats["iterations"] == 1
+        assert 0 < stats["min"] <= stats["median"] <= stats["max"]
+
+
+def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
+    steps = [b for b in torchrun_json["benchmarks"] if b["name"].startswith("test_step")]
+    for bench in steps:
+        extra = bench["extra_info"]
+        assert list(extra) == list(STEP_EXTRA_INFO)
+        assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["model_size"] == "tiny"
+        assert len(extra["rank_step_seconds"]) == 2
+        assert 0 <= extra["comm_wait_seconds"] <= bench["stats"]["max"]
+        assert bench["group"] == "step: model tiny, batch 2, seq len 16"
+    buckets = {b["extra_info"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
+    assert buckets[1.0] == 1 and buckets[0.1] > 1, f"tiny has 1 MB of gradients; got bucket counts {buckets}"
+    allreduce = torchrun_json["benchmarks"][-1]["extra_info"]
+    assert allreduce["wrong"] == 0 and allreduce["size_bytes"] == int(0.01 * 2**20) // 4 * 4
+
+
+def test_pytest_benchmark_loads_and_compares_it(torchrun_json, tmp_path) -> None:
+    # Two copies of the run, as compare sees a baseline and a new run side by side.
+    for name in ("0001_a.json", "0002_b.json"):
+        (tmp_path / name).write_text(json.dumps(torchrun_json))
+    storage = FileStorage(str(tmp_path), logger=Logger(Logger.QUIET), default_machine_id="x")
+    loaded = list(storage.load_benchmarks(str(tmp_path / "0001_a.json"), str(tmp_path / "0002_b.json")))
+    assert len(loaded) == 2 * len(torchrun_json["benchmarks"])
+    groups = pytest_benchmark_group_stats(config=None, benchmarks=loaded, group_by="fullname")
+    assert all(len(benchmarks) == 2 for _, benchmarks in groups), "compare must pair each benchmark with its copy"
+
+    done = subprocess.run(
+        # the pytest-benchmark command, which this Python may not have put on PATH
+        [sys.executable, "-c", "from pytest_benchmark.cli import main; main()", "compare", "0001_a.json", "0002_b.json", "--group-by", "fullname"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "test_step[naive-b2-s16] (0001_a)" in done.stdout and "test_step[naive-b2-s16] (0002_b)" in done.stdout
+
+
+def test_refuses_to_run_outside_torchrun() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT}
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp", "run", "--model-size", "tiny"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1], env=env,
+    )  # fmt: skip
+    assert done.returncode != 0 and "must be started by torchrun" in done.stderr
