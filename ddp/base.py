@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp.tracing import launch_all_reduce
+
 
 def require_process_group(strategy: str, process_group: dist.ProcessGroup | None) -> None:
     """Fail with an instruction when a strategy is built before ``init_process_group``."""
@@ -120,4 +122,4 @@ class DataParallel(nn.Module):
         if dist.get_backend(self.process_group) == "gloo":
             device = torch.device("cpu")
         self._used_mask = torch.tensor(used_locally, dtype=torch.int32, device=device)
-        return dist.all_reduce(self._used_mask, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
+        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask")
