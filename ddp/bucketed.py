@@ -1,9 +1,13 @@
 """Bucketed data parallelism: all-reduce buckets of gradients of at most ``bucket_size_mb``,
 each launched during backward as soon as it is complete.
 
-Gradients live in the buckets' flat buffers: after the first step each parameter's ``.grad`` is a
-view into its bucket, so autograd accumulates straight into the buffer, the all-reduce averages it
-in place (ReduceOp.AVG), and nothing is copied back out.
+Gradients live in the buckets' flat buffers: each parameter's ``.grad`` ends up a view into its
+bucket, the all-reduce works on the buffer in place, and nothing is copied back out. A gradient
+that autograd made fresh (every step, when the optimizer's ``zero_grad`` sets gradients to None)
+is copied into its view already divided by the world size, and the buckets are summed: gloo
+implements ReduceOp.AVG as a sum followed by a separate pass dividing the whole bucket, so folding
+the division into the copy that happens anyway saves one pass over every gradient (PyTorch's
+reducer does the same).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.base import DataParallel, average_op, check_bucket_size_mb
+from ddp.base import DataParallel, check_bucket_size_mb
 from ddp.tracing import launch_all_reduce
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -72,12 +76,19 @@ class BucketedDDP(DataParallel):
     def __init__(self, module, *, bucket_size_mb: float = 25.0, process_group=None) -> None:
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
         super().__init__(module, process_group=process_group)
-        self._op = average_op(process_group)
+        self._grad_scale = 1.0 / self.world_size
         self._names = {id(p): name for name, p in module.named_parameters()}
-        # Reverse registration order approximates the order backward produces gradients.
+        # Reverse registration order approximates the order backward produces gradients; the
+        # first synchronizing backward tells the real order, and the buckets are rebuilt in it.
+        self._build_buckets(list(reversed(self.parameters_to_sync)))
+        self._buckets_follow_ready_order = False
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.parameters_to_sync]
+
+    def _build_buckets(self, order: list[nn.Parameter]) -> None:
         self.buckets: list[Bucket] = []
         self._slot: dict[int, tuple[Bucket, int]] = {}
-        for params in plan_buckets(list(reversed(self.parameters_to_sync)), self.bucket_size_mb):
+        for params in plan_buckets(order, self.bucket_size_mb):
             numel = sum(p.numel() for p in params)
             buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
             bucket = Bucket(params, buffer)
@@ -87,8 +98,34 @@ class BucketedDDP(DataParallel):
                 offset += param.numel()
                 self._slot[id(param)] = (bucket, index)
             self.buckets.append(bucket)
-        self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.parameters_to_sync]
+
+    @torch.no_grad()
+    def _rebuild_buckets_in_ready_order(self) -> None:
+        """Re-plan the buckets in the order this backward produced gradients, as PyTorch's reducer
+        does after its first iteration: a model whose modules are registered in another order
+        than they run would otherwise complete its first bucket only at the end of backward.
+
+        Collectives pair up by launch order, so every rank takes rank 0's order. Parameters that
+        got no gradient go last, in reverse registration order.
+        """
+        position = {id(p): i for i, p in enumerate(self.parameters_to_sync)}
+        ready = [position[key] for key in self._ready]
+        ready_set = set(ready)
+        order = ready + [i for i in reversed(range(len(position))) if i not in ready_set]
+        device = self.parameters_to_sync[0].device if dist.get_backend(self.process_group) != "gloo" else torch.device("cpu")
+        order_tensor = torch.tensor(order, dtype=torch.int64, device=device)
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.broadcast(order_tensor, src=src, group=self.process_group)
+        params = [self.parameters_to_sync[i] for i in order_tensor.tolist()]
+        if [id(p) for p in params] == [id(p) for bucket in self.buckets for p in bucket.params]:
+            return  # registration order was right: keep the buffers
+        old_views = {id(p): bucket.views[index] for bucket in self.buckets for index, p in enumerate(bucket.params)}
+        self._build_buckets(params)
+        for param in params:
+            if param.grad is not None and param.grad.data_ptr() == old_views[id(param)].data_ptr():
+                bucket, index = self._slot[id(param)]
+                bucket.views[index].copy_(param.grad)
+                param.grad = bucket.views[index]
 
     @property
     def bucket_sizes_bytes(self) -> list[int]:
@@ -103,7 +140,7 @@ class BucketedDDP(DataParallel):
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             bucket.work = None
-        self._ready: set[int] = set()
+        self._ready: dict[int, None] = {}  # ids of the parameters whose gradient is in, in that order
         self._next_to_launch = 0
 
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
@@ -115,19 +152,22 @@ class BucketedDDP(DataParallel):
                 "finish_gradient_synchronization() in between: call it after every backward, or "
                 "accumulate inside no_sync()"
             )
-        self._ready.add(id(param))
+        self._ready[id(param)] = None
         bucket, index = self._slot[id(param)]
         view = bucket.views[index]
-        if param.grad.data_ptr() != view.data_ptr():
-            # autograd made a fresh gradient (the first step, or after zero_grad(set_to_none=True))
-            view.copy_(param.grad)
+        if param.grad.data_ptr() == view.data_ptr():
+            # accumulated in place (after no_sync(), or zero_grad(set_to_none=False))
+            view.mul_(self._grad_scale)
+        else:
+            # autograd made a fresh gradient: the usual case, after zero_grad(set_to_none=True)
+            torch.mul(param.grad, self._grad_scale, out=view)
             param.grad = view
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_complete_buckets()
 
     def _launch(self, bucket: Bucket) -> None:
-        bucket.work = launch_all_reduce(bucket.buffer, self._op, self.process_group, f"bucket{self._next_to_launch}")
+        bucket.work = launch_all_reduce(bucket.buffer, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}")
         self._next_to_launch += 1
 
     def _launch_complete_buckets(self) -> None:
@@ -143,8 +183,8 @@ class BucketedDDP(DataParallel):
         if not self._sync_this_backward:
             return
         # Buckets still waiting hold parameters that got no gradient on this rank. They take part
-        # in the same order, contributing zeros (or the gradient they already hold); what they
-        # held is kept in case no rank produced a gradient for them.
+        # in the same order, contributing zeros (or their share of the gradient they already
+        # hold); what they held is kept in case no rank produced a gradient for them.
         missing: list[tuple[Bucket, int, torch.Tensor | None]] = []
         for bucket in self.buckets[self._next_to_launch :]:
             for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
@@ -156,7 +196,7 @@ class BucketedDDP(DataParallel):
                 if previous is None:
                     view.zero_()
                 else:
-                    view.copy_(previous)
+                    torch.mul(previous, self._grad_scale, out=view)
                 missing.append((bucket, index, previous))
             self._launch(bucket)
         for bucket in self.buckets:
@@ -167,4 +207,7 @@ class BucketedDDP(DataParallel):
                 param.grad = view
             else:
                 param.grad = previous
+        if not self._buckets_follow_ready_order:
+            self._rebuild_buckets_in_ready_order()
+            self._buckets_follow_ready_order = True
         self._reset()
