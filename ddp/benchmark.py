@@ -43,6 +43,7 @@ from ddp.base import trainable_parameters
 from ddp.launcher import rank_info
 from ddp.model import build_model, language_model_loss, num_parameters, random_batch
 
+FRESH_BUILD_WARMUP_STEPS = 3  # see prepare_step
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
 
 
@@ -290,15 +291,17 @@ def release_step() -> None:
 def prepare_step(config: StepConfig, warmup_steps: int = 1) -> StepSetup | OutOfMemory:
     """Run on every rank: build ``config`` (freeing any other), run ``warmup_steps`` untimed steps.
 
-    At least one warm-up step runs on a fresh build: strategies allocate their buckets and
-    PyTorch's DDP rebuilds its bucket plan during the first step.
+    A fresh build runs at least ``FRESH_BUILD_WARMUP_STEPS``: ``bucketed`` re-plans its buckets
+    after its first step, and PyTorch's DDP reduces everything in one bucket in its first step,
+    rebuilds its buckets in the second and records the new plan (which ``StepSetup`` reports) in
+    the third.
     """
     global _trainer
     try:
         if _trainer is None or _trainer.config != config:
             release_step()
             _trainer = _Trainer(config)
-            warmup_steps = max(1, warmup_steps)
+            warmup_steps = max(FRESH_BUILD_WARMUP_STEPS, warmup_steps)
         for _ in range(warmup_steps):
             _trainer.step()
         return _trainer.setup()

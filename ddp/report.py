@@ -367,7 +367,8 @@ class BucketPlan:
 
     @property
     def oversized_buckets(self) -> int | None:
-        """Buckets holding more than the cap: a single tensor larger than the cap."""
+        """Buckets holding more than the cap: in ``bucketed``, a single tensor larger than the cap; in
+        ``torch``, also a bucket PyTorch closed only once it had reached the cap."""
         if self.bucket_sizes_bytes is None:
             return None
         cap = self.bucket_size_mb * BYTES_PER_MB
@@ -628,7 +629,12 @@ def plan_sentence(plan: BucketPlan) -> str:
         sizes = [float(_mib(size)) for size in plan.bucket_sizes_bytes]
         listed = ", ".join(f"{s:g}" for s in sizes[:12]) + (f", ... ({len(sizes) - 12} more)" if len(sizes) > 12 else "")
         text += f"; sizes in launch order, MiB: {listed}"
-        if plan.oversized_buckets:
+        if plan.oversized_buckets and plan.strategy == "torch":
+            text += (
+                f"; {plan.oversized_buckets} bucket(s) exceed the cap (PyTorch closes a bucket once it has "
+                "reached the cap, not before the tensor that would overflow it)"
+            )
+        elif plan.oversized_buckets:
             text += f"; {plan.oversized_buckets} bucket(s) hold a single tensor larger than the cap"
     torch_first = plan.strategy == "torch" and plan.bucket_size_mb * BYTES_PER_MB < TORCH_FIRST_BUCKET_BYTES
     if plan.num_buckets < plan.total_over_cap:
@@ -638,7 +644,9 @@ def plan_sentence(plan: BucketPlan) -> str:
                 "to 1 MiB whatever bucket_cap_mb says"
             )
         else:
-            text += ". Fewer than total / cap: some buckets hold more than the cap, a tensor larger than the cap in a bucket of its own"
+            text += ". Fewer than total / cap: some buckets hold more than the cap"
+            if plan.strategy != "torch":
+                text += ", a tensor larger than the cap in a bucket of its own"
             if torch_first:
                 text += " (and PyTorch's first bucket, filled up to 1 MiB whatever bucket_cap_mb says)"
     elif plan.num_buckets > plan.total_over_cap:

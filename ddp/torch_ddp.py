@@ -47,9 +47,15 @@ class TorchDDP(nn.Module):
 
     @property
     def bucket_sizes_bytes(self) -> list[int]:
-        """The reducer's bucket plan as it logs it (its first bucket is capped at 1 MiB)."""
-        sizes = self.ddp._get_ddp_logging_data().get("bucket_sizes", "")
-        return [int(size) for size in str(sizes).split(",") if size]
+        """The reducer's bucket plan, as its logging data records it.
+
+        DDP reduces everything in one bucket during the first step and then rebuilds its buckets
+        in the order gradients arrived (the first capped at 1 MiB): read after that step, this is
+        the plan of every later one.
+        """
+        data = self.ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", "")
+        return [int(size) for size in str(sizes).split(",") if size.strip()]
 
     @property
     def num_allreduce_calls_per_step(self) -> int:
