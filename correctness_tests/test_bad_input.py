@@ -56,6 +56,15 @@ def test_not_a_module():
         ddp.make_ddp("naive", lambda x: x)
 
 
+def wrap_torch_around_a_module_without_parameters() -> None:
+    ddp.make_ddp("torch", nn.ReLU())
+
+
+def test_torch_refuses_a_module_without_trainable_parameters(rank_group):
+    with pytest.raises(Exception, match="refuses a module with no parameter that requires grad"):
+        rank_group.run(wrap_torch_around_a_module_without_parameters)
+
+
 def backward_twice_without_finishing(strategy: str) -> None:
     model = ddp.make_ddp(strategy, nn.Linear(4, 2))
     model(torch.ones(1, 4)).sum().backward()

@@ -32,7 +32,12 @@ class TorchDDP(nn.Module):
         require_process_group(type(self).__name__, process_group)
         self.process_group = process_group
         self.parameters_to_sync = trainable_parameters(module)
-        device = next(module.parameters()).device
+        if not self.parameters_to_sync:
+            raise ValueError(
+                "PyTorch's DistributedDataParallel refuses a module with no parameter that requires grad; "
+                "there is nothing to synchronize: train it without a DDP wrapper (or with 'local')"
+            )
+        device = self.parameters_to_sync[0].device
         self.ddp = DistributedDataParallel(
             module,
             device_ids=[device] if device.type == "cuda" else None,
