@@ -12,9 +12,8 @@ NCCL on GPUs), and the machine info saved with each run names torch, CUDA, NCCL 
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed as dist
 
+from ddp.benchmark import software_info
 from ddp.launcher import RankGroup, default_device, resolve_backend, unavailable_reason
 
 
@@ -93,18 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     backend, device = backend_and_device(config)
-    info = {
-        "torch": torch.__version__,
-        "backend": backend,
-        "device": device,
-        "world_size": config.getoption("--world-size"),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpu_count"] = torch.cuda.device_count()
-        info["cuda"] = torch.version.cuda
-        if dist.is_nccl_available():
-            info["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    info = software_info(backend, device, config.getoption("--world-size"))
     machine_info["ddp_bench"] = info
 
 

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed
 from torch import nn
 
 import ddp
@@ -390,6 +391,19 @@ def extra_info(
     }
 
 
+def software_info(backend: str, device: str, world_size: int) -> dict:
+    """What a saved run records beside pytest-benchmark's machine info: torch, backend, device
+    and, where there is a GPU, its name and the CUDA and NCCL versions."""
+    info = {"torch": torch.__version__, "backend": backend, "device": device, "world_size": world_size}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+        if torch.distributed.is_nccl_available():
+            info["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return info
+
+
 def device_name(device: torch.device | str) -> str:
     """``cpu``, or the GPU's name (e.g. ``NVIDIA H100 80GB HBM3``)."""
     device = torch.device(device)
@@ -411,6 +425,7 @@ __all__ = [
     "oom_reason",
     "prepare_step",
     "release_step",
+    "software_info",
     "summarize",
     "timed_step",
 ]

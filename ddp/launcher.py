@@ -102,6 +102,12 @@ def set_rank_info(info: RankInfo) -> None:
     _rank_info = info
 
 
+def share_cores(ranks_on_this_machine: int) -> None:
+    """Give each CPU rank its share of the machine's cores instead of every rank oversubscribing
+    all of them (threads fighting over cores make steps slower and noisier)."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_on_this_machine))
+
+
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -123,8 +129,7 @@ def _worker_main(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # Share the cores between ranks instead of every rank oversubscribing all of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        share_cores(world_size)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
         backend,

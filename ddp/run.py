@@ -48,10 +48,18 @@ from ddp.benchmark import (
     oom_reason,
     prepare_step,
     release_step,
+    software_info,
     summarize,
     timed_step,
 )
-from ddp.launcher import RankInfo, set_rank_info
+from ddp.launcher import (
+    RankInfo,
+    default_device,
+    resolve_backend,
+    set_rank_info,
+    share_cores,
+    unavailable_reason,
+)
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -121,21 +129,17 @@ def join_from_environment(backend: str) -> RankInfo:
         )
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        backend = "nccl" if gpus >= local_world_size and dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and gpus < local_world_size:
-        raise SystemExit(
-            f"nccl needs one GPU per rank: {local_world_size} ranks on this node, {gpus} GPU(s) found; "
-            "use --backend gloo or fewer --nproc-per-node"
-        )
+    # Rank placement is per node: every local rank needs its own GPU.
+    backend = resolve_backend(backend, local_world_size)
+    reason = unavailable_reason(backend, local_world_size, default_device(backend))
+    if reason:
+        raise SystemExit(f"{reason} (or fewer --nproc-per-node)")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # Share the node's cores between its ranks instead of every rank oversubscribing all of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+        share_cores(local_world_size)
     dist.init_process_group(backend, init_method="env://", **({"device_id": device} if backend == "nccl" else {}))
     info = RankInfo(rank, world_size, backend, device)
     # ddp/benchmark.py and ddp/allreduce.py ask rank_info() where they run; under RankGroup the
@@ -236,21 +240,12 @@ def run_allreduce(size_mb: float, info: RankInfo, args: argparse.Namespace) -> d
 def machine_info(info: RankInfo) -> dict:
     """pytest-benchmark's machine info, plus what the root conftest.py adds for a local run."""
     machine = pytest_benchmark_generate_machine_info()
-    ddp_bench = {
-        "torch": torch.__version__,
-        "backend": info.backend,
-        "device": info.device.type,
-        "world_size": info.world_size,
-        "launcher": "torchrun",
-        "nodes": info.world_size // int(os.environ["LOCAL_WORLD_SIZE"]),
-        "node": platform.node(),
-    }
-    if info.device.type == "cuda":
-        ddp_bench["gpu"] = torch.cuda.get_device_name(info.device)
-        ddp_bench["gpu_count"] = torch.cuda.device_count()
-        ddp_bench["cuda"] = torch.version.cuda
-        if dist.is_nccl_available():
-            ddp_bench["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    ddp_bench = software_info(info.backend, info.device.type, info.world_size)
+    ddp_bench.update(
+        launcher="torchrun",
+        nodes=info.world_size // int(os.environ["LOCAL_WORLD_SIZE"]),
+        node=platform.node(),
+    )
     machine["ddp_bench"] = ddp_bench
     return machine
 
