@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ddp
-from ddp.launcher import RankGroup
+from ddp.launcher import RankGroup, rank_info
 
 
 def test_unknown_strategy_lists_known_names():
@@ -28,8 +28,29 @@ def test_plugin_class_that_does_not_exist():
 
 
 def test_plugin_without_the_interface():
-    with pytest.raises(TypeError, match="lacks finish_gradient_synchronization, no_sync"):
+    with pytest.raises(ValueError, match="lacks finish_gradient_synchronization: a DDP class must define"):
         ddp.make_ddp("torch.nn:Linear", nn.Linear(2, 2))
+
+
+class TakesNoModule:
+    def __init__(self) -> None:
+        pass
+
+    def forward(self, x):
+        return x
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+
+def test_plugin_whose_constructor_takes_no_module():
+    with pytest.raises(ValueError, match=r"cannot be built as TakesNoModule\(module\).*take the module to wrap"):
+        ddp.make_ddp(f"{__name__}:TakesNoModule", nn.Linear(2, 2))
+
+
+def test_plugin_that_is_not_a_class():
+    with pytest.raises(ValueError, match="is a function, not a class"):
+        ddp.make_ddp("ddp.strategies.registry:make_ddp", nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("strategy", ddp.BUCKETED_STRATEGIES)
@@ -66,9 +87,10 @@ def test_torch_refuses_a_module_without_trainable_parameters(rank_group):
 
 
 def backward_twice_without_finishing(strategy: str) -> None:
-    model = ddp.make_ddp(strategy, nn.Linear(4, 2))
-    model(torch.ones(1, 4)).sum().backward()
-    model(torch.ones(1, 4)).sum().backward()
+    device = rank_info().device  # NCCL maps only CUDA tensors: build on the rank's device
+    model = ddp.make_ddp(strategy, nn.Linear(4, 2, device=device))
+    model(torch.ones(1, 4, device=device)).sum().backward()
+    model(torch.ones(1, 4, device=device)).sum().backward()
 
 
 @pytest.mark.parametrize("strategy", ["overlap", "bucketed"])

@@ -14,7 +14,8 @@ from ddp.launcher import RankError, RankGroup, rank_info
 
 
 def sum_of_ranks() -> float:
-    tensor = torch.tensor([float(rank_info().rank)])
+    # on the rank's device: a group initialized with NCCL maps only CUDA tensors
+    tensor = torch.tensor([float(rank_info().rank)], device=rank_info().device)
     dist.all_reduce(tensor)
     return tensor.item()
 

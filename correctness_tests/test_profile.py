@@ -1,5 +1,7 @@
 """``ddp profile``: the interval arithmetic behind summary.json, checked against hand-computed
-values, and a profiled run of the tiny model that must find naive's communication all exposed."""
+values; the classification of GPU events and the reading of synthetic CUDA traces (NCCL, gloo over
+CUDA, world size 1), no GPU needed; and a profiled run of the tiny model that must find naive's
+communication all exposed."""
 
 from __future__ import annotations
 
@@ -7,17 +9,19 @@ import json
 
 import pytest
 
-from ddp.profile import (
-    ProfileConfig,
+from ddp.analysis.overlap import (
     covered_seconds,
     covered_seconds_within,
     cuda_steps_from_trace,
-    profile_strategies,
+    kernel_kind,
     rank_figures,
     step_comm_figures,
     strategy_summary,
     union_intervals,
 )
+from ddp.analysis.profiles import profile_strategies
+from ddp.bench.profiling import ProfileConfig
+from ddp.bench.trainer import StepConfig
 
 
 def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:
@@ -79,45 +83,213 @@ def test_summary_reports_the_slowest_rank():
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
 
 
-def test_cuda_intervals_come_from_kernels_by_launch_range():
-    # CPU ranges in perf_counter seconds; the trace clock is 1000 µs ahead of perf_counter.
-    cpu = _step([1.0, 2.0], [2.0, 3.0], 3.0, [3.0, 3.5], [3.5, 4.0], [])
-    offset_us = 1000.0
+# Real names from PyTorch CUDA traces (Kineto), long template arguments cut where marked "...".
+NCCL_2_19_ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+NCCL_2_18_ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, ...>(...)"
+COPY_KERNEL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
+               "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}...>(...)")
+HOPPER_GEMM = ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1"
+               "_execute_segment_k_off_kernel")
+AMPERE_GEMM = "ampere_sgemm_128x64_nn"
+CUDNN = "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>(...)"
+FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, ...>(...)"
+MEM_EFFICIENT = "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, ...>::Params)"
+ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::...>(...)"
+
+
+@pytest.mark.parametrize(
+    ("name", "category", "kind"),
+    [
+        (NCCL_2_19_ALL_REDUCE, "kernel", "communication"),
+        (NCCL_2_18_ALL_REDUCE, "kernel", "communication"),
+        ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "kernel", "communication"),
+        ("void ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "kernel", "communication"),  # not at the start
+        ("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", "memory"),
+        ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", "memory"),
+        ("Memcpy DtoD (Device -> Device)", "kernel", "memory"),  # by name, whatever the category
+        ("Memset (Device)", "gpu_memset", "memory"),
+        ("Device Synchronize", "cuda_sync", "sync"),
+        ("Stream Sync", "cuda_sync", "sync"),
+        (ELEMENTWISE, "kernel", "compute"),
+        (COPY_KERNEL, "kernel", "compute"),  # a copy done by a kernel, not by the copy engine
+        (HOPPER_GEMM, "kernel", "compute"),
+        (AMPERE_GEMM, "kernel", "compute"),
+        (CUDNN, "kernel", "compute"),
+        (FLASH, "kernel", "compute"),
+        (MEM_EFFICIENT, "kernel", "compute"),
+        (ADAM, "kernel", "compute"),
+        ("void at::native::unrolled_elementwise_kernel<...NCCL...>(...)", "kernel", "compute"),  # NCCL's names only
+    ],
+)
+def test_kernel_kind_classifies_gpu_events_as_hta_does(name, category, kind):
+    assert kernel_kind(name, category) == kind
+
+
+def test_kernel_kind_refuses_an_event_that_is_not_a_gpu_event():
+    with pytest.raises(ValueError, match="'cpu_op' is not a GPU event category"):
+        kernel_kind("aten::add", "cpu_op")
+
+
+# A synthetic CUDA trace. CPU ranges in perf_counter seconds; the trace clock is 1000 µs ahead.
+TRACE_OFFSET_US = 1000.0
+# One profiled step's CPU ranges; collectives added per case.
+FORWARD, BACKWARD, SYNC, OPTIMIZER = [1.0, 2.0], [2.0, 3.0], [3.0, 3.5], [3.5, 4.0]
+
+
+def _cuda_trace(gpu_events) -> list[dict]:
+    """Trace events for ``gpu_events``: (correlation, launch s, start s, end s, name, category) each,
+    with a cudaLaunchKernel (or cudaMemcpyAsync) runtime event carrying the same correlation id."""
 
     def at(seconds):
-        return seconds * 1e6 + offset_us
+        return seconds * 1e6 + TRACE_OFFSET_US
 
-    events = [{"name": "forward", "cat": "user_annotation", "ph": "X", "ts": at(1.0), "dur": 1e6}]
-    kernels = [  # (correlation, launch s, start s, end s, name)
-        (1, 1.5, 1.6, 2.4, "gemm"),  # forward
-        (2, 2.1, 2.5, 3.2, "gemm_backward"),
-        (3, 2.5, 2.6, 3.6, "ncclDevKernel_AllReduce_Sum_f32"),  # launched by a hook in backward
-        (4, 2.9, 3.2, 3.4, "gemm_backward"),
-        (5, 3.6, 3.7, 3.9, "adam"),
-    ]
-    for correlation, launch, start, end, name in kernels:
-        events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": at(launch), "dur": 5,
+    events = [{"name": "forward", "cat": "user_annotation", "ph": "X", "ts": at(FORWARD[0]), "dur": 1e6}]
+    for correlation, launch, start, end, name, category in gpu_events:
+        launcher = "cudaMemcpyAsync" if category == "gpu_memcpy" else "cudaLaunchKernel"
+        events.append({"cat": "cuda_runtime", "name": launcher, "ph": "X", "ts": at(launch), "dur": 5,
                        "args": {"correlation": correlation}})
-        events.append({"cat": "kernel", "name": name, "ts": at(start), "dur": (end - start) * 1e6,
+        events.append({"cat": category, "name": name, "ph": "X", "ts": at(start), "dur": (end - start) * 1e6,
                        "args": {"correlation": correlation}})
+    return events
+
+
+def test_cuda_intervals_come_from_kernels_by_launch_range():
+    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
+    events = _cuda_trace([
+        (1, 1.5, 1.6, 2.4, "gemm", "kernel"),  # forward
+        (2, 2.1, 2.5, 3.2, "gemm_backward", "kernel"),
+        (3, 2.5, 2.6, 3.6, "ncclDevKernel_AllReduce_Sum_f32", "kernel"),  # launched by a hook in backward
+        (4, 2.9, 3.2, 3.4, "gemm_backward", "kernel"),
+        (5, 3.6, 3.7, 3.9, "adam", "kernel"),
+        (6, 4.5, 4.6, 4.7, "gemm", "kernel"),  # launched after the step, inside no phase: ignored
+    ])
     (step,) = cuda_steps_from_trace(events, [cpu])
+    assert step["forward"] == pytest.approx([1.6, 2.4])
     assert step["backward"] == pytest.approx([2.5, 3.4])
     assert step["backward_compute_end"] == pytest.approx(3.4)
     assert step["gradient_sync"] == [3.0, 3.5]  # launched no kernel: keeps its CPU span
+    assert step["optimizer"] == pytest.approx([3.7, 3.9])
     assert [c["launch_seconds"] for c in step["collectives"]] == pytest.approx([2.6])
     assert [c["done_seconds"] for c in step["collectives"]] == pytest.approx([3.6])
     assert step_comm_figures(step)["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
 
 
+def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
+    # The record of an NCCL all-reduce completes when its kernel is enqueued: [2.5, 2.55].
+    record = {"label": "bucket0", "size_bytes": 1024, "launch_seconds": 2.5, "done_seconds": 2.55}
+    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    events = _cuda_trace([
+        (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
+        (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
+        (3, 2.5, 2.6, 3.6, NCCL_2_19_ALL_REDUCE, "kernel"),
+        (4, 2.8, 3.1, 3.8, "Memcpy DtoD (Device -> Device)", "gpu_memcpy"),  # in backward, ends after compute
+        (5, 2.9, 3.2, 3.4, HOPPER_GEMM, "kernel"),
+        (6, 2.95, 3.5, 3.7, "Memset (Device)", "gpu_memset"),
+        (7, 3.6, 3.7, 3.9, ADAM, "kernel"),
+        (8, 3.95, 3.9, 3.95, "Device Synchronize", "cuda_sync"),  # torch.cuda.synchronize() in optimizer
+    ])
+    (step,) = cuda_steps_from_trace(events, [cpu])
+    assert step["comm_source"] == "nccl_kernels"
+    assert step["collectives"] == [
+        {"label": NCCL_2_19_ALL_REDUCE, "size_bytes": 0, "launch_seconds": pytest.approx(2.6),
+         "done_seconds": pytest.approx(3.6)}
+    ]
+    assert step["collective_records"] == [record]
+    # Compute kernels only: the memcpy (to 3.8), memset (to 3.7) and sync (to 3.95) do not count.
+    assert step["backward"] == pytest.approx([2.5, 3.4])
+    assert step["backward_compute_end"] == pytest.approx(3.4)
+    assert step["optimizer"] == pytest.approx([3.7, 3.9])
+    figures = rank_figures([step])
+    assert figures["comm_seconds"] == pytest.approx(1.0)  # [2.6, 3.6]
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.2)
+    assert figures["overlap_fraction"] == pytest.approx(0.8)
+    # What the strategy launched, from the record, though the times came from the kernel.
+    assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 1024
+    assert figures["comm_source"] == "nccl_kernels"
+
+
+def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_records():
+    # gloo over CUDA: each all-reduce copies its bucket to the host (launched from backward, in the
+    # caller's thread), reduces on the CPU and copies back (launched from gloo's thread, here during
+    # gradient_sync); the records run from the call to the future's completion.
+    records = [
+        {"label": "bucket0", "size_bytes": 4096, "launch_seconds": 2.5, "done_seconds": 3.2},
+        {"label": "bucket1", "size_bytes": 2048, "launch_seconds": 2.8, "done_seconds": 3.4},
+    ]
+    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, records)
+    events = _cuda_trace([
+        (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
+        (2, 2.1, 2.5, 2.9, ELEMENTWISE, "kernel"),
+        (3, 2.2, 2.9, 3.1, AMPERE_GEMM, "kernel"),
+        (4, 2.5, 2.6, 2.7, "Memcpy DtoH (Device -> Pinned)", "gpu_memcpy"),
+        (5, 2.85, 3.1, 3.15, "Memcpy DtoH (Device -> Pinned)", "gpu_memcpy"),
+        (6, 3.2, 3.3, 3.45, "Memcpy HtoD (Pinned -> Device)", "gpu_memcpy"),
+        (7, 3.4, 3.45, 3.5, "Memcpy HtoD (Pinned -> Device)", "gpu_memcpy"),
+        (8, 3.6, 3.7, 3.9, ADAM, "kernel"),
+    ])
+    (step,) = cuda_steps_from_trace(events, [cpu])
+    assert step["comm_source"] == "collective_records"
+    assert step["collectives"] == records  # perf_counter times, labels and sizes as recorded
+    assert step["backward"] == pytest.approx([2.5, 3.1])
+    assert step["backward_compute_end"] == pytest.approx(3.1)
+    assert step["gradient_sync"] == [3.0, 3.5]  # the copies back are not compute: keeps its CPU span
+    figures = rank_figures([step])
+    assert figures["comm_seconds"] == pytest.approx(0.9)  # union [2.5, 3.4]
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)  # [2.5, 3.1], the kernels' window
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.3)
+    assert figures["overlap_fraction"] == pytest.approx(2 / 3)
+    assert figures["collectives_per_step"] == 2 and figures["comm_bytes_per_step"] == 6144
+    assert figures["comm_source"] == "collective_records"
+
+
+def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
+    # NCCL at world size 1 runs no NCCL kernel: an out-of-place all-reduce is one device copy.
+    record = {"label": "bucket0", "size_bytes": 512, "launch_seconds": 2.95, "done_seconds": 3.05}
+    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    events = _cuda_trace([
+        (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
+        (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
+        (3, 2.95, 3.0, 3.05, "Memcpy DtoD (Device -> Device)", "gpu_memcpy"),
+        (4, 3.6, 3.7, 3.9, ADAM, "kernel"),
+    ])
+    (step,) = cuda_steps_from_trace(events, [cpu])
+    assert step["comm_source"] == "collective_records"
+    assert step["collectives"] == [record]
+    assert step["backward"] == pytest.approx([2.5, 3.0])  # not to 3.05, the copy's end
+    figures = rank_figures([step])
+    assert figures["comm_seconds"] == pytest.approx(0.1)
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.05)  # [2.95, 3.0]
+    assert figures["overlap_fraction"] == pytest.approx(0.5)
+    assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 512
+
+
+def test_summary_says_where_communication_times_came_from():
+    def rank(rank_id, sources, step_end):
+        steps = [{**_step([0, 1], [1, 2], 2, [2, 3], [3, step_end], [_collective(1.5, 2.5)]), "comm_source": source}
+                 for source in sources]
+        return {"rank": rank_id, "trace_file": f"t{rank_id}", "steps": steps}
+
+    summary = strategy_summary([rank(0, ["nccl_kernels"] * 2, 4), rank(1, ["collective_records"] * 2, 5)])
+    assert summary["comm_source"] == "collective_records"  # the slowest rank's
+    assert [r["comm_source"] for r in summary["ranks"]] == ["nccl_kernels", "collective_records"]
+    summary = strategy_summary([rank(0, ["nccl_kernels", "collective_records"], 4)])
+    assert summary["comm_source"] == "mixed"
+    # Steps of the CPU path carry no comm_source: their collectives are the records.
+    cpu_steps = [_step([0, 1], [1, 2], 2, [2, 3], [3, 4], [_collective(1.5, 2.5)])]
+    assert rank_figures(cpu_steps)["comm_source"] == "collective_records"
+
+
 def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_path):
     configs = [
-        ProfileConfig(strategy=name, model_size="tiny", batch_size=2, seq_len=16, warmup_steps=1, steps=2,
-                      out_dir=str(tmp_path))
+        ProfileConfig(StepConfig(name, "tiny", batch_size=2, seq_len=16), warmup_steps=1, steps=2, out_dir=str(tmp_path))
         for name in ("naive", "overlap")
     ]
     summary = profile_strategies(rank_group, configs, tmp_path)
 
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert all(summary["strategies"][name]["comm_source"] == "collective_records" for name in ("naive", "overlap"))
     naive, overlap = summary["strategies"]["naive"], summary["strategies"]["overlap"]
     for rank in naive["ranks"]:
         # naive launches every collective after backward has returned

@@ -1,79 +1,96 @@
 """``python -m ddp report``: the figures it derives from saved runs, the files it writes, its errors.
 
-The runs are small pytest-benchmark JSON files written here with known numbers, so every figure
-the report states (overheads, ratios, the winner, bucket counts) is checked against a value
-worked out by hand in the comments.
+The runs are small pytest-benchmark JSON files written here with known numbers, each benchmark's
+``extra_info`` a schema-2 record of ``ddp.bench.records`` (one test keeps a first-release,
+schema-1 entry), so every figure the report states (overheads, ratios, the winner, bucket counts)
+is checked against a value worked out by hand in the comments. Unless a test says otherwise a
+benchmark's rounds are all equal, so each 95% interval is [t, t] and distinct medians are resolved.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
-from ddp.__main__ import main as ddp_main
-from ddp.report import (
-    ReportError,
+from ddp.analysis.figures import (
     bucket_plans,
     compare_runs,
-    load_run,
     machine_differences,
     overheads_over_local,
-    plan_sentence,
-    render_markdown,
+    resolved_apart,
     winners,
-    write_report,
 )
+from ddp.analysis.markdown import plan_sentence, render_markdown, write_report
+from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, StepRecord, load_run, to_extra_info
+from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
+from ddp.cli import main as ddp_main
 
 MIB = 2**20
 TOTAL_BYTES = 5 * MIB // 2  # 2.5 MiB of gradients
 
 
-def step_bench(strategy, step_ms, comm_ms, *, bucket_mb=None, buckets=None, sizes=None, batch=2, seq=32, name=None):
-    """A step benchmark as perf_tests/test_step.py saves it (only the fields the report reads)."""
-    extra = {
-        "strategy": strategy,
-        "backend": "gloo",
-        "device": "cpu",
-        "world_size": 2,
-        "model_size": "tiny",
-        "num_parameters": TOTAL_BYTES // 4,
-        "batch_size": batch,
-        "seq_len": seq,
-        "bucket_size_mb": bucket_mb,
-        "num_buckets": buckets,
-        "allreduce_calls_per_step": 0 if strategy == "local" else (buckets or 1),
-        "bytes_per_step": 0 if strategy == "local" else TOTAL_BYTES,
-        "comm_wait_seconds": comm_ms / 1e3,
-        "comm_fraction": comm_ms / step_ms,
-        "tokens_per_second": 2 * batch * seq / (step_ms / 1e3),
-        "peak_memory_bytes": None,
-        "rank_step_seconds": [step_ms / 1e3, step_ms / 1e3],
-    }
-    if sizes is not None:
-        extra["bucket_sizes_bytes"] = sizes
+def _stats(rounds: list[float]) -> dict:
+    return {"median": statistics.median(rounds), "mean": statistics.mean(rounds), "min": min(rounds),
+            "max": max(rounds), "stddev": statistics.pstdev(rounds), "iqr": 0.0, "rounds": len(rounds)}  # fmt: skip
+
+
+def step_bench(
+    strategy, step_ms, comm_ms, *, bucket_mb=None, buckets=None, sizes=None, batch=2, seq=32, name=None,
+    rounds_ms=None, local_ms=None,
+):  # fmt: skip
+    """A step benchmark as perf_tests/test_step.py saves it: a ``StepRecord`` in ``extra_info``.
+
+    ``rounds_ms`` defaults to three rounds of ``step_ms``; with ``local_ms`` the step is paired with
+    three rounds of ``local`` at that time, its overhead figures computed as ``step_record`` does.
+    """
+    rounds = [ms / 1e3 for ms in (rounds_ms or [step_ms] * 3)]
+    assert statistics.median(rounds) == pytest.approx(step_ms / 1e3), "rounds_ms must have median step_ms"
+    paired = {}
+    if local_ms is not None:
+        local = [local_ms / 1e3] * len(rounds)
+        difference, *difference_ci = paired_difference_ci(rounds, local)
+        ratio, *ratio_ci = paired_ratio_ci(rounds, local)
+        paired = dict(local_round_seconds=local, overhead_seconds=difference, overhead_seconds_ci95=difference_ci,
+                      overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci)  # fmt: skip
+    record = StepRecord(
+        strategy=strategy, backend="gloo", device="cpu", world_size=2, model="tiny", num_parameters=TOTAL_BYTES // 4,
+        batch_size=batch, seq_len=seq, bucket_size_mb=bucket_mb, num_parameter_tensors=9, num_buckets=buckets,
+        bucket_sizes_bytes=sizes, allreduce_calls_per_step=0 if strategy == "local" else (buckets or 1),
+        bytes_per_step=0 if strategy == "local" else TOTAL_BYTES,
+        step_seconds=step_ms / 1e3, step_seconds_ci95=list(median_ci(rounds)), round_seconds=rounds,
+        comm_wait_seconds=comm_ms / 1e3, comm_fraction=comm_ms / step_ms,
+        comm_fraction_ci95=[comm_ms / step_ms, comm_ms / step_ms],
+        tokens_per_second=2 * batch * seq / (step_ms / 1e3), peak_memory_bytes=None,
+        rank_step_seconds=[step_ms / 1e3, step_ms / 1e3], target_precision=0.02,
+        reached_precision=(max(rounds) - min(rounds)) / 2 / (step_ms / 1e3), **paired,
+    )  # fmt: skip
     bucket = f"-bucket{bucket_mb:g}mb" if bucket_mb is not None else ""
     return {
         "name": name or f"test_step[{strategy}-b{batch}-s{seq}{bucket}]",
         "group": f"step: model tiny, batch {batch}, seq len {seq}",
         "params": {},
-        "extra_info": extra,
-        "stats": {"median": step_ms / 1e3, "mean": step_ms / 1e3, "min": step_ms / 1e3, "max": step_ms / 1e3,
-                  "stddev": 0.0, "iqr": 0.0, "rounds": 3},
+        "extra_info": to_extra_info(record),
+        "stats": _stats(rounds),
     }
 
 
 def allreduce_bench(world_size, size_mb, ms):
     size = size_mb * MIB
-    algbw = size / (ms / 1e3) / 1e9
+    seconds = ms / 1e3
+    algbw = size / seconds / 1e9
+    record = AllReduceRecord(
+        backend="gloo", world_size=world_size, size_bytes=size, seconds=seconds, seconds_ci95=[seconds, seconds],
+        round_seconds=[seconds] * 3, algbw_gbps=algbw, busbw_gbps=algbw * 2 * (world_size - 1) / world_size, wrong=0,
+    )  # fmt: skip
     return {
         "name": f"test_allreduce[n{world_size}-{size_mb}mb]",
         "group": f"all_reduce: gloo, {world_size} ranks",
         "params": {},
-        "extra_info": {"backend": "gloo", "world_size": world_size, "size_bytes": size, "algbw_gbps": algbw,
-                       "busbw_gbps": algbw * 2 * (world_size - 1) / world_size, "wrong": 0},
-        "stats": {"median": ms / 1e3, "mean": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "stddev": 0.0, "rounds": 3},
+        "extra_info": to_extra_info(record),
+        "stats": _stats([seconds] * 3),
     }
 
 
@@ -90,16 +107,17 @@ def run_json(benchmarks, node="bench-a", torch_version="2.13.0+cpu"):
 
 
 def baseline_benchmarks():
+    # every data-parallel step paired with local rounds of 100 ms, as perf_tests/test_step.py does by default
     return [
         step_bench("local", 100.0, 0.1),
-        step_bench("naive", 200.0, 80.0),
-        step_bench("flat", 150.0, 40.0),
-        step_bench("overlap", 130.0, 20.0),
+        step_bench("naive", 200.0, 80.0, local_ms=100.0),
+        step_bench("flat", 150.0, 40.0, local_ms=100.0),
+        step_bench("overlap", 130.0, 20.0, local_ms=100.0),
         # cap 1 MiB: a 2 MiB tensor alone, then 0.5 MiB: 2 buckets where total / cap = ceil(2.5) = 3
-        step_bench("bucketed", 120.0, 10.0, bucket_mb=1, buckets=2, sizes=[2 * MIB, MIB // 2]),
-        step_bench("bucketed", 110.0, 5.0, bucket_mb=100, buckets=1, sizes=[TOTAL_BYTES]),
-        step_bench("torch", 125.0, 12.0, bucket_mb=1, buckets=2),
-        step_bench("torch", 115.0, 8.0, bucket_mb=100, buckets=1),
+        step_bench("bucketed", 120.0, 10.0, bucket_mb=1, buckets=2, sizes=[2 * MIB, MIB // 2], local_ms=100.0),
+        step_bench("bucketed", 110.0, 5.0, bucket_mb=100, buckets=1, sizes=[TOTAL_BYTES], local_ms=100.0),
+        step_bench("torch", 125.0, 12.0, bucket_mb=1, buckets=2, local_ms=100.0),
+        step_bench("torch", 115.0, 8.0, bucket_mb=100, buckets=1, local_ms=100.0),
         allreduce_bench(2, 1, 10.0),
         allreduce_bench(2, 10, 50.0),
     ]
@@ -127,8 +145,9 @@ def baseline(tmp_path) -> Path:
 def test_overheads_over_local_are_ratio_and_difference(baseline):
     overheads = {o.step.label: o for o in overheads_over_local(load_run(baseline).steps)}
     assert set(overheads) == {"naive", "flat", "overlap", "bucketed 1 MB", "bucketed 100 MB", "torch 1 MB", "torch 100 MB"}
-    assert overheads["naive"].ratio == pytest.approx(2.0)  # 200 / 100
-    assert overheads["naive"].extra_seconds == pytest.approx(0.100)  # 200 - 100 ms
+    assert overheads["naive"].ratio == pytest.approx(2.0)  # 200 / 100 in every round
+    assert overheads["naive"].extra_seconds == pytest.approx(0.100)  # 200 - 100 ms in every round
+    assert overheads["naive"].interval == pytest.approx([0.100, 0.100]) and overheads["naive"].resolved
     assert overheads["bucketed 100 MB"].ratio == pytest.approx(1.1)
     assert overheads["bucketed 100 MB"].extra_seconds == pytest.approx(0.010)
 
@@ -140,6 +159,8 @@ def test_winner_is_fastest_strategy_with_margins_against_torch_and_naive(baselin
     assert win.naive.label == "naive"
     assert win.torch.step_seconds / win.winner.step_seconds == pytest.approx(115 / 110)
     assert win.naive.step_seconds / win.winner.step_seconds == pytest.approx(200 / 110)
+    # [110, 110] ms against [115, 115] ms: zero-width intervals at distinct medians are apart
+    assert resolved_apart(win.winner, win.torch)
 
 
 def test_bucket_plan_counts_are_not_total_over_cap(baseline):
@@ -156,9 +177,44 @@ def test_benchmarks_are_told_apart_by_extra_info_not_by_name(tmp_path):
     other = {"name": "test_step[versus]", "group": "versus", "extra_info": {"ratio": 1.0},
              "stats": {"median": 0.5, "iqr": 0.0}}
     run = load_run(write(tmp_path / "run.json", run_json([odd, other, allreduce_bench(2, 1, 10.0)])))
-    assert [s.name for s in run.steps] == ["test_allreduce_lookalike"]
+    assert [b.name for b in run.benchmarks if b.record is not None and b.record.kind == "step"] == ["test_allreduce_lookalike"]
+    assert [s.strategy for s in run.steps] == ["naive"]
     assert [a.size_bytes for a in run.allreduces] == [MIB]
     assert [o.name for o in run.others] == ["test_step[versus]"]
+
+
+def test_first_release_step_entry_still_loads(tmp_path):
+    """A schema-1 step entry (no ``kind``, ``model_size`` for the model, no rounds in extra_info)."""
+
+    def first_release(strategy, step_ms, comm_ms, data_ms=None):
+        extra = {
+            "strategy": strategy, "backend": "gloo", "device": "cpu", "world_size": 2, "model_size": "tiny",
+            "num_parameters": TOTAL_BYTES // 4, "batch_size": 2, "seq_len": 32, "bucket_size_mb": None,
+            "num_parameter_tensors": 9, "num_buckets": None, "bucket_sizes_bytes": None,
+            "allreduce_calls_per_step": 0 if strategy == "local" else 9,
+            "bytes_per_step": 0 if strategy == "local" else TOTAL_BYTES, "step_seconds": step_ms / 1e3,
+            "comm_wait_seconds": comm_ms / 1e3, "comm_fraction": comm_ms / step_ms,
+            "tokens_per_second": 2 * 2 * 32 / (step_ms / 1e3), "peak_memory_bytes": None,
+            "rank_step_seconds": [step_ms / 1e3, step_ms / 1e3],
+        }  # fmt: skip
+        stats = {"median": step_ms / 1e3, "min": step_ms / 1e3, "iqr": 0.0, "rounds": 3}
+        if data_ms is not None:  # saved with --benchmark-save-data
+            stats["data"] = [ms / 1e3 for ms in data_ms]
+        return {"name": f"test_step[{strategy}-b2-s32]", "group": "step", "extra_info": extra, "stats": stats}
+
+    benches = [first_release("local", 100.0, 0.1), first_release("naive", 200.0, 80.0, data_ms=[190.0, 200.0, 230.0])]
+    run = load_run(write(tmp_path / "first.json", run_json(benches)))
+    local, naive = run.steps
+    assert (local.model, local.kind, local.schema_version) == ("tiny", "step", 2)
+    assert local.step_seconds == pytest.approx(0.100)
+    assert local.round_seconds is None and local.step_seconds_ci95 is None  # rounds not saved: no interval
+    assert naive.round_seconds == pytest.approx([0.190, 0.200, 0.230])
+    assert naive.step_seconds_ci95 == pytest.approx([0.190, 0.230])  # 3 rounds: (min, max)
+    (overhead,) = overheads_over_local(run.steps)
+    assert (overhead.ratio, overhead.extra_seconds) == (pytest.approx(2.0), pytest.approx(0.100))  # unpaired: medians
+    report = render_markdown([run], images=[])
+    assert table_row(report, "model") == ["model", "tiny"]
+    assert table_row(report, "batch 2, seq 32", "naive") == ["batch 2, seq 32", "naive", "100.00", "200.00", "100.00", "2.000", "unpaired"]
 
 
 def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, tmp_path):
@@ -167,12 +223,18 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     assert "bucketed 100 MB is fastest at 110.00 ms" in report
     assert "1.05x faster than torch 100 MB (115.00 ms, 5.00 ms less per step)" in report
     assert "1.82x faster than naive (200.00 ms, 90.00 ms less per step)" in report
+    assert "not resolved" not in report.split("## Commentary")[1].split("\n## ")[0]
     assert "naive at batch 2, seq 32 waits 80.00 ms per step for its gradients (40.0% of the step)" in report
     assert "**2 bucket(s)** for 2.5 MiB of gradients (total / cap = 3)" in report
     assert "1 bucket(s) hold a single tensor larger than the cap" in report
     assert "Fewer than total / cap: some buckets hold more than the cap" in report
-    # the overhead table row for naive: local 100 ms, step 200 ms, +100 ms, x2
-    assert table_row(report, "batch 2, seq 32", "naive") == ["batch 2, seq 32", "naive", "100.00", "200.00", "100.00", "2.000"]
+    # the step table: naive's median 200 ms with its interval [200, 200] (three rounds of 200 ms)
+    assert table_row(report, "naive")[:2] == ["naive", "200.00 [200.00, 200.00]"]
+    # the overhead table row for naive: local 100 ms, step 200 ms, +100 ms in every round (interval
+    # [100, 100], which excludes 0: resolved), x2
+    assert table_row(report, "batch 2, seq 32", "naive") == [
+        "batch 2, seq 32", "naive", "100.00", "200.00", "100.00 [100.00, 100.00]", "2.000", "yes"
+    ]  # fmt: skip
     # the all-reduce row for 10 MiB in 50 ms: algbw = 10 * 2^20 / 0.05 / 1e9 = 0.210 GB/s; 2 ranks: busbw = algbw
     assert table_row(report, "gloo", "2", "10") == ["gloo", "2", "10", "50.000", "0.210", "0.210", "0"]
     assert "Noise warning" not in report
@@ -181,6 +243,52 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name})" in report
+
+
+def test_overlapping_intervals_are_not_resolved(tmp_path):
+    # Three rounds each: the 95% interval of a median of 3 is (min, max). bucketed 100 MB [105, 118] ms
+    # and torch 100 MB [108, 120] ms overlap; naive [200, 200] ms is apart from both.
+    steps = [
+        step_bench("local", 100.0, 0.1),
+        step_bench("naive", 200.0, 80.0),
+        step_bench("bucketed", 110.0, 5.0, bucket_mb=100, buckets=1, rounds_ms=[105.0, 110.0, 118.0]),
+        step_bench("torch", 115.0, 8.0, bucket_mb=100, buckets=1, rounds_ms=[108.0, 115.0, 120.0]),
+    ]
+    run = load_run(write(tmp_path / "overlap.json", run_json(steps)))
+    (win,) = winners(run.steps)
+    assert win.winner.step_seconds_ci95 == pytest.approx([0.105, 0.118])
+    assert not resolved_apart(win.winner, win.torch)
+    report = render_markdown([run], images=[])
+    assert (
+        "bucketed 100 MB is fastest at 110.00 ms: not resolved against torch 100 MB (115.00 ms: the 95% intervals "
+        "overlap); 1.82x faster than naive (200.00 ms, 90.00 ms less per step)."
+    ) in report
+    # relative half-widths: local 0, naive 0, bucketed 6.5 / 110 = 5.9%, torch 6 / 115 = 5.2%; the
+    # report takes the upper middle of the four, 5.2%
+    assert "the 95% intervals of the medians are +-5.2% wide (median over benchmarks)" in report
+
+
+def test_overhead_resolved_only_when_its_interval_excludes_zero(tmp_path):
+    # flat paired with local rounds of 100 ms: per-round differences 1, -1, 3 ms, median 1 ms; the
+    # bootstrap resamples three of them, so the interval runs from -1 to 3 ms: 0 inside, not resolved.
+    # naive is unpaired: the difference of medians, 200 - 100 ms, without an interval.
+    steps = [
+        step_bench("local", 100.0, 0.1),
+        step_bench("naive", 200.0, 80.0),
+        step_bench("flat", 101.0, 1.0, rounds_ms=[101.0, 99.0, 103.0], local_ms=100.0),
+    ]
+    run = load_run(write(tmp_path / "paired.json", run_json(steps)))
+    overheads = {o.step.label: o for o in overheads_over_local(run.steps)}
+    assert overheads["flat"].extra_seconds == pytest.approx(0.001)
+    assert overheads["flat"].interval == pytest.approx([-0.001, 0.003])
+    assert overheads["flat"].resolved is False
+    assert (overheads["naive"].extra_seconds, overheads["naive"].resolved) == (pytest.approx(0.100), None)
+    report = render_markdown([run], images=[])
+    # median of per-round ratios 1.01, 0.99, 1.03 = 1.010
+    assert table_row(report, "batch 2, seq 32", "flat") == [
+        "batch 2, seq 32", "flat", "100.00", "101.00", "1.00 [-1.00, 3.00]", "1.010", "not resolved"
+    ]  # fmt: skip
+    assert table_row(report, "batch 2, seq 32", "naive") == ["batch 2, seq 32", "naive", "100.00", "200.00", "100.00", "2.000", "unpaired"]
 
 
 def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp_path):
@@ -207,15 +315,23 @@ def test_no_warning_for_runs_from_one_machine(baseline, tmp_path):
     assert "WARNING" not in render_markdown([load_run(baseline), load_run(again)], images=[])
 
 
-def test_versus_benchmark_gets_its_own_table(tmp_path):
-    versus = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": {"median": 0.3, "iqr": 0.0},
-              "extra_info": {"model": "mlp", "parameters": 10, "bucket_size_mb": 25.0,
-                             "median_step_seconds": {"local": 0.1, "bucketed": 0.12, "torch": 0.15},
-                             "ratio_bucketed_over_torch": 0.8, "overhead_over_local_seconds": {}, "step_seconds": {}}}
-    run = load_run(write(tmp_path / "run.json", run_json([versus])))
-    assert [v.ratio_bucketed_over_torch for v in run.versus] == [0.8] and not run.others
+def test_race_gets_its_own_table(tmp_path):
+    # local 100 ms, bucketed 120 ms, torch 150 ms in every round: bucketed / torch = 0.8 in each round
+    rounds = {"local": [0.1] * 3, "bucketed": [0.12] * 3, "torch": [0.15] * 3}
+    record = RaceRecord(
+        model="mlp", parameters=10, bucket_size_mb=25.0, world_size=2, backend="gloo", round_seconds=rounds,
+        median_step_seconds={name: r[0] for name, r in rounds.items()},
+        median_step_seconds_ci95={name: [r[0], r[0]] for name, r in rounds.items()},
+        ratio_bucketed_over_torch=0.8, ratio_bucketed_over_torch_ci95=[0.8, 0.8],
+        overhead_over_local_seconds={"bucketed": 0.02, "torch": 0.05},
+        overhead_over_local_seconds_ci95={"bucketed": [0.02, 0.02], "torch": [0.05, 0.05]},
+    )  # fmt: skip
+    race = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": _stats([0.3] * 3), "extra_info": to_extra_info(record)}
+    run = load_run(write(tmp_path / "run.json", run_json([race])))
+    assert [r.ratio_bucketed_over_torch for r in run.races] == [0.8] and not run.others and not run.steps
     report = render_markdown([run], images=[])
-    assert table_row(report, "test_versus_torch[mlp]") == ["test_versus_torch[mlp]", "mlp", "25", "100.00", "120.00", "150.00", "0.800"]
+    # [0.8, 0.8] lies below 1: bucketed resolved faster
+    assert table_row(report, "mlp") == ["mlp", "25", "100.00", "120.00", "150.00", "0.800 [0.800, 0.800]", "yes"]
 
 
 def test_torch_plan_explains_its_first_bucket(tmp_path):
@@ -238,7 +354,7 @@ def test_noise_warning_when_a_strategy_beats_local(tmp_path):
     [
         ("not json at all", "is not JSON (Expecting value at line 1, column 1); pass a file written by `pytest perf_tests --benchmark-json PATH`"),
         ('{"comm_seconds": 0.1}', "is JSON but not a pytest-benchmark run (it has no 'benchmarks' list)"),
-        (json.dumps(run_json([])), "holds no ddp-bench step or all-reduce benchmarks (no benchmarks at all); run `pytest perf_tests --benchmark-json PATH`"),
+        (json.dumps(run_json([])), "holds no benchmarks; run `pytest perf_tests --benchmark-json PATH`"),
         (json.dumps(run_json([{"name": "test_x", "extra_info": {}}])), "benchmark 'test_x' has no stats.median (was it run with --benchmark-disable?)"),
     ],
     ids=["not-json", "not-pytest-benchmark", "no-benchmarks", "no-stats"],
@@ -246,7 +362,7 @@ def test_noise_warning_when_a_strategy_beats_local(tmp_path):
 def test_unusable_files_are_refused_saying_what_to_do(tmp_path, content, message):
     path = tmp_path / "run.json"
     path.write_text(content)
-    with pytest.raises(ReportError) as error:
+    with pytest.raises(RunFileError) as error:
         load_run(path)
     assert message in str(error.value)
 
@@ -254,13 +370,31 @@ def test_unusable_files_are_refused_saying_what_to_do(tmp_path, content, message
 def test_step_benchmark_missing_a_field_names_it(tmp_path):
     bench = step_bench("naive", 200.0, 80.0)
     del bench["extra_info"]["bytes_per_step"]
-    with pytest.raises(ReportError, match=r"lacks extra_info\['bytes_per_step'\].*rerun the perf tests"):
+    with pytest.raises(RunFileError, match=r"step benchmark 'test_step\[naive-b2-s32\]' lacks extra_info bytes_per_step;.*rerun the perf tests"):
         load_run(write(tmp_path / "old.json", run_json([bench])))
 
 
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, f"not one line: {err!r}"
+    return err
+
+
 def test_command_line_errors_exit_2_with_the_message(tmp_path, capsys, baseline):
-    assert ddp_main(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "out")]) == 2
-    assert "missing.json: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(["report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = _error_line(capsys)
+    assert err.startswith("ddp-bench report: error: ") and "missing.json: no such file" in err
     not_a_dir = write(tmp_path / "file.txt", "x")
-    assert ddp_main(["report", str(baseline), "--out", str(not_a_dir)]) == 2
-    assert "is a file; give a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(["report", str(baseline), "--out", str(not_a_dir)])
+    assert exit_.value.code == 2
+    err = _error_line(capsys)
+    assert err.startswith("ddp-bench report: error: ") and "is a file; give a directory" in err
+
+
+def test_command_line_writes_the_report(tmp_path, capsys, baseline):
+    assert ddp_main(["report", str(baseline), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "report.md")
+    assert "bucketed 100 MB is fastest at 110.00 ms" in (tmp_path / "out" / "report.md").read_text()

@@ -19,17 +19,13 @@ from pytest_benchmark.logger import Logger
 from pytest_benchmark.plugin import pytest_benchmark_group_stats
 from pytest_benchmark.storage.file import FileStorage
 
-from ddp.run import ENVIRONMENT
+import dataclasses
+
+from ddp.bench.records import StepRecord
+from ddp.cli.run import ENVIRONMENT
 
 STEP_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "iterations", "ops", "data")
-STEP_EXTRA_INFO = (
-    "strategy", "backend", "device", "world_size", "model_size", "num_parameters", "batch_size", "seq_len",
-    "bucket_size_mb", "num_parameter_tensors", "num_buckets", "bucket_sizes_bytes", "allreduce_calls_per_step",
-    "bytes_per_step", "step_seconds", "comm_wait_seconds", "comm_fraction", "tokens_per_second",
-    "peak_memory_bytes", "rank_step_seconds",
-)  # fmt: skip
-
-
+STEP_EXTRA_INFO = tuple(field.name for field in dataclasses.fields(StepRecord))  # the schema, in order
 @pytest.fixture(scope="module")
 def torchrun_json(tmp_path_factory) -> dict:
     """One two-rank torchrun of the tiny model: naive, and bucketed at two bucket sizes."""
@@ -39,7 +35,7 @@ def torchrun_json(tmp_path_factory) -> dict:
     command = [
         "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ddp", "run",
         "--strategies", "naive,bucketed", "--model-size", "tiny", "--batch-sizes", "2", "--seq-lens", "16",
-        "--bucket-sizes", "0.1,1", "--rounds", "2", "--warmup-rounds", "0", "--allreduce-sizes-mb", "0.01",
+        "--bucket-sizes", "0.1,1", "--rounds", "2", "--max-rounds", "2", "--warmup-rounds", "0", "--allreduce-sizes-mb", "0.01",
         "--backend", "gloo", "--json", str(path),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
@@ -72,7 +68,7 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
     for bench in steps:
         extra = bench["extra_info"]
         assert list(extra) == list(STEP_EXTRA_INFO)
-        assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["model_size"] == "tiny"
+        assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["model"] == "tiny"
         assert len(extra["rank_step_seconds"]) == 2
         assert 0 <= extra["comm_wait_seconds"] <= bench["stats"]["max"]
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
@@ -107,4 +103,5 @@ def test_refuses_to_run_outside_torchrun() -> None:
         [sys.executable, "-m", "ddp", "run", "--model-size", "tiny"],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1], env=env,
     )  # fmt: skip
-    assert done.returncode != 0 and "must be started by torchrun" in done.stderr
+    assert done.returncode == 2 and "ddp-bench run: error: ddp run must be started by torchrun" in done.stderr
+    assert "Traceback" not in done.stderr

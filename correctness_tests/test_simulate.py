@@ -1,4 +1,5 @@
-"""The cost model of ``python -m ddp simulate`` against values worked out by hand."""
+"""The cost model of ``python -m ddp simulate`` (``ddp.analysis.costmodel``) against values worked out
+by hand, and the command's errors."""
 
 from __future__ import annotations
 
@@ -7,21 +8,24 @@ import math
 
 import pytest
 
-from ddp.simulate import (
+from ddp.analysis.costmodel import (
     LINKS,
     Compute,
     Gradient,
     Link,
     bucket_launches,
+    calibrate,
     channel_end,
     fit_link,
     gradients_in_backward_order,
-    load_run,
+    predict_grid,
     predict_step,
     ready_times,
     validation_rows,
-    predict_grid,
 )
+from ddp.bench.records import AllReduceRecord, StepRecord, load_run, to_extra_info
+from ddp.cli import main as ddp_main
+from ddp.strategies.bucketed import buffer_bytes, plan_buckets
 
 MB = 2**20
 
@@ -86,8 +90,10 @@ def test_bucket_schedule_exposed_time_by_hand() -> None:
     flag_seconds = 4 / MB
     # Buckets of 2 MB: [a, b] ready at 2 s, 2 s long -> ends at 4 s (+ 2 flags); [c] starts after
     # it and ends at 6 s (+ all 3 flags): 2 s exposed after backward.
+    assert plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], 2.0) == [[0, 1], [2]]
     launches = bucket_launches(gradients, ready_times(gradients, 4.0), 2.0, link, 2)
     assert [r for r, _ in launches] == pytest.approx([2.0, 4.0])
+    assert [d for _, d in launches] == pytest.approx([2.0 + 2 * flag_seconds, 2.0 + flag_seconds])
     step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)
     assert calls == 2
     assert exposed == pytest.approx(2.0 + 3 * flag_seconds)
@@ -109,12 +115,33 @@ def test_buckets_follow_plan_buckets() -> None:
     gradients = gradients_in_backward_order("tiny", seq_len=32)
     link = LINKS["ib-400g"]
     ready = ready_times(gradients, 1.0)
+    sizes, kinds = [g.size_bytes for g in gradients], [g.element_size for g in gradients]
     # tiny: 259,392 parameters, 1 MB of float32 gradients: one bucket at 1 MB, nine at 0.1 MB
-    # (ddp/bucketed.py reports the same counts).
-    assert len(bucket_launches(gradients, ready, 1.0, link, 2)) == 1
-    assert len(bucket_launches(gradients, ready, 0.1, link, 2)) == 9
+    # (ddp/strategies/bucketed.py reports the same counts).
+    assert len(bucket_launches(gradients, ready, 1.0, link, 2)) == len(plan_buckets(sizes, kinds, 1.0)) == 1
+    assert len(plan_buckets(sizes, kinds, 0.1)) == 9
     assert sum(g.size_bytes for g in gradients) == 259_392 * 4
     assert gradients[0].name == "lm_head.weight" and gradients[-1].name == "token_embedding.weight"
+    # Each launch is its plan bucket: ready when its last gradient is, all-reducing its gradients
+    # and one flag element per tensor.
+    expected = [
+        (max(ready[i] for i in bucket), link.allreduce_seconds(sum(sizes[i] for i in bucket) + 4 * len(bucket), 2))
+        for bucket in plan_buckets(sizes, kinds, 0.1)
+    ]
+    launches = bucket_launches(gradients, ready, 0.1, link, 2)
+    assert [x for launch in launches for x in launch] == pytest.approx([x for launch in expected for x in launch])
+
+
+def test_buckets_never_mix_element_sizes() -> None:
+    # 100 B float32, 100 B bfloat16, 100 B float32 under a 1 MiB cap: three buckets, each
+    # all-reducing its gradient bytes plus one flag element of its own element size.
+    gradients = [Gradient("a", 100, 1.0, 4), Gradient("b", 100, 1.0, 2), Gradient("c", 100, 1.0, 4)]
+    assert plan_buckets([100, 100, 100], [4, 2, 4], 1.0) == [[0], [1], [2]]
+    assert [buffer_bytes(100, 1, 4), buffer_bytes(100, 1, 2)] == [104, 102]
+    link = Link("byte per second", latency_seconds=0.0, busbw_bytes_per_second=1.0)
+    # 2 ranks: t = bytes x 2 x 1/2 / busbw = bytes seconds
+    launches = bucket_launches(gradients, [1.0, 2.0, 3.0], 1.0, link, 2)
+    assert [x for launch in launches for x in launch] == pytest.approx([1.0, 104.0, 2.0, 102.0, 3.0, 104.0])
 
 
 def test_no_communication_on_one_rank_or_for_local() -> None:
@@ -124,22 +151,101 @@ def test_no_communication_on_one_rank_or_for_local() -> None:
         assert (step, exposed) == (0.1, 0.0)
 
 
-def test_validation_reads_a_saved_run(tmp_path) -> None:
-    def step(strategy, bucket, median, comm_wait):
-        extra = {"strategy": strategy, "backend": "nccl", "device": "NVIDIA H100", "world_size": 2, "model_size": "tiny",
-                 "batch_size": 2, "seq_len": 32, "bucket_size_mb": bucket, "comm_wait_seconds": comm_wait}  # fmt: skip
-        return {"name": strategy, "extra_info": extra, "stats": {"median": median}}
+def step_bench(strategy, bucket, rounds, comm_wait):
+    """A schema-2 step benchmark of a two-rank nccl run of the tiny model at batch 2, seq len 32."""
+    median = sorted(rounds)[len(rounds) // 2]
+    record = StepRecord(
+        strategy=strategy, backend="nccl", device="NVIDIA H100", world_size=2, model="tiny", num_parameters=259_392,
+        batch_size=2, seq_len=32, bucket_size_mb=bucket, num_parameter_tensors=37, num_buckets=None,
+        bucket_sizes_bytes=None, allreduce_calls_per_step=0 if strategy == "local" else 1,
+        bytes_per_step=0 if strategy == "local" else 259_392 * 4, step_seconds=median,
+        step_seconds_ci95=[min(rounds), max(rounds)], round_seconds=rounds, comm_wait_seconds=comm_wait,
+        comm_fraction=comm_wait / median, comm_fraction_ci95=[comm_wait / median] * 2,
+        tokens_per_second=2 * 2 * 32 / median, peak_memory_bytes=None, rank_step_seconds=[median, median],
+        target_precision=0.02, reached_precision=(max(rounds) - min(rounds)) / 2 / median,
+    )  # fmt: skip
+    return {"name": f"test_step[{strategy}-b2-s32]", "extra_info": to_extra_info(record),
+            "stats": {"median": median, "min": min(rounds), "rounds": len(rounds)}}  # fmt: skip
 
-    run = {"benchmarks": [step("local", None, 0.010, 0.0), step("flat", None, 0.012, 0.002)]}
-    path = tmp_path / "run.json"
-    path.write_text(json.dumps(run))
-    loaded = load_run(path)
+
+def allreduce_bench(size_bytes, seconds):
+    record = AllReduceRecord(
+        backend="nccl", world_size=2, size_bytes=size_bytes, seconds=seconds, seconds_ci95=[seconds, seconds],
+        round_seconds=[seconds] * 3, algbw_gbps=size_bytes / seconds / 1e9, busbw_gbps=size_bytes / seconds / 1e9, wrong=0,
+    )  # fmt: skip
+    return {"name": f"test_allreduce[n2-{size_bytes}]", "extra_info": to_extra_info(record),
+            "stats": {"median": seconds, "min": seconds, "rounds": 3}}  # fmt: skip
+
+
+def write_run(path, benchmarks):
+    path.write_text(json.dumps({"machine_info": {}, "benchmarks": benchmarks}))
+    return path
+
+
+def test_validation_reads_a_saved_run(tmp_path) -> None:
+    path = write_run(
+        tmp_path / "run.json",
+        [step_bench("local", None, [0.010] * 3, 0.0), step_bench("flat", None, [0.012, 0.011, 0.013], 0.002)],
+    )
+    calibration = calibrate(load_run(path))
+    assert (calibration.model, calibration.world_size, calibration.backend) == ("tiny", 2, "nccl")
+    assert calibration.local_seconds == {(2, 32): pytest.approx(0.010)}
     link = Link("l", 0.0, 1e9)
-    computes = {(2, 32): Compute(0.010)}
+    computes = {shape: Compute(seconds) for shape, seconds in calibration.local_seconds.items()}
     predictions = predict_grid("tiny", computes, [("local", None), ("flat", None)], [2], link, 0.0)
-    rows = validation_rows(loaded, predictions)
+    rows = validation_rows(calibration, predictions)
     flat = next(r for r in rows if r["strategy"] == "flat")
     # tiny's 1,037,568 gradient bytes at 1 GB/s on 2 ranks: 1.04 ms after a 10 ms step.
     assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 259_392 * 4 / 1e9)
+    assert flat["measured_step_seconds"] == pytest.approx(0.012)  # the median of 12, 11, 13 ms
     assert flat["error"] == pytest.approx(flat["predicted_step_seconds"] / 0.012 - 1)
     assert math.isclose(next(r for r in rows if r["strategy"] == "local")["error"], 0.0, abs_tol=1e-12)
+    # --statistic min: flat is measured by its fastest round, 11 ms
+    fastest = next(r for r in validation_rows(calibrate(load_run(path), "min"), predictions) if r["strategy"] == "flat")
+    assert fastest["measured_step_seconds"] == pytest.approx(0.011)
+
+
+def _simulate_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(["simulate", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ddp-bench simulate: error: "), err
+    return err
+
+
+def test_command_line_refuses_a_missing_run(tmp_path, capsys) -> None:
+    err = _simulate_error(capsys, ["--from", str(tmp_path / "missing.json")])
+    assert "missing.json: no such file" in err
+
+
+def test_command_line_refuses_to_fit_a_link_on_one_all_reduce_size(tmp_path, capsys) -> None:
+    # two all-reduce timings, both of 1 MiB: one size cannot tell latency from bandwidth
+    path = write_run(
+        tmp_path / "one_size.json",
+        [step_bench("local", None, [0.010] * 3, 0.0), step_bench("flat", None, [0.012] * 3, 0.002),
+         allreduce_bench(MB, 1e-3), allreduce_bench(MB, 1.1e-3)],
+    )  # fmt: skip
+    err = _simulate_error(capsys, ["--from", str(path)])
+    assert "one_size.json: fitting a link needs all-reduce timings at two sizes or more" in err
+    assert "or give --link" in err
+
+
+def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
+    # a link of 10 us and 1 GB/s: 1 MiB in 2 x 10 us + 1.049 ms, 10 MiB in 20 us + 10.49 ms on 2 ranks
+    link = Link("truth", 10e-6, 1e9)
+    path = write_run(
+        tmp_path / "run.json",
+        [step_bench("local", None, [0.010] * 3, 0.0), step_bench("flat", None, [0.012] * 3, 0.002),
+         allreduce_bench(MB, link.allreduce_seconds(MB, 2)), allreduce_bench(10 * MB, link.allreduce_seconds(10 * MB, 2))],
+    )  # fmt: skip
+    predictions, validation = tmp_path / "predictions.json", tmp_path / "validation.json"
+    argv = ["simulate", "--from", str(path), "--world-sizes", "2,8", "--json", str(predictions), "--validation-json", str(validation)]
+    assert ddp_main(argv) == 0
+    assert "busbw 1.000 GB/s" in capsys.readouterr().out
+    flat = next(r for r in json.loads(validation.read_text()) if r["strategy"] == "flat")
+    # the fitted link all-reduces flat's one buffer of tiny's 1,037,568 gradient bytes in 20 us + 1.04 ms
+    assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
+    assert {(p["strategy"], p["world_size"]) for p in json.loads(predictions.read_text())} == {
+        ("local", 2), ("local", 8), ("flat", 2), ("flat", 8)
+    }  # fmt: skip

@@ -1,8 +1,11 @@
 """Every strategy must train exactly like one process on the whole batch.
 
 On every rank, the test trains a single-process reference on the whole batch (no communication:
-the independent reference) and the strategy on that rank's rows, and after every step checks
-that the parameters agree. The parent then checks that all ranks hold identical parameters.
+the independent reference) and the strategy on that rank's rows. It checks that the wrapped
+module starts from rank 0's parameters, and after every step that the gradients and then the
+parameters agree. A mismatch fails with ``ddp.diagnose``'s message: the step, rank, parameter and
+size of the difference, and the likely mistake when it is a known one. The parent then checks
+that all ranks hold identical parameters.
 """
 
 from __future__ import annotations
@@ -14,8 +17,19 @@ import torch
 from torch.testing import assert_close
 
 import ddp
-from ddp.bucketed import BucketedDDP
+from ddp.strategies.bucketed import BucketedDDP
+from ddp.diagnose import (
+    Mismatch,
+    diagnose_initial,
+    diagnose_step,
+    frozen_names,
+    named_buffer_values,
+    named_gradients,
+    named_ties,
+    named_values,
+)
 from ddp.launcher import rank_info
+from ddp.strategies.registry import DDP_STRATEGIES, supports_no_sync, takes_bucket_size
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -30,13 +44,30 @@ BUCKET_CASES = {
     "tensor_over_cap": lambda sizes: max(sizes) / 2 / 2**20,
 }
 
-STRATEGY_CASES = [
-    pytest.param("naive", None, id="naive"),
-    pytest.param("flat", None, id="flat"),
-    pytest.param("overlap", None, id="overlap"),
-    *(pytest.param("bucketed", case, id=f"bucketed-{case}") for case in BUCKET_CASES),
-    pytest.param("torch", "few_per_bucket", id="torch"),
-]
+def strategy_cases(strategies: tuple[str, ...]) -> list:
+    """(strategy, bucket case) pairs for ``--strategies`` (default: every DDP). A strategy that takes
+    ``bucket_size_mb`` runs every bucket case (PyTorch's DDP, the reference, one); a user's class
+    without it gets one skipped case saying what to add. ``local`` is left out (it does not synchronize)."""
+    cases = []
+    for name in strategies:
+        if name == "local":
+            continue
+        if name == "torch":
+            cases.append(pytest.param(name, "few_per_bucket", id=name))
+        elif takes_bucket_size(name):
+            cases += [pytest.param(name, case, id=f"{name}-{case}") for case in BUCKET_CASES]
+        else:
+            cases.append(pytest.param(name, None, id=name))
+            if name not in ddp.STRATEGIES:
+                reason = f"{name} takes no bucket_size_mb option: add one to its constructor to test bucket plans"
+                cases.append(pytest.param(name, "few_per_bucket", id=f"{name}-buckets", marks=pytest.mark.skip(reason=reason)))
+    return cases
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "bucket_case" in metafunc.fixturenames:
+        strategies = metafunc.config.getoption("strategies") or DDP_STRATEGIES
+        metafunc.parametrize("strategy, bucket_case", strategy_cases(strategies))
 
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
@@ -70,6 +101,11 @@ def _check_bucket_plan(model: BucketedDDP, bucket_case: str) -> None:
     assert sum(model.bucket_sizes_bytes) == sum(sizes)
 
 
+def _raise_on(mismatch: Mismatch | None) -> None:
+    if mismatch is not None:
+        raise AssertionError(str(mismatch))
+
+
 def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
     """Runs on every rank: train the strategy and the reference side by side, compare each step."""
     info = rank_info()
@@ -82,23 +118,36 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
             if tensor.is_floating_point():
                 tensor.add_(info.rank)
     model = ddp.make_ddp(strategy, local, **_strategy_options(strategy, bucket_case, local, case.has_unused_parameters))
+    _raise_on(
+        diagnose_initial(info.rank, named_values(reference), named_values(model.module))
+        or diagnose_initial(info.rank, named_buffer_values(reference), named_buffer_values(model.module), kind="buffer")
+    )
     if isinstance(model, BucketedDDP):
         _check_bucket_plan(model, bucket_case)
     reference_optimizer = OPTIMIZERS[optimizer_name](reference.parameters())
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+    frozen, tied = frozen_names(reference), named_ties(reference)
 
     generator = torch.Generator().manual_seed(1234)
     rows = slice(info.rank * ROWS_PER_RANK, (info.rank + 1) * ROWS_PER_RANK)
     for step in range(STEPS):
         inputs, targets = case.batch(ROWS_PER_RANK * info.world_size, generator)
         inputs, targets = inputs.to(info.device), targets.to(info.device)
+        mine, my_targets = inputs[rows], targets[rows]
+
+        # What this rank would hold if it never communicated, for diagnosing a strategy that does
+        # not. Computed on a copy so that the reference's buffers and gradients stay untouched.
+        alone = copy.deepcopy(reference)
+        alone.zero_grad()  # the copy holds the last step's gradients
+        case.loss(alone(mine), my_targets).backward()
+        local_grads = named_gradients(alone)
 
         reference_optimizer.zero_grad()
         case.loss(reference(inputs), targets).backward()
+        reference_grads = named_gradients(reference)
         reference_optimizer.step()
 
         optimizer.zero_grad()
-        mine, my_targets = inputs[rows], targets[rows]
         if accumulate:
             micro = ROWS_PER_RANK // MICRO_BATCHES
             with model.no_sync():
@@ -108,8 +157,25 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         else:
             case.loss(model(mine), my_targets).backward()
         model.finish_gradient_synchronization()
+        grads = named_gradients(model.module)  # as synchronization left them, before the optimizer reads them
         optimizer.step()
 
+        _raise_on(
+            diagnose_step(
+                step,
+                info.rank,
+                info.world_size,
+                reference_grads,
+                grads,
+                named_values(reference),
+                named_values(model.module),
+                frozen=frozen,
+                tied=tied,
+                local_grads=local_grads,
+            )
+        )
+        # diagnose_step judges values as assert_close does. assert_close still runs because it
+        # also checks dtype, device and layout.
         for (name, expected), actual in zip(reference.named_parameters(), model.module.parameters()):
             assert_close(actual, expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}, {name}: {m}")
         for (name, expected), actual in zip(reference.named_buffers(), model.module.buffers()):
@@ -120,8 +186,9 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
 @pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("model_name", list(MODEL_CASES))
-@pytest.mark.parametrize("strategy, bucket_case", STRATEGY_CASES)
 def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, accumulate):
+    if accumulate and not supports_no_sync(strategy):
+        pytest.skip(f"{strategy} has no no_sync(): add that context manager to test gradient accumulation")
     per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, accumulate)
     for rank, params in enumerate(per_rank[1:], start=1):
         for mine, rank0 in zip(params, per_rank[0]):
@@ -130,4 +197,4 @@ def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, 
 
 def test_user_class_by_import_path(rank_group):
     """``make_ddp`` takes "package.module:ClassName": a user's own DDP runs the same tests."""
-    rank_group.run(train_against_reference, "ddp.flat:FlatDDP", None, "frozen_mlp", "adamw", True)
+    rank_group.run(train_against_reference, "ddp.strategies.flat:FlatDDP", None, "frozen_mlp", "adamw", True)

@@ -5,16 +5,28 @@
 >>> loss_fn(model(x), y).backward()
 >>> model.finish_gradient_synchronization()
 >>> optimizer.step()
+
+The package is layered, each layer importing only those before it: ``ddp.strategies`` (the
+strategies and their registry) and ``ddp.model``; ``ddp.launcher`` (the ranks); ``ddp.bench``
+(options, the one training step, the saved-run schema, the all-reduce benchmark); ``ddp.analysis``
+(figures, reports, plots, the cost model); ``ddp.cli`` (argument parsing and printing only).
 """
 
-from ddp.base import DataParallel
-from ddp.bucketed import BucketedDDP
-from ddp.flat import FlatDDP
-from ddp.local import LocalTraining
-from ddp.naive import NaiveDDP
-from ddp.overlap import OverlapDDP
-from ddp.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES, STRATEGIES, make_ddp, resolve_strategy
-from ddp.torch_ddp import TorchDDP
+from ddp.strategies import (
+    BUCKETED_STRATEGIES,
+    DDP_STRATEGIES,
+    STRATEGIES,
+    BucketedDDP,
+    DataParallel,
+    FlatDDP,
+    LocalTraining,
+    NaiveDDP,
+    OverlapDDP,
+    Strategy,
+    TorchDDP,
+    make_ddp,
+    resolve_strategy,
+)
 
 __all__ = [
     "BUCKETED_STRATEGIES",
@@ -26,6 +38,7 @@ __all__ = [
     "NaiveDDP",
     "OverlapDDP",
     "STRATEGIES",
+    "Strategy",
     "TorchDDP",
     "make_ddp",
     "resolve_strategy",

@@ -43,8 +43,23 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 GRACE_AFTER_FAILURE_SECONDS = 2.0
 
 
+# How long the other ranks get to finish after one has withdrawn from a call (returned a
+# ``Withdrawn`` result, e.g. out of memory): they may be waiting in a collective it left.
+GRACE_AFTER_WITHDRAWAL_SECONDS = 10.0
+
+
 class RankError(RuntimeError):
     """A rank raised, died or hung; the message carries its traceback or every rank's stack."""
+
+
+class Withdrawn:
+    """Base of results a rank returns when it leaves a call early without failing it (out of
+    memory): the launcher then does not wait for the other ranks beyond a short grace, since they
+    may be blocked in a collective the withdrawn rank will never join. Ranks still running after
+    the grace get the withdrawn rank's result, and the group is replaced before its next call, as
+    it is when ``group_broken`` says the communicator itself may be unusable."""
+
+    group_broken: bool = False
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
@@ -193,6 +208,7 @@ class RankGroup:
         self._conns: list[multiprocessing.connection.Connection] = []
         self._tmpdir: str | None = None
         self.starts = 0  # how many times ranks were (re)started: tests of recovery read it
+        self._replace_before_next_call = False
 
     @property
     def started(self) -> bool:
@@ -230,6 +246,9 @@ class RankGroup:
         ``fn`` must be importable by its module path (defined at module level), as must its
         arguments and result be picklable.
         """
+        if self._replace_before_next_call:
+            self.kill()
+            self._replace_before_next_call = False
         self.start()
         try:
             for conn in self._conns:
@@ -244,6 +263,8 @@ class RankGroup:
     def _collect(self, fn, timeout_seconds: float, what: str) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        withdrawn: Withdrawn | None = None
+        withdrawal_deadline = float("inf")
         deadline = time.monotonic() + timeout_seconds
         conn_rank = {id(conn): rank for rank, conn in enumerate(self._conns)}
         sentinel_rank = {process.sentinel: rank for rank, process in enumerate(self._processes)}
@@ -253,6 +274,8 @@ class RankGroup:
             remaining = deadline - time.monotonic()
             if errors:
                 remaining = min(remaining, GRACE_AFTER_FAILURE_SECONDS)
+            elif withdrawn is not None:
+                remaining = min(remaining, withdrawal_deadline - time.monotonic())
             if remaining <= 0:
                 break
             ready = multiprocessing.connection.wait(pending + pending_sentinels, timeout=remaining)
@@ -276,9 +299,19 @@ class RankGroup:
                     errors[rank] = payload
                 else:
                     results[rank] = payload
+                    if isinstance(payload, Withdrawn) and withdrawn is None:
+                        withdrawn = payload
+                        withdrawal_deadline = time.monotonic() + GRACE_AFTER_WITHDRAWAL_SECONDS
         if errors:
             shown = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items()))
             raise RankError(f"{len(errors)} of {self.world_size} ranks failed in {what}:\n{shown}")
+        if withdrawn is not None:
+            stuck = [r for r in range(self.world_size) if r not in results]
+            if stuck or any(isinstance(r, Withdrawn) and r.group_broken for r in results.values()):
+                # The stuck ranks wait in a collective the withdrawn rank left, or the communicator
+                # may be broken: replace the group before its next call.
+                self._replace_before_next_call = True
+            return [results.get(rank, withdrawn) for rank in range(self.world_size)]
         if len(results) < self.world_size:
             stuck = [r for r in range(self.world_size) if r not in results]
             raise RankError(

@@ -1,88 +1,51 @@
-"""Time one full training step per round (forward, backward, gradient synchronization, AdamW) on
-every rank, for each strategy x batch size x sequence length x bucket size of the grid.
+"""Time one full training step (``ddp.bench.trainer``: forward, backward, gradient
+synchronization, AdamW) for each strategy x batch size x sequence length x bucket size of the grid.
 
-A round is one ``RankGroup.run(timed_step)``: it ends when the slowest rank has finished (and, on
-GPU, synchronized). Benchmarks are grouped by (batch, sequence length) so that a table puts the
-strategies side by side. The figures behind each row are in ``extra_info``; see ddp/benchmark.py.
+By default (``--interleave group``) every strategy of one batch size and sequence length runs in
+the same rounds, ``local`` included, through the one timing loop (``ddp.bench.measure``): the group
+is measured when its first test runs, and each test records its own configuration's rounds. A
+round's time is the slowest rank's step. Rounds are added until every median's 95% interval is
+within ``--target-precision`` or the budget is spent. The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
+the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ddp.benchmark import (
-    OutOfMemory,
-    StepConfig,
-    device_name,
-    extra_info,
-    first_out_of_memory,
-    oom_reason,
-    prepare_step,
-    release_step,
-    summarize,
-    timed_step,
-)
-from perf_tests.conftest import HarnessOverhead
-
-
-class _RanOutOfMemory(Exception):
-    def __init__(self, marker: OutOfMemory) -> None:
-        super().__init__(marker.message)
-        self.marker = marker
+from ddp.bench.machine import device_name
+from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, RoundPolicy
+from ddp.bench.records import step_record, to_extra_info
+from ddp.bench.timing import record_rounds
+from ddp.bench.trainer import StepConfig, grid_configs, oom_reason, release
 
 
 @pytest.fixture(scope="module")
-def step_group(rank_group):
-    """The session's ranks; the last configuration's model is freed when this module is done."""
-    yield rank_group
+def measurer(rank_group, grid):
+    """Measures the grid a group at a time; the last models are freed when this module is done."""
+    yield GridMeasurer(rank_group, grid_configs(grid), RoundPolicy.of(grid), grid.interleave)
     if rank_group.started:
-        rank_group.run(release_step)
+        rank_group.run(release)
 
 
-def test_step(benchmark, step_group, step_config: StepConfig, grid, harness_overheads) -> None:
-    group = step_group
+def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_precision) -> None:
+    group = rank_group
     benchmark.group = step_config.group_name
-    setups = group.run(prepare_step, step_config, warmup_steps=1)
-    marker = first_out_of_memory(setups)
-    if marker is not None:
-        group.run(release_step)
-        pytest.skip(oom_reason(step_config, group.world_size, marker))
+    result = measurer.measurement(step_config)
+    if isinstance(result, MeasuredOutOfMemory):
+        pytest.skip(oom_reason(step_config, group.world_size, result.marker))
+    measurement, index, local_index = result
+    record = step_record(measurement, group.backend, device_name(group.device), index, local_index)
+    record_rounds(benchmark, record.round_seconds)
+    benchmark.extra_info.update(to_extra_info(record))
+    record_precision(record.reached_precision, record.target_precision)
 
-    rounds = []
-
-    def one_round() -> None:
-        timings = group.run(timed_step, step_config)
-        marker = first_out_of_memory(timings)
-        if marker is not None:
-            raise _RanOutOfMemory(marker)
-        rounds.append(timings)
-
-    try:
-        benchmark.pedantic(one_round, rounds=grid.rounds, warmup_rounds=grid.warmup_rounds, iterations=1)
-    except _RanOutOfMemory as error:
-        group.run(release_step)
-        pytest.skip(oom_reason(step_config, group.world_size, error.marker))
-
-    timed_rounds = rounds[-grid.rounds :]
-    summary = summarize(step_config, group.world_size, timed_rounds)
-    benchmark.extra_info.update(
-        extra_info(step_config, group.backend, device_name(group.device), group.world_size, setups[0], summary)
-    )
-
-    assert all(s.num_parameters == setups[0].num_parameters for s in setups), "ranks built different models"
-    assert 0.0 <= summary.comm_wait_seconds <= summary.step_seconds
+    setups = measurement.setups[index]
+    assert len({s.num_parameters for s in setups}) == 1, "ranks built different models"
     if step_config.strategy == "local":
-        assert setups[0].allreduce_calls_per_step == 0 and setups[0].bytes_per_step == 0
+        assert setups[0].bytes_per_step == 0 and setups[0].allreduce_calls_per_step in (0, None)
     else:
-        assert setups[0].allreduce_calls_per_step >= 1 and setups[0].bytes_per_step > 0
-
-    if benchmark.stats is not None:  # None under --benchmark-disable: nothing was timed
-        round_seconds = benchmark.stats.stats.data
-        slowest_rank = [max(t.step_seconds for t in timings) for timings in timed_rounds]
-        harness_overheads.append(
-            HarnessOverhead(
-                step_config.test_id,
-                [r - s for r, s in zip(round_seconds, slowest_rank)],
-                summary.step_seconds,
-            )
-        )
+        assert setups[0].bytes_per_step > 0
+        assert setups[0].allreduce_calls_per_step is None or setups[0].allreduce_calls_per_step >= 1
+    low, high = record.step_seconds_ci95
+    assert low <= record.step_seconds <= high

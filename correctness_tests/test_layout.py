@@ -1,0 +1,92 @@
+"""The package's layers: folders in the direction of the dependencies, and no import cycle.
+
+Every import in ``ddp/`` is read from the source (function-level imports included) and resolved to
+the module it names; the graph must have no cycle, and each layer may import only the layers
+before it: strategies and the model, then the launcher, then the benchmark core, then analysis,
+then the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "ddp"
+# layer of each top-level part; a module may import its own layer and those below it
+LAYERS = {"importing": 0, "strategies": 0, "model": 0, "diagnose": 0, "launcher": 1, "bench": 2, "analysis": 3, "cli": 4, "__main__": 5}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The ddp modules that ``path`` imports anywhere in its body."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "ddp"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "ddp":
+                continue
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known else base)
+    return {module for module in found if module in known and module != name}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_no_import_cycle():
+    edges = graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+
+
+def test_each_layer_imports_only_the_layers_before_it():
+    wrong = [
+        f"{source} imports {target}"
+        for source, targets in graph().items()
+        for target in targets
+        if layer(source) is not None and layer(target) is not None and layer(target) > layer(source)
+    ]
+    assert not wrong, "imports against the direction of the layers: " + "; ".join(sorted(wrong))
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from ddp.bench import trainer\n    import ddp.cli\n")
+    assert imports_of("ddp.strategies.x", source, {"ddp.bench.trainer", "ddp.cli", "ddp.bench"}) == {"ddp.bench.trainer", "ddp.cli"}

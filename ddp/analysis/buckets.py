@@ -1,0 +1,79 @@
+"""Which bucket size for my model? A measured sweep of ``bucketed`` and ``torch`` over bucket caps
+on this machine, beside the cost model's recommendation for larger world sizes.
+
+Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
+round, so its cost is a paired overhead over ``local`` with a 95% interval: caps are compared on
+what synchronizing costs, not on step times that drift with the machine. The best measured cap is
+the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
+(then the data do not tell them apart). The recommendation for other world sizes comes from
+``ddp.analysis.costmodel``: the model's gradients in backward order, the measured ``local`` step as
+compute, and a link fitted on all-reduces measured on the same ranks (or a ``--link`` preset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddp.analysis.costmodel import Compute, Link, fit_link, recommend_bucket_sizes
+from ddp.bench.allreduce import measure_all_reduce, size_bytes_of
+from ddp.bench.machine import device_name
+from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure
+from ddp.bench.records import StepRecord, step_record
+from ddp.bench.trainer import StepConfig, oom_reason
+from ddp.bench.workloads import build_workload
+from ddp.model import MODEL_SIZES
+
+# All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.
+FIT_SIZES_MB = (0.25, 4.0, 32.0)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    records: list[StepRecord]
+    """One per strategy and cap, each paired with local."""
+    skipped: list[str]
+    """Caps that ran out of memory, with the reason."""
+
+    def best(self, strategy: str) -> StepRecord | None:
+        mine = [r for r in self.records if r.strategy == strategy]
+        return min(mine, key=lambda r: r.overhead_seconds, default=None)
+
+    def resolved_best(self, strategy: str) -> bool:
+        """Whether the best cap's overhead interval lies below every other cap's."""
+        best = self.best(strategy)
+        others = [r for r in self.records if r.strategy == strategy and r is not best]
+        return best is not None and all(best.overhead_seconds_ci95[1] < r.overhead_seconds_ci95[0] for r in others)
+
+
+def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundPolicy,
+          strategies: tuple[str, ...] = ("bucketed", "torch")) -> Sweep:
+    records, skipped = [], []
+    for strategy in strategies:
+        for cap in caps_mb:
+            config = StepConfig(strategy, model, batch_size, seq_len, cap)
+            result = measure(ranks, [config, config.local_twin()], policy)
+            if isinstance(result, MeasuredOutOfMemory):
+                free(ranks)
+                skipped.append(oom_reason(config, ranks.world_size, result.marker))
+                continue
+            records.append(step_record(result, ranks.backend, device_name(ranks.device), 0, 1))
+    free(ranks)
+    return Sweep(records, skipped)
+
+
+def fitted_link(ranks, policy: RoundPolicy) -> Link:
+    samples = []
+    for size_mb in FIT_SIZES_MB:
+        record = measure_all_reduce(ranks, size_bytes_of(size_mb), policy)
+        samples.append((record.size_bytes, record.world_size, record.seconds))
+    free(ranks)
+    return fit_link(samples, name=f"fitted on {ranks.backend} {ranks.world_size} ranks here")
+
+
+def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
+           overlap_slowdown: float) -> list[dict]:
+    """The cost model's best bucketed cap per world size: the built-in LM by its size, any other
+    model from its parameters (built once on the CPU)."""
+    subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
+    computes = {(batch_size, seq_len): Compute(local_seconds)}
+    return recommend_bucket_sizes(subject, computes, world_sizes, link, overlap_slowdown)

@@ -1,0 +1,419 @@
+"""The cost model behind ``python -m ddp simulate``: predict one training step's time at other world sizes, from a
+measured run.
+
+    python -m ddp simulate --from RUN.json --world-sizes 2,8,64,1024 --json OUT.json [--link ib-400g]
+
+The model has three parts, each calibrated on the run (RUN.json, pytest-benchmark JSON from
+perf_tests/ or ``ddp run``) or given:
+
+**Link.** One all-reduce of ``b`` bytes on ``n`` ranks takes (Hockney's alpha-beta model of a
+ring all-reduce, the algorithm nccl-tests' busbw is defined for)::
+
+    t(b, n) = alpha * steps(n) + b * 2(n-1)/n / busbw          steps(n) = 2(n-1) for a ring,
+                                                                          2 ceil(log2 n) for a tree
+
+``alpha`` (seconds per step) and ``busbw`` (bytes/s) are fitted by least squares on the run's
+all-reduce microbenchmark rows (``extra_info`` ``size_bytes``, ``world_size``, ``stats.median``),
+or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
+term (NCCL's trees reach about the ring's bus bandwidth on large messages).
+
+**Compute.** A step without communication is the run's ``local`` row at the same batch and
+sequence length (its median step). Backward takes ``2/3`` of the part that is not optimizer
+(backward does two matmuls per forward matmul: the gradients of the input and of the weight),
+and ``--optimizer-fraction`` of the step is the optimizer (default 0: for the models here AdamW
+is a few per cent of a step, and it runs after gradient synchronization either way, so it only
+shifts where backward starts).
+
+**When gradients are ready.** Backward runs through the parameters in reverse registration
+order (ddp/model.py registers them in forward order). A parameter's gradient is ready once the
+backward FLOPs of everything after it and of itself are done; a weight used in a matmul costs
+FLOPs in proportion to its size (4 x numel per token in backward, as ``model_flops_per_token``
+counts), attention's own products (8 x d_model x seq_len per token per layer in backward) are
+charged just before the block's q/k/v weights, and embedding and RMSNorm weights cost nothing.
+
+**Strategies.** One communication channel, all-reduces serialized in launch order (as on one
+NCCL communicator, or gloo's one pair of connections per rank pair):
+
+- ``naive``: after backward, one all-reduce per parameter, one after the other;
+- ``flat``: after backward, one all-reduce of all gradient bytes;
+- ``overlap``: one all-reduce per parameter, launched when its gradient is ready;
+- ``bucketed`` and ``torch``: the buckets of ``ddp.strategies.bucketed.plan_buckets`` (the same rule, on
+  the model's parameters built on the meta device), each launched when its last gradient is
+  ready and its predecessors were launched. (PyTorch's DDP plans a 1 MiB first bucket and then
+  re-plans by observed order; the same plan for both is an approximation.)
+
+``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
+end minus the end of backward); ``step_seconds`` = compute + exposed.
+
+**Communication that competes with compute** (``--overlap-slowdown``). On GPUs NCCL runs beside
+the compute kernels and overlapped communication costs little. With gloo on CPU the all-reduce
+runs on the same cores as backward: communication hidden under backward still delays it. The
+model charges ``overlap_slowdown`` x (communication overlapped with backward) to the step;
+its default is 1 when the run was gloo on CPU (the communication thread takes the core the
+rank's compute would use) and 0 otherwise. It is an assumption stated up front, not fitted to
+the validation rows.
+
+**Validation.** For every step row of the run, the prediction at the run's world size is put
+next to the measured median (``validation_rows``): the model is trusted at other world sizes
+only as far as it matches here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddp.bench.records import Run, RunFileError
+from ddp.model import build_model
+from ddp.strategies.bucketed import buffer_bytes, plan_buckets
+from ddp.strategies.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES
+
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The alpha-beta cost of an all-reduce (see the module docstring)."""
+
+    name: str
+    latency_seconds: float
+    """alpha: seconds per algorithm step (a ring all-reduce on n ranks takes 2(n-1) steps)."""
+    busbw_bytes_per_second: float
+    """Achieved bus bandwidth, as nccl-tests reports it (busbw = algbw x 2(n-1)/n)."""
+    algorithm: str = "ring"
+    """``ring`` (latency 2(n-1) alpha) or ``tree`` (latency 2 ceil(log2 n) alpha)."""
+
+    def latency_steps(self, world_size: int) -> int:
+        return latency_steps(world_size, self.algorithm)
+
+    def allreduce_seconds(self, size_bytes: float, world_size: int) -> float:
+        """Seconds for one all-reduce of ``size_bytes`` on ``world_size`` ranks (0 on one rank)."""
+        if world_size <= 1:
+            return 0.0
+        bus_bytes = size_bytes * 2 * (world_size - 1) / world_size
+        return self.latency_seconds * self.latency_steps(world_size) + bus_bytes / self.busbw_bytes_per_second
+
+
+def latency_steps(world_size: int, algorithm: str) -> int:
+    if algorithm == "ring":
+        return 2 * (world_size - 1)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(world_size)) if world_size > 1 else 0
+    raise ValueError(f"unknown algorithm {algorithm!r}: use {' or '.join(ALGORITHMS)}")
+
+
+GB = 1e9  # link bandwidths are quoted in 10^9 bytes per second
+
+# Links for hardware not at hand. Bandwidths are achieved all-reduce bus bandwidths (what a
+# ring of ranks sees per rank), below the wire rate; latencies are per algorithm step.
+LINKS: dict[str, Link] = {
+    # H100 SXM5, NVLink 4 through NVSwitch: 900 GB/s bidirectional, 450 GB/s per direction
+    # (NVIDIA H100 Tensor Core GPU datasheet). nccl-tests all_reduce_perf on 8 x H100 SXM reaches
+    # busbw 460-480 GB/s with NVLink SHARP (NVLS) and about 360-400 GB/s with rings ("NCCL-tests
+    # in practice", docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests; busbw as defined in
+    # NVIDIA/nccl-tests doc/PERFORMANCE.md). 380 GB/s: a ring, no NVLS (two GPUs get no NVLS gain).
+    # alpha 3 us per step: about 6 us for a small all-reduce on 2 GPUs, NCCL's LL-protocol range.
+    "nvlink-h100": Link("nvlink-h100", latency_seconds=3e-6, busbw_bytes_per_second=380 * GB),
+    # 8 x A100 SXM4, NVLink 3 (600 GB/s bidirectional): nccl-tests busbw 230-250 GB/s (same source).
+    "nvlink-a100": Link("nvlink-a100", latency_seconds=3e-6, busbw_bytes_per_second=230 * GB),
+    # InfiniBand NDR, 400 Gb/s per port = 50 GB/s per direction (NVIDIA ConnectX-7 / Quantum-2);
+    # achieved about 45 GB/s per port in nccl-tests between nodes. A ring bottlenecked by one
+    # 400 Gb/s port per rank (a GPU per NIC, rail-optimized); alpha 5 us per step (switch hop,
+    # NCCL's network proxy).
+    "ib-400g": Link("ib-400g", latency_seconds=5e-6, busbw_bytes_per_second=45 * GB),
+    # InfiniBand HDR, 200 Gb/s = 25 GB/s per direction; about 22 GB/s achieved.
+    "ib-200g": Link("ib-200g", latency_seconds=5e-6, busbw_bytes_per_second=22 * GB),
+    # 100 Gb/s Ethernet with TCP sockets (no RDMA): 12.5 GB/s wire, about 10 GB/s achieved, and a
+    # kernel network stack per step.
+    "ethernet-100g": Link("ethernet-100g", latency_seconds=20e-6, busbw_bytes_per_second=10 * GB),
+}
+
+
+def fit_link(samples: list[tuple[int, int, float]], algorithm: str = "ring", name: str = "fitted") -> Link:
+    """Least-squares alpha and busbw from ``(size_bytes, world_size, seconds)`` samples.
+
+    Each sample gives ``seconds = alpha * steps(n) + (1 / busbw) * bytes * 2(n-1)/n``: linear in
+    (alpha, 1/busbw). A negative alpha (latency below the noise) is refitted as 0.
+    """
+    samples = [s for s in samples if s[1] > 1]
+    if len(samples) < 2 or len({s[0] for s in samples}) < 2:
+        raise ValueError(
+            "fitting a link needs all-reduce timings at two sizes or more on more than one rank; run "
+            "perf_tests/test_allreduce.py (or `ddp run --allreduce-sizes-mb 0.1,1,10`), or give --link"
+        )
+    design = np.array([[latency_steps(n, algorithm), b * 2 * (n - 1) / n] for b, n, _ in samples], dtype=float)
+    seconds = np.array([s for _, _, s in samples], dtype=float)
+    (alpha, beta), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+    if alpha < 0:
+        alpha = 0.0
+        beta = float(design[:, 1] @ seconds / (design[:, 1] @ design[:, 1]))
+    if beta <= 0:
+        raise ValueError(f"the all-reduce timings do not grow with size (fitted 1/busbw {beta:g} s/B); time larger sizes")
+    return Link(name, float(alpha), float(1.0 / beta), algorithm)
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """One parameter's gradient, in the order backward produces them."""
+
+    name: str
+    size_bytes: int
+    backward_flops_per_token: float
+    """Backward FLOPs per token charged before this gradient is ready (its own, and for a
+    block's first-ready q/k/v weight, attention's products)."""
+    element_size: int = 4
+    """Bytes per element (float32): buckets never mix element sizes."""
+
+
+def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]:
+    """The model's gradients in reverse registration order, with the backward FLOPs before each."""
+    model = build_model(model_size, device="meta")
+    config = model.config
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    charged_attention: set[str] = set()
+    gradients = []
+    for name, param in reversed(named):
+        matmul = param.dim() == 2 and "embedding" not in name
+        flops = 4.0 * param.numel() if matmul else 0.0
+        block = name.rsplit(".attn.", 1)[0] if ".attn." in name else None
+        if block is not None and not name.endswith("output_proj.weight") and block not in charged_attention:
+            # QK^T and AV backward: 2/3 of 12 d_model seq_len per token (model_flops_per_token).
+            flops += 8.0 * config.d_model * seq_len
+            charged_attention.add(block)
+        gradients.append(Gradient(name, param.numel() * param.element_size(), flops, param.element_size()))
+    return gradients
+
+
+def gradients_of_module(module, seq_len: int) -> list[Gradient]:
+    """Any model's gradients in reverse registration order, each weight of two or more dimensions
+    charged 4 x numel backward FLOPs per token (a matmul or a convolution's weight), others none:
+    the LM's rule without attention's own products, which a model of unknown shape cannot state."""
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    return [
+        Gradient(name, p.numel() * p.element_size(), 4.0 * p.numel() if p.dim() >= 2 else 0.0, p.element_size())
+        for name, p in reversed(named)
+    ]
+
+
+def gradients_of(model, seq_len: int) -> list[Gradient]:
+    """A built-in LM size by name (``gradients_in_backward_order``), or a module."""
+    return gradients_in_backward_order(model, seq_len) if isinstance(model, str) else gradients_of_module(model, seq_len)
+
+
+def ready_times(gradients: list[Gradient], backward_seconds: float) -> list[float]:
+    """Seconds after backward starts at which each gradient is ready (backward uniform in FLOPs)."""
+    total = sum(g.backward_flops_per_token for g in gradients)
+    done, times = 0.0, []
+    for gradient in gradients:
+        done += gradient.backward_flops_per_token
+        times.append(backward_seconds * done / total if total > 0 else backward_seconds)
+    return times
+
+
+def channel_end(launches: list[tuple[float, float]]) -> float:
+    """When the last of ``(ready_seconds, duration_seconds)`` transfers ends on one serial channel,
+    each starting when it is ready and the previous one has ended."""
+    end = 0.0
+    for ready, duration in launches:
+        end = max(end, ready) + duration
+    return end
+
+
+def bucket_launches(
+    gradients: list[Gradient], ready: list[float], bucket_size_mb: float, link: Link, world_size: int
+) -> list[tuple[float, float]]:
+    """``(ready, duration)`` of each bucket of ``plan_buckets``' plan, in launch order."""
+    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
+    launches = []
+    for bucket in plan:
+        gradient_bytes = sum(gradients[i].size_bytes for i in bucket)
+        size_bytes = buffer_bytes(gradient_bytes, len(bucket), gradients[bucket[0]].element_size)
+        launches.append((max(ready[i] for i in bucket), link.allreduce_seconds(size_bytes, world_size)))
+    return launches
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    bucket_size_mb: float | None
+    batch_size: int
+    seq_len: int
+    world_size: int
+    step_seconds: float
+    exposed_comm_seconds: float
+    comm_seconds: float
+    """All-reduce time of the step on the channel, hidden or not."""
+    num_allreduces: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One configuration's step without communication, and how it splits."""
+
+    step_seconds: float
+    optimizer_fraction: float = 0.0
+
+    @property
+    def backward_seconds(self) -> float:
+        return self.step_seconds * (1.0 - self.optimizer_fraction) * 2.0 / 3.0
+
+
+def predict_step(
+    strategy: str,
+    bucket_size_mb: float | None,
+    compute: Compute,
+    gradients: list[Gradient],
+    link: Link,
+    world_size: int,
+    overlap_slowdown: float = 0.0,
+) -> tuple[float, float, float, int]:
+    """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step."""
+    backward = compute.backward_seconds
+    ready = ready_times(gradients, backward)
+    if strategy == "local" or world_size <= 1:
+        return compute.step_seconds, 0.0, 0.0, 0
+    if strategy == "naive":
+        launches = [(backward, link.allreduce_seconds(g.size_bytes, world_size)) for g in gradients]
+    elif strategy == "flat":
+        launches = [(backward, link.allreduce_seconds(sum(g.size_bytes for g in gradients), world_size))]
+    elif strategy == "overlap":
+        launches = [(r, link.allreduce_seconds(g.size_bytes, world_size)) for r, g in zip(ready, gradients)]
+    elif strategy in BUCKETED_STRATEGIES:
+        launches = bucket_launches(gradients, ready, bucket_size_mb, link, world_size)
+    else:
+        raise ValueError(f"no model of strategy {strategy!r}; simulate knows local, {', '.join(DDP_STRATEGIES)}")
+    comm = sum(duration for _, duration in launches)
+    exposed = max(0.0, channel_end(launches) - backward)
+    hidden = comm - exposed
+    return compute.step_seconds + exposed + overlap_slowdown * hidden, exposed, comm, len(launches)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the model takes from a saved run: the model, the world size, the compute of each
+    configuration (its ``local`` step) and the all-reduce timings to fit a link on."""
+
+    model: str
+    world_size: int
+    backend: str
+    device: str
+    steps: list
+    """The run's ``StepRecord``s."""
+    local_seconds: dict[tuple[int, int], float]
+    """(batch, seq len) -> the ``local`` step's seconds."""
+    allreduce: list[tuple[int, int, float]]
+    """(size_bytes, world_size, seconds) of each all-reduce row."""
+    statistic: str
+
+    def seconds(self, record) -> float:
+        return _statistic(record.round_seconds, record.step_seconds, self.statistic)
+
+
+def _statistic(rounds: list[float] | None, median: float, statistic: str) -> float:
+    if statistic == "median" or not rounds:
+        return median
+    return min(rounds)
+
+
+def calibrate(run: Run, statistic: str = "median") -> Calibration:
+    """A ``Calibration`` from a saved run (``ddp.bench.records.load_run``); ``RunFileError`` saying
+    what is missing."""
+    steps = run.steps
+    if not steps:
+        raise RunFileError(f"{run.path} holds no step benchmarks (perf_tests/test_step.py or `ddp run` rows)")
+    models = {s.model for s in steps}
+    worlds = {s.world_size for s in steps}
+    if len(models) != 1 or len(worlds) != 1:
+        raise RunFileError(f"{run.path} mixes models {sorted(models)} or world sizes {sorted(worlds)}; give one run of one model")
+    local = {(s.batch_size, s.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic) for s in steps if s.strategy == "local"}
+    if not local:
+        raise RunFileError(
+            f"{run.path} has no `local` rows: the model needs a step without communication; benchmark with --strategies local,..."
+        )
+    allreduce = [(a.size_bytes, a.world_size, _statistic(a.round_seconds, a.seconds, statistic)) for a in run.allreduces]
+    first = steps[0]
+    return Calibration(first.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic)
+
+
+def predict_grid(
+    model_size,
+    computes: dict[tuple[int, int], Compute],
+    strategies: list[tuple[str, float | None]],
+    world_sizes: list[int],
+    link: Link,
+    overlap_slowdown: float,
+) -> list[Prediction]:
+    predictions = []
+    for (batch_size, seq_len), compute in sorted(computes.items()):
+        gradients = gradients_of(model_size, seq_len)
+        for world_size in world_sizes:
+            for strategy, bucket_size_mb in strategies:
+                step, exposed, comm, calls = predict_step(
+                    strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
+                )
+                predictions.append(
+                    Prediction(strategy, bucket_size_mb, batch_size, seq_len, world_size, step, exposed, comm, calls)
+                )
+    return predictions
+
+
+def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[dict]:
+    """Measured median against prediction for every step row of the run, at its world size."""
+    by_key = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len, p.world_size): p for p in predictions}
+    rows = []
+    for step in run.steps:
+        key = (step.strategy, step.bucket_size_mb, step.batch_size, step.seq_len, run.world_size)
+        if key not in by_key:
+            continue
+        predicted = by_key[key]
+        measured = run.seconds(step)
+        rows.append(
+            {
+                "strategy": step.strategy,
+                "bucket_size_mb": step.bucket_size_mb,
+                "batch_size": step.batch_size,
+                "seq_len": step.seq_len,
+                "measured_step_seconds": measured,
+                "predicted_step_seconds": predicted.step_seconds,
+                "error": predicted.step_seconds / measured - 1.0,
+                "measured_comm_wait_seconds": step.comm_wait_seconds,
+                "predicted_exposed_comm_seconds": predicted.exposed_comm_seconds,
+            }
+        )
+    return rows
+
+
+CANDIDATE_BUCKET_SIZES_MB = (0.1, 0.25, 1, 5, 10, 25, 50, 100, 250, 1000)
+
+
+def recommend_bucket_sizes(
+    model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float
+) -> list[dict]:
+    """Per batch, sequence length and world size: the bucketed strategy's best bucket size.
+    ``model_size`` is an LM size or any module (see ``gradients_of``)."""
+    rows = []
+    grid = predict_grid(
+        model_size, computes, [("bucketed", mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
+    )
+    groups = defaultdict(list)
+    for p in grid:
+        groups[(p.batch_size, p.seq_len, p.world_size)].append(p)
+    for (batch_size, seq_len, world_size), options in sorted(groups.items()):
+        best = min(options, key=lambda p: (p.step_seconds, -p.bucket_size_mb))
+        worst = max(options, key=lambda p: p.step_seconds)
+        rows.append(
+            {
+                "batch_size": batch_size,
+                "seq_len": seq_len,
+                "world_size": world_size,
+                "bucket_size_mb": best.bucket_size_mb,
+                "step_seconds": best.step_seconds,
+                "exposed_comm_seconds": best.exposed_comm_seconds,
+                "worst_bucket_size_mb": worst.bucket_size_mb,
+                "worst_step_seconds": worst.step_seconds,
+            }
+        )
+    return rows

@@ -1,0 +1,207 @@
+"""The figures a report derives from saved runs: overheads over ``local``, winners, bucket plans,
+run-to-run ratios and the machine facts that must match for them to mean anything. Pure: reads
+``ddp.bench.records`` and computes; ``markdown`` and ``plots`` render."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ddp.bench.records import Run, StepRecord
+from ddp.strategies.bucketed import BYTES_PER_MB
+from ddp.strategies.registry import BUCKETED_STRATEGIES, STRATEGIES
+
+STRATEGY_ORDER = tuple(STRATEGIES)
+# PyTorch's DDP fills its first bucket up to this, whatever bucket_cap_mb (dist._DEFAULT_FIRST_BUCKET_BYTES).
+TORCH_FIRST_BUCKET_BYTES = 2**20
+
+
+def _strategy_rank(step: StepRecord) -> tuple:
+    order = STRATEGY_ORDER.index(step.strategy) if step.strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
+    return (order, step.strategy, step.bucket_size_mb or 0.0)
+
+
+def sorted_steps(steps: list[StepRecord]) -> list[StepRecord]:
+    """By configuration, then in registry order of strategies, then by bucket cap."""
+    return sorted(steps, key=lambda s: (s.config, _strategy_rank(s)))
+
+
+def configs(steps: list[StepRecord]) -> list[tuple[str, int, int]]:
+    return sorted({s.config for s in steps})
+
+
+def config_label(config: tuple[str, int, int], with_model: bool) -> str:
+    model, batch, seq = config
+    text = f"batch {batch}, seq {seq}"
+    return f"{model}, {text}" if with_model else text
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A step against ``local`` at its configuration: paired over rounds where the run interleaved
+    them (``overhead_seconds`` of the record, with its interval), else the difference of medians."""
+
+    step: StepRecord
+    local_seconds: float
+
+    @property
+    def paired(self) -> bool:
+        return self.step.overhead_seconds is not None
+
+    @property
+    def ratio(self) -> float:
+        return self.step.overhead_ratio if self.paired else self.step.step_seconds / self.local_seconds
+
+    @property
+    def extra_seconds(self) -> float:
+        return self.step.overhead_seconds if self.paired else self.step.step_seconds - self.local_seconds
+
+    @property
+    def interval(self) -> list[float] | None:
+        """95% interval of ``extra_seconds`` (paired runs only)."""
+        return self.step.overhead_seconds_ci95 if self.paired else None
+
+    @property
+    def resolved(self) -> bool | None:
+        """Whether the interval excludes 0: a cost the run resolved (None when unpaired)."""
+        return None if self.interval is None else self.interval[0] > 0 or self.interval[1] < 0
+
+
+def resolved_apart(a: StepRecord, b: StepRecord) -> bool:
+    """Whether two steps' 95% intervals of their medians do not overlap: a difference the run resolves."""
+    if not a.step_seconds_ci95 or not b.step_seconds_ci95:
+        return True  # a run without intervals (schema 1): nothing to judge by
+    return a.step_seconds_ci95[1] < b.step_seconds_ci95[0] or b.step_seconds_ci95[1] < a.step_seconds_ci95[0]
+
+
+def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
+    """Every non-local step against ``local`` at the same configuration (where local ran)."""
+    local = {s.config: s.step_seconds for s in steps if s.strategy == "local"}
+    return [
+        Overhead(s, local[s.config])
+        for s in sorted_steps(steps)
+        if s.strategy != "local" and s.config in local and local[s.config] > 0
+    ]
+
+
+@dataclass(frozen=True)
+class Win:
+    """The fastest data-parallel strategy at one configuration, and its margins."""
+
+    config: tuple[str, int, int]
+    winner: StepRecord
+    runner_up: StepRecord | None
+    torch: StepRecord | None
+    """PyTorch's DDP at its best bucket cap (None if it did not run)."""
+    naive: StepRecord | None
+
+
+def fastest(steps: list[StepRecord]) -> StepRecord | None:
+    return min(steps, key=lambda s: s.step_seconds, default=None)
+
+
+def winners(steps: list[StepRecord]) -> list[Win]:
+    """Per configuration, the fastest strategy other than ``local`` (bucket caps at their best)."""
+    wins = []
+    for config in configs(steps):
+        here = [s for s in steps if s.config == config and s.strategy != "local"]
+        winner = fastest(here)
+        if winner is None:
+            continue
+        best_per_strategy = [fastest([s for s in here if s.strategy == name]) for name in {s.strategy for s in here}]
+        others = [s for s in best_per_strategy if s.strategy != winner.strategy]
+        wins.append(
+            Win(
+                config=config,
+                winner=winner,
+                runner_up=fastest(others),
+                torch=fastest([s for s in here if s.strategy == "torch"]),
+                naive=fastest([s for s in here if s.strategy == "naive"]),
+            )
+        )
+    return wins
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """How one bucketing strategy split the gradients at one cap (the same at every batch/seq)."""
+
+    strategy: str
+    bucket_size_mb: float
+    num_buckets: int
+    total_bytes: int
+    bucket_sizes_bytes: tuple[int, ...] | None
+
+    @property
+    def total_over_cap(self) -> int:
+        """The count a reader expects from total / cap (what the seeds assumed)."""
+        return max(1, math.ceil(self.total_bytes / (self.bucket_size_mb * BYTES_PER_MB)))
+
+    @property
+    def oversized_buckets(self) -> int | None:
+        """Buckets holding more than the cap: in ``bucketed``, a single tensor larger than the cap; in
+        ``torch``, also a bucket PyTorch closed only once it had reached the cap."""
+        if self.bucket_sizes_bytes is None:
+            return None
+        cap = self.bucket_size_mb * BYTES_PER_MB
+        return sum(1 for size in self.bucket_sizes_bytes if size > cap)
+
+
+def bucket_plans(steps: list[StepRecord]) -> list[BucketPlan]:
+    plans = {}
+    for s in sorted_steps(steps):
+        if s.strategy in BUCKETED_STRATEGIES and s.num_buckets is not None and s.bucket_size_mb is not None:
+            plans.setdefault(
+                (s.strategy, s.bucket_size_mb),
+                BucketPlan(s.strategy, s.bucket_size_mb, s.num_buckets, s.bytes_per_step, s.bucket_sizes_bytes),
+            )
+    return [plans[key] for key in sorted(plans, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    old_seconds: float | None
+    new_seconds: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.old_seconds is None or self.new_seconds is None or self.old_seconds <= 0:
+            return None
+        return self.new_seconds / self.old_seconds
+
+
+def compare_runs(old: Run, new: Run) -> list[Comparison]:
+    """Benchmarks matched by name, in the new run's order, then those only in the old run."""
+    old_medians = {name: b.median_seconds for name, b in old.by_name().items()}
+    new_medians = {name: b.median_seconds for name, b in new.by_name().items()}
+    names = list(new_medians) + [name for name in old_medians if name not in new_medians]
+    return [Comparison(name, old_medians.get(name), new_medians.get(name)) for name in names]
+
+
+def machine_summary(run: Run) -> dict[str, str]:
+    """What must match for two runs' times to be comparable."""
+    info = run.machine_info
+    cpu = info.get("cpu") or {}
+    bench = info.get("ddp_bench") or {}
+    summary = {
+        "node": info.get("node"),
+        "cpu": cpu.get("brand_raw"),
+        "cpu count": cpu.get("count"),
+        "system": f"{info.get('system', '')} {info.get('release', '')}".strip() or None,
+        "python": info.get("python_version"),
+        "torch": bench.get("torch"),
+        "backend": bench.get("backend"),
+        "device": bench.get("device"),
+        "world size": bench.get("world_size"),
+        "GPU": f"{bench['gpu_count']} x {bench['gpu']}" if bench.get("gpu") else None,
+        "CUDA": bench.get("cuda"),
+        "NCCL": bench.get("nccl"),
+    }
+    return {key: str(value) for key, value in summary.items() if value not in (None, "")}
+
+
+def machine_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
+    """The machine facts that differ between two runs: {fact: (old, new)}."""
+    a, b = machine_summary(old), machine_summary(new)
+    return {key: (a.get(key, "unknown"), b.get(key, "unknown")) for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)}

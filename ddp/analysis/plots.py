@@ -1,0 +1,180 @@
+"""The report's PNG plots, drawn with matplotlib (Agg, no display) from a loaded run
+(``ddp.bench.records``), every median with its 95% interval as an error bar.
+
+- ``report_step_vs_bucket_seq{N}.png``: step time against bucket cap, one figure per sequence
+  length, one line per batch size and bucketing strategy (bucketed solid, torch dashed), with
+  ``local`` as the floor (the seeds' figures, from saved data);
+- ``report_compute_vs_comm.png``: per configuration, each strategy's step split into compute and
+  exposed communication (``comm_wait_seconds``), stacked;
+- ``report_allreduce.png``: all-reduce time and bus bandwidth against size, one line per backend
+  and world size (the seed 004 charts).
+
+Each function returns the path it wrote, or None when the run holds nothing to draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a benchmark machine
+import matplotlib.pyplot as plt  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+from matplotlib import ticker  # noqa: E402
+
+from ddp.analysis.costmodel import Prediction  # noqa: E402
+from ddp.analysis.figures import config_label, configs, sorted_steps  # noqa: E402
+from ddp.bench.records import Run  # noqa: E402
+from ddp.strategies.bucketed import BYTES_PER_MB  # noqa: E402
+from ddp.strategies.registry import BUCKETED_STRATEGIES  # noqa: E402
+
+DPI = 100  # keeps each PNG well under 200 KB
+_LINE_STYLES = {"bucketed": "-", "torch": "--"}
+
+
+def _yerr_ms(steps) -> list[list[float]] | None:
+    """Error bars from each step's 95% interval of its median, in ms below and above it."""
+    if not all(s.step_seconds_ci95 for s in steps):
+        return None
+    return [
+        [(s.step_seconds - s.step_seconds_ci95[0]) * 1e3 for s in steps],
+        [(s.step_seconds_ci95[1] - s.step_seconds) * 1e3 for s in steps],
+    ]
+
+
+def _save(figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    return path
+
+
+def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
+    steps = [s for s in run.steps if s.seq_len == seq_len]
+    bucketed = [s for s in steps if s.strategy in BUCKETED_STRATEGIES and s.bucket_size_mb is not None]
+    if not bucketed:
+        return None
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    batches = sorted({s.batch_size for s in bucketed})
+    colors = {batch: f"C{i}" for i, batch in enumerate(batches)}
+    for batch in batches:
+        for strategy in BUCKETED_STRATEGIES:
+            line = sorted((s for s in bucketed if s.batch_size == batch and s.strategy == strategy), key=lambda s: s.bucket_size_mb)
+            if line:
+                axes.errorbar(
+                    [s.bucket_size_mb for s in line],
+                    [s.step_seconds * 1e3 for s in line],
+                    yerr=_yerr_ms(line),
+                    capsize=3,
+                    linestyle=_LINE_STYLES[strategy],
+                    marker="o",
+                    color=colors[batch],
+                    label=f"{strategy}, batch {batch}",
+                )
+        local = [s for s in steps if s.batch_size == batch and s.strategy == "local"]
+        if local:
+            axes.axhline(local[0].step_seconds * 1e3, color=colors[batch], linestyle=":", linewidth=1, label=f"local, batch {batch}")
+    axes.set_xscale("log")
+    caps = sorted({s.bucket_size_mb for s in bucketed})
+    axes.set_xticks(caps, [f"{cap:g}" for cap in caps])
+    axes.minorticks_off()
+    axes.set_ylim(bottom=0)  # differences between caps read against the whole step
+    axes.set_xlabel("bucket cap (MB)")
+    axes.set_ylabel("step time, median (ms)")
+    models = ", ".join(sorted({s.model for s in steps}))
+    axes.set_title(f"Step time against bucket cap: model {models}, seq len {seq_len}")
+    axes.legend(fontsize="small")
+    axes.grid(True, which="both", alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_compute_vs_comm(run: Run, path: Path) -> Path | None:
+    keys = configs(run.steps)
+    if not keys:
+        return None
+    with_model = len({k[0] for k in keys}) > 1
+    columns = min(2, len(keys))
+    rows = (len(keys) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 3.6 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        steps = sorted_steps([s for s in run.steps if s.config == key])
+        labels = [s.label for s in steps]
+        compute = [s.compute_seconds * 1e3 for s in steps]
+        comm = [s.comm_wait_seconds * 1e3 for s in steps]
+        ax.bar(labels, compute, color="C0", label="compute (step - comm wait)")
+        ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication (comm wait)")
+        ax.set_title(config_label(key, with_model))
+        ax.set_ylabel("ms per step (median)")
+        ax.tick_params(axis="x", labelrotation=45, labelsize="small")
+        for tick in ax.get_xticklabels():
+            tick.set_horizontalalignment("right")
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small")
+    figure.suptitle("Compute against exposed communication per strategy")
+    return _save(figure, path)
+
+
+def plot_allreduce(run: Run, path: Path) -> Path | None:
+    if not run.allreduces:
+        return None
+    figure, (time_axes, bw_axes) = plt.subplots(1, 2, figsize=(11, 4.0))
+    for backend, world_size in sorted({(a.backend, a.world_size) for a in run.allreduces}):
+        line = sorted((a for a in run.allreduces if (a.backend, a.world_size) == (backend, world_size)), key=lambda a: a.size_bytes)
+        sizes = [a.size_bytes / BYTES_PER_MB for a in line]
+        label = f"{backend}, {world_size} ranks"
+        time_axes.plot(sizes, [a.seconds * 1e3 for a in line], marker="o", label=label)
+        bw_axes.plot(sizes, [a.busbw_gbps for a in line], marker="o", label=label)
+    time_axes.set_yscale("log")
+    time_axes.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    time_axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    time_axes.yaxis.set_minor_formatter(ticker.NullFormatter())
+    time_axes.set_ylabel("time, slowest rank, median (ms)")
+    bw_axes.set_ylabel("busbw (GB/s)")
+    bw_axes.set_ylim(bottom=0)
+    sizes = sorted({a.size_bytes / BYTES_PER_MB for a in run.allreduces})
+    for ax, title in ((time_axes, "All-reduce time"), (bw_axes, "All-reduce bus bandwidth")):
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{size:g}" for size in sizes])
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("size (MiB, float32)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def draw_all(run: Run, out: Path) -> list[Path]:
+    """Every plot the run has data for, written into ``out``."""
+    drawn = [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}.png") for seq in sorted({s.seq_len for s in run.steps})]
+    drawn.append(plot_compute_vs_comm(run, out / "report_compute_vs_comm.png"))
+    drawn.append(plot_allreduce(run, out / "report_allreduce.png"))
+    return [path for path in drawn if path is not None]
+
+
+def plot_scaling(predictions: list[Prediction], path: Path, title: str) -> None:
+    """Step time against world size (log x), one line per strategy and bucket size, per batch."""
+    shapes = sorted({(p.batch_size, p.seq_len) for p in predictions})
+    figure, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.5), squeeze=False)
+    for axis, (batch_size, seq_len) in zip(axes[0], shapes):
+        lines = defaultdict(list)
+        for p in predictions:
+            if (p.batch_size, p.seq_len) == (batch_size, seq_len):
+                lines[p.strategy if p.bucket_size_mb is None else f"{p.strategy} {p.bucket_size_mb:g} MB"].append((p.world_size, p.step_seconds * 1e3))
+        for label, points in sorted(lines.items()):
+            points.sort()
+            axis.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("world size (ranks)")
+        axis.set_ylabel("predicted step time (ms)")
+        axis.set_title(f"batch {batch_size} per rank, seq len {seq_len}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,63 @@
+"""The parent side of ``ddp profile``: from the ranks' step records and traces to ``summary.json``,
+per-strategy timelines (JSON and PNG) and the combined timeline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ddp.analysis import timeline
+from ddp.analysis.overlap import add_collective_track, cuda_steps_from_trace, strategy_summary, timeline_record
+from ddp.bench.profiling import ProfileConfig, file_stem, profile_rank
+
+
+def read_traces(rank_records: list[dict]) -> list[dict]:
+    """Each rank's record with its steps read against its trace: GPU intervals on CUDA; on the CPU,
+    the collectives added to the trace as a track of their own."""
+    records = []
+    for record in rank_records:
+        path = Path(record["trace_file"])
+        trace = json.loads(path.read_text())
+        if record["device"].startswith("cuda"):
+            record = {**record, "steps": cuda_steps_from_trace(trace["traceEvents"], record["steps"])}
+        else:
+            add_collective_track(trace, record["steps"])
+            path.write_text(json.dumps(trace))
+        records.append(record)
+    return records
+
+
+def write_profile(config: ProfileConfig, rank_records: list[dict], out_dir: Path) -> tuple[dict, dict]:
+    """Figures and timeline of one strategy; returns (its summary entry, its timeline record)."""
+    records = read_traces(rank_records)
+    entry = strategy_summary(records)
+    strategy = config.step.strategy
+    record = timeline_record(strategy, entry, records)
+    stem = file_stem(strategy)
+    timeline_json = out_dir / f"timeline_{stem}.json"
+    timeline_json.write_text(json.dumps(record, indent=1))
+    timeline_png = timeline.plot_timeline(record, out_dir / f"timeline_{stem}.png")
+    entry = {**entry, "config": asdict(config), "timeline_json": str(timeline_json), "timeline_png": str(timeline_png)}
+    return entry, record
+
+
+def profile_strategies(ranks, configs: list[ProfileConfig], out_dir: Path) -> dict:
+    """Profile each configuration on ``ranks`` (a ``RankGroup``); write summary.json and the
+    timelines into ``out_dir``; return the summary."""
+    summary: dict = {"world_size": ranks.world_size, "backend": ranks.backend, "device": ranks.device, "strategies": {}}
+    timelines = []
+    for config in configs:
+        entry, record = write_profile(config, ranks.run(profile_rank, config), out_dir)
+        summary["strategies"][config.step.strategy] = entry
+        timelines.append(record)
+    return write_summary(summary, timelines, out_dir)
+
+
+def write_summary(summary: dict, timelines: list[dict], out_dir: Path) -> dict:
+    if len(timelines) > 1:
+        combined = out_dir / "timeline_combined.png"
+        timeline.plot_timelines(timelines, combined)
+        summary["timeline_combined_png"] = str(combined)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

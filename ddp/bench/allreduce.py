@@ -1,0 +1,117 @@
+"""The all-reduce microbenchmark, measured the way nccl-tests measures it.
+
+Each timed round, on every rank: fill a float32 tensor with ``rank + 1``, meet at a barrier (so
+that every rank starts together and the slowest rank's time is the collective's), time one
+``all_reduce(SUM)`` (with ``torch.cuda.synchronize()`` on CUDA), then count the elements that
+differ from ``world_size * (world_size + 1) / 2``: the check runs inside the performance run, and
+a benchmark that computed wrong values must fail. Warm-up rounds are the caller's to discard.
+
+Bandwidths follow nccl-tests (``doc/PERFORMANCE.md``)::
+
+    algbw = size_bytes / seconds
+    busbw = algbw * 2 * (n - 1) / n
+
+algbw is what the caller sees; busbw corrects for the 2(n-1)/n of the data that a ring
+all-reduce moves over each rank's link, so that it compares with the hardware's link bandwidth
+whatever the number of ranks.
+
+Rounds go through the one timing loop (``ddp.bench.measure.timed_rounds``), and the buffer is
+kept between rounds in the rank's ``RankBench``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import statistics
+
+from ddp.bench.measure import RoundPolicy, timed_rounds
+from ddp.bench.records import AllReduceRecord
+from ddp.bench.stats import median_ci
+from ddp.bench.trainer import rank_bench
+from ddp.launcher import rank_info
+
+BYTES_PER_MB = 2**20  # sizes are given in MiB, as bucket sizes are
+FLOAT32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class AllReduceTiming:
+    """One rank's figures for one timed all-reduce."""
+
+    rank: int
+    seconds: float
+    wrong: int
+    """Elements that did not hold the expected sum afterwards (must be 0)."""
+
+
+def numel_for(size_bytes: int) -> int:
+    """float32 elements in ``size_bytes`` (at least one)."""
+    return max(1, size_bytes // FLOAT32_BYTES)
+
+
+def size_bytes_of(size_mb: float) -> int:
+    """Bytes of a float32 buffer of about ``size_mb`` MiB (whole elements)."""
+    return int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES * FLOAT32_BYTES
+
+
+def _tensor(numel: int, device: torch.device) -> torch.Tensor:
+    """One buffer kept between rounds; replaced (and the old one freed) when the size changes."""
+    bench = rank_bench()
+    buffer = bench.allreduce_buffer
+    if buffer is None or buffer.numel() != numel or buffer.device != device:
+        bench.release()  # free the old one (and any model) before allocating: 1 GiB buffers add up
+        bench.allreduce_buffer = torch.empty(numel, dtype=torch.float32, device=device)
+    return bench.allreduce_buffer
+
+
+def timed_all_reduce(size_bytes: int) -> AllReduceTiming:
+    """Run on every rank: one checked, timed all-reduce of ``size_bytes`` of float32."""
+    info = rank_info()
+    tensor = _tensor(numel_for(size_bytes), info.device)
+    tensor.fill_(float(info.rank + 1))
+    cuda = info.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(info.device)
+    dist.barrier()
+    start = time.perf_counter()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    if cuda:
+        torch.cuda.synchronize(info.device)
+    seconds = time.perf_counter() - start
+    expected = info.world_size * (info.world_size + 1) / 2  # exact in float32 for any sane world size
+    wrong = int((tensor != expected).sum().item())
+    return AllReduceTiming(info.rank, seconds, wrong)
+
+
+def measure_all_reduce(ranks, size_bytes: int, policy: RoundPolicy) -> AllReduceRecord:
+    """Time all-reduces of ``size_bytes`` on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``)
+    through the one timing loop; raises if any element held a wrong sum."""
+    warmup = [ranks.run(timed_all_reduce, size_bytes) for _ in range(policy.warmup_rounds)]
+    rounds, _ = timed_rounds(lambda index: ranks.run(timed_all_reduce, size_bytes), policy)
+    wrong = sum(t.wrong for timings in [*warmup, *rounds] for t in timings)
+    if wrong:
+        raise RuntimeError(f"{wrong} elements of {size_bytes // FLOAT32_BYTES} held a wrong sum after all_reduce")
+    round_seconds = [max(t.seconds for t in timings) for timings in rounds]
+    seconds = statistics.median(round_seconds)
+    world_size = len(rounds[0])
+    return AllReduceRecord(
+        backend=ranks.backend, world_size=world_size, size_bytes=size_bytes, seconds=seconds,
+        seconds_ci95=list(median_ci(round_seconds)), round_seconds=round_seconds,
+        algbw_gbps=algbw_gbps(size_bytes, seconds), busbw_gbps=busbw_gbps(size_bytes, seconds, world_size),
+        wrong=wrong,
+    )
+
+
+def algbw_gbps(size_bytes: int, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (10^9 bytes per second, as nccl-tests reports it)."""
+    return size_bytes / seconds / 1e9
+
+
+def busbw_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
+    """Bus bandwidth in GB/s: algbw x 2(n-1)/n."""
+    return algbw_gbps(size_bytes, seconds) * 2 * (world_size - 1) / world_size

@@ -1,0 +1,253 @@
+"""The one timing loop: prepare configurations on every rank, warm up, then run rounds until the
+median is resolved well enough or the budget is spent.
+
+Every tool that times steps goes through ``measure``: perf_tests/ (a strategy and its ``local``
+twin), ``ddp run`` under torchrun (the same), ``ddp versus`` (local, bucketed and torch). A round
+runs one step of every configuration, in rotating order (``RankBench.round``), so what one
+measurement compares is never separated by drift in the machine. A round's figure for a
+configuration is its slowest rank's step time: the next step cannot start before that rank is done.
+
+Rounds are added until at least ``min_rounds`` have run and the 95% interval of the first
+configuration's median is within ``target_precision`` of it (``ddp.bench.stats.relative_half_width``),
+or its rounds have taken ``budget_seconds``, or ``max_rounds`` have run: noisy benchmarks get more
+rounds, steady ones fewer, and the result says whether the target was reached.
+
+``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
+``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ddp.bench.stats import relative_half_width
+from ddp.bench.trainer import OutOfMemory, StepConfig, StepSetup, StepTiming, first_out_of_memory, prepare, release, timed_round
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How many rounds a measurement runs (the fields of ``GridOptions`` of the same names)."""
+
+    min_rounds: int
+    max_rounds: int
+    warmup_rounds: int
+    target_precision: float
+    budget_seconds: float
+
+    @classmethod
+    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundPolicy:
+        """Exactly ``rounds`` timed rounds."""
+        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
+
+    @classmethod
+    def of(cls, grid) -> RoundPolicy:
+        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.budget_seconds)
+
+
+@dataclass
+class Measurement:
+    """What ``measure`` found for each configuration, in the order given."""
+
+    configs: list[StepConfig]
+    setups: list[list[StepSetup]]
+    """Per configuration, per rank."""
+    rounds: list[list[list[StepTiming]]]
+    """Per timed round, per configuration, per rank."""
+    reached_precision: float
+    """The first configuration's relative half-width of its median's 95% interval."""
+    target_precision: float
+
+    def round_seconds(self, index: int = 0) -> list[float]:
+        """Each timed round's step time of configuration ``index``: its slowest rank's."""
+        return [max(t.step_seconds for t in timings[index]) for timings in self.rounds]
+
+    def comm_wait_seconds(self, index: int = 0) -> list[float]:
+        """Each timed round's comm wait of configuration ``index`` on its slowest rank (the rank
+        whose step time is the round's)."""
+        return [max(timings[index], key=lambda t: t.step_seconds).comm_wait_seconds for timings in self.rounds]
+
+    def rank_round_seconds(self, index: int = 0) -> list[list[float]]:
+        """Per rank, each timed round's step time of configuration ``index``."""
+        world_size = len(self.rounds[0][index])
+        return [[timings[index][rank].step_seconds for timings in self.rounds] for rank in range(world_size)]
+
+    def peak_memory_bytes(self, index: int = 0) -> int | None:
+        peaks = [t.peak_memory_bytes for timings in self.rounds for t in timings[index] if t.peak_memory_bytes is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def precise(self) -> bool:
+        return self.reached_precision <= self.target_precision
+
+
+@dataclass(frozen=True)
+class MeasuredOutOfMemory:
+    """A measurement that ran out of memory on some rank."""
+
+    config: StepConfig
+    marker: OutOfMemory
+
+
+def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
+    """The loop: call ``run_round(index)`` (per-rank results of one round: a list of ``StepTiming``
+    per rank, one per configuration, or an ``AllReduceTiming``) until the policy says stop; returns
+    the rounds and the precision reached (the worst configuration's), or the first
+    ``OutOfMemory`` a rank returned. ``budget_scale`` multiplies the time budget and the round
+    limit's time: a round of n configurations holds n benchmarks' steps."""
+    rounds: list[list] = []
+    spent = 0.0
+    precision = float("inf")
+    while True:
+        per_rank = run_round(len(rounds))
+        marker = first_out_of_memory(per_rank)
+        if marker is not None:
+            return marker
+        rounds.append(per_rank)
+        # Time spent is counted from the gathered times, not from this process's clock, so that
+        # every rank under torchrun takes the same decision to stop.
+        spent += max(_seconds(result) for result in per_rank)
+        precision = _worst_precision(rounds) if len(rounds) > 1 else float("inf")
+        if len(rounds) >= policy.max_rounds:
+            break
+        enough = precision <= policy.target_precision or spent >= policy.budget_seconds * budget_scale
+        if len(rounds) >= policy.min_rounds and enough:
+            break
+    return rounds, precision
+
+
+def _seconds(result) -> float:
+    """All the time one rank's round took: every configuration's step, or the all-reduce."""
+    return sum(t.step_seconds for t in result) if isinstance(result, list) else result.seconds
+
+
+def _worst_precision(rounds: list[list]) -> float:
+    """The widest relative half-width among the configurations of these rounds (slowest rank)."""
+    first = rounds[0][0]
+    if not isinstance(first, list):
+        return relative_half_width([max(r.seconds for r in round_) for round_ in rounds])
+    return max(
+        relative_half_width([max(per_rank[index].step_seconds for per_rank in round_) for round_ in rounds])
+        for index in range(len(first))
+    )
+
+
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy) -> Measurement | MeasuredOutOfMemory:
+    """Time ``configs`` side by side on ``ranks`` (see the module docstring). The configurations
+    stay built on the ranks afterwards (``release`` frees them)."""
+    configs = list(configs)
+    setups = ranks.run(prepare, configs, policy.warmup_rounds)
+    marker = first_out_of_memory(setups)
+    if marker is not None:
+        return MeasuredOutOfMemory(configs[0], marker)
+    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=len(configs))
+    if isinstance(outcome, OutOfMemory):
+        return MeasuredOutOfMemory(configs[0], outcome)
+    per_round, precision = outcome
+    # per round, per rank, per configuration -> per round, per configuration, per rank
+    rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
+    setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]
+    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision)
+
+
+def free(ranks) -> None:
+    """Free whatever the ranks keep built."""
+    ranks.run(release)
+
+
+class InProcessRanks:
+    """``RankGroup``'s ``run`` for a process that is itself one of the ranks (under torchrun):
+    run the function here and gather every rank's result to every rank, so that all of them take
+    the same decisions (skip on out of memory, stop adding rounds).
+
+    Results travel on a gloo group of their own with a timeout: a rank that ran out of memory
+    alone cannot be joined by the others (they wait in a collective it left), and rather than hang
+    until the NCCL watchdog, its gather fails after ``GATHER_TIMEOUT_SECONDS`` and the job ends with
+    that rank's out-of-memory message (torchrun then stops the other ranks)."""
+
+    GATHER_TIMEOUT_SECONDS = 60.0
+
+    def __init__(self, world_size: int, backend: str) -> None:
+        self.world_size = world_size
+        self.backend = backend
+        self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.GATHER_TIMEOUT_SECONDS))
+
+    def run(self, fn, *args, **kwargs) -> list:
+        result = fn(*args, **kwargs)
+        results = [None] * self.world_size
+        try:
+            dist.all_gather_object(results, result, group=self._group)
+        except RuntimeError as error:
+            if isinstance(result, OutOfMemory):
+                raise RuntimeError(
+                    f"rank {result.rank} ran out of memory alone ({result.message}) and the other ranks are waiting "
+                    "in a collective it left: ending the job; use a smaller --batch-sizes, --seq-lens or --model"
+                ) from error
+            raise
+        return results
+
+
+INTERLEAVE = ("group", "local", "off")
+
+
+class GridMeasurer:
+    """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
+
+    - ``group``: every strategy of one (model, batch, seq len) in the same rounds, ``local``
+      included (added if the grid lacks it): each round holds one step of each, so every
+      comparison inside the group, the overhead over ``local`` too, is paired over rounds, and no
+      step is spent on a local twin per benchmark. Holds the group's models at once.
+    - ``local``: each configuration with a ``local`` twin in the same rounds (two models at once).
+    - ``off``: each configuration alone (one model at once; no paired overhead).
+
+    A group that runs out of memory is measured again one configuration at a time, so that one
+    configuration too large does not take the others with it.
+    """
+
+    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundPolicy, interleave: str) -> None:
+        if interleave not in INTERLEAVE:
+            raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
+        self.ranks = ranks
+        self.configs = list(configs)
+        self.policy = policy
+        self.interleave = interleave
+        self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | MeasuredOutOfMemory] = {}
+        self._alone: set[tuple] = set()
+
+    @staticmethod
+    def _key(config: StepConfig) -> tuple:
+        return (config.model, config.batch_size, config.seq_len, config.seed)
+
+    def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | MeasuredOutOfMemory:
+        """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
+        if config not in self._measured:
+            if self.interleave == "group" and self._key(config) not in self._alone:
+                self._measure_group(config)
+            if config not in self._measured:
+                self._measure_alone(config)
+        return self._measured[config]
+
+    def _measure_group(self, config: StepConfig) -> None:
+        group = [c for c in self.configs if self._key(c) == self._key(config)]
+        local = next((c for c in group if c.strategy == "local"), None) or config.local_twin()
+        members = [local] + [c for c in group if c != local]
+        result = measure(self.ranks, members, self.policy)
+        if isinstance(result, MeasuredOutOfMemory):
+            free(self.ranks)
+            self._alone.add(self._key(config))
+            return
+        for index, member in enumerate(members):
+            self._measured[member] = (result, index, None if index == 0 else 0)
+
+    def _measure_alone(self, config: StepConfig) -> None:
+        paired = self.interleave != "off" and config.strategy != "local"
+        members = [config, config.local_twin()] if paired else [config]
+        result = measure(self.ranks, members, self.policy)
+        if isinstance(result, MeasuredOutOfMemory):
+            free(self.ranks)
+            self._measured[config] = result
+        else:
+            self._measured[config] = (result, 0, 1 if paired else None)

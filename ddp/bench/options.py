@@ -1,0 +1,370 @@
+"""One options layer: what a launch and a benchmark grid are, declared once, with their units, their
+defaults per backend, their parsing and their validation.
+
+``LaunchOptions`` (backend, world size, device, timeout) and ``GridOptions`` (what is benchmarked
+and for how long) are the definitions. ``add_launch_options`` and ``add_grid_options`` bind them to
+an ``argparse`` parser or to pytest's (both take ``add(flag, **kwargs)``), so ``pytest perf_tests``,
+``python -m ddp run`` and the other commands share flags, help texts and parsers. Every check runs in
+the parent process, before any rank starts: a bad value is an ``OptionError`` whose one-line message
+says what to do, which pytest turns into a usage error and the command line into exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ddp.bench.stats import parse_percent
+from ddp.bench.workloads import check_workload, max_seq_len
+from ddp.launcher import unavailable_reason
+from ddp.model import MODEL_SIZES
+from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+
+
+class OptionError(ValueError):
+    """A bad option value; the message is one line that says what to do."""
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def parse_list(text: str, kind: Callable, what: str) -> tuple:
+    """``"1,10,100"`` -> ``(1, 10, 100)``: the one parser of comma-separated options."""
+    parts = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise OptionError(f"expected a comma-separated list of {what}, got {text!r}")
+    try:
+        return tuple(kind(part) for part in parts)
+    except (TypeError, ValueError):
+        raise OptionError(f"expected a comma-separated list of {what}, got {text!r}") from None
+
+
+def argument_type(parse: Callable[[str], object], name: str) -> Callable[[str], object]:
+    """Wrap a parser for ``type=``: argparse (and pytest, which uses it) report ArgumentTypeError
+    as ``error: argument --flag: message``."""
+
+    def parse_argument(text: str):
+        try:
+            return parse(text)
+        except OptionError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse_argument.__name__ = name  # argparse names the type in some messages
+    return parse_argument
+
+
+def positive_ints(text: str, what: str = "positive integers") -> tuple[int, ...]:
+    values = parse_list(text, int, what)
+    if any(value < 1 for value in values):
+        raise OptionError(f"expected {what} (1 or more), got {text!r}")
+    return values
+
+
+def positive_floats(text: str, what: str = "positive numbers") -> tuple[float, ...]:
+    values = parse_list(text, float, what)
+    if any(not math.isfinite(value) or value <= 0 for value in values):
+        raise OptionError(f"expected {what} (finite, above 0), got {text!r}")
+    return values
+
+
+def strategy_names(text: str) -> tuple[str, ...]:
+    """Registered names or ``package.module:ClassName``, each imported and checked here."""
+    names = parse_list(text, str, "strategies")
+    if len(set(names)) != len(names):
+        raise OptionError(f"give each strategy once, got {text!r}")
+    for name in names:
+        try:
+            resolve_strategy(name)
+        except (StrategyError, TypeError) as error:
+            raise OptionError(str(error)) from None
+    return names
+
+
+def workload_name(text: str) -> str:
+    try:
+        return check_workload(text.strip())
+    except ValueError as error:
+        raise OptionError(str(error)) from None
+
+
+def model_size_name(text: str) -> str:
+    if text.strip() not in MODEL_SIZES:
+        raise OptionError(f"unknown model size {text.strip()!r}: choose one of {', '.join(MODEL_SIZES)} (or --model package.module:build)")
+    return text.strip()
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"expected a whole number of 0 or more, got {text!r}") from None
+    if value < 0:
+        raise OptionError(f"expected a whole number of 0 or more, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value < 1:
+        raise OptionError(f"expected a whole number of 1 or more, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return positive_floats(text, "a positive number")[0]
+
+
+# ------------------------------------------------------------------------------------ launch
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Where the ranks run."""
+
+    backend: str = "auto"
+    """``gloo``, ``nccl``, or ``auto``: nccl when there is a GPU for every rank, else gloo."""
+    world_size: int = 2
+    """Number of ranks."""
+    device: str | None = None
+    """Where tensors live: ``cpu`` or ``cuda``; None means cuda with nccl, cpu with gloo. gloo also
+    runs over CUDA tensors (one GPU may then hold several ranks)."""
+    timeout_seconds: float = 600.0
+    """How long one call on the ranks may take before it fails with every rank's stack."""
+
+    def resolve(self) -> ResolvedLaunch:
+        """The backend and device this machine will run, and why; ``OptionError`` if it cannot."""
+        if self.backend not in BACKENDS:
+            raise OptionError(f"unknown backend {self.backend!r}: use {', '.join(BACKENDS)}")
+        if self.device is not None and self.device not in DEVICES:
+            raise OptionError(f"unknown device {self.device!r}: use {' or '.join(DEVICES)}")
+        if self.world_size < 1:
+            raise OptionError(f"world size must be at least 1, got {self.world_size}")
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend, why = self.backend, f"--backend {self.backend}"
+        if backend == "auto":
+            if gpus >= self.world_size and dist.is_nccl_available():
+                backend, why = "nccl", f"auto: {gpus} GPU(s) for {self.world_size} rank(s)"
+            elif gpus:
+                backend, why = "gloo", f"auto: {gpus} GPU(s), fewer than {self.world_size} ranks need for nccl"
+            else:
+                backend, why = "gloo", "auto: no GPU"
+        device = self.device or ("cuda" if backend == "nccl" else "cpu")
+        if backend == "nccl" and device == "cpu":
+            raise OptionError(
+                "nccl runs on GPUs only: drop --device cpu, or use --backend gloo for CPU tensors"
+            )
+        reason = unavailable_reason(backend, self.world_size, device)
+        if reason:
+            raise OptionError(reason)
+        return ResolvedLaunch(backend, device, self.world_size, self.timeout_seconds, why)
+
+
+@dataclass(frozen=True)
+class ResolvedLaunch:
+    """A launch this machine can run."""
+
+    backend: str
+    device: str
+    world_size: int
+    timeout_seconds: float
+    why: str
+    """Why this backend: what ``--backend auto`` found, or that it was asked for."""
+
+    def describe(self) -> str:
+        return f"{self.world_size} rank(s), {self.backend} on {self.device} ({self.why})"
+
+
+def add_launch_options(add: Callable, world_size: bool = True) -> None:
+    """Bind ``LaunchOptions`` to a parser: ``add`` is ``parser.add_argument`` or pytest's ``group.addoption``."""
+    add("--backend", default=LaunchOptions.backend, choices=BACKENDS,
+        help="process-group backend; auto = nccl with one GPU per rank, else gloo (default: auto)")
+    if world_size:
+        add("--world-size", type=argument_type(positive_int, "world_size"), default=LaunchOptions.world_size,
+            help=f"number of ranks (default: {LaunchOptions.world_size})")
+    add("--device", default=None, choices=DEVICES,
+        help="where tensors live; default: cuda for nccl, cpu for gloo (gloo also runs over cuda)")
+    add("--rank-timeout", type=argument_type(positive_float, "seconds"), default=LaunchOptions.timeout_seconds,
+        help="seconds one call on the ranks may take before it fails with every rank's stack "
+        f"(default: {LaunchOptions.timeout_seconds:g})")
+
+
+def launch_options(get: Callable[[str], object], world_size: int | None = None) -> LaunchOptions:
+    """``LaunchOptions`` from parsed values; ``get(dest)`` reads one (``vars(args).get`` or
+    ``config.getoption``)."""
+    return LaunchOptions(
+        backend=get("backend"),
+        world_size=world_size if world_size is not None else get("world_size"),
+        device=get("device"),
+        timeout_seconds=get("rank_timeout"),
+    )
+
+
+# ------------------------------------------------------------------------------------ one configuration
+
+
+def add_config_options(add: Callable, *, model: str, batch_size: int, seq_len: int, bucket_size_mb: float | None = 25.0) -> None:
+    """Bind the options of commands that train one configuration (profile, versus, buckets):
+    ``--model``, ``--batch-size``, ``--seq-len`` and, where given a default, ``--bucket-size-mb``."""
+    add("--model", "--model-size", dest="model", default=model, type=argument_type(workload_name, "model"),
+        help=f"an LM size, a named model (mlp, wide-mlp, conv) or package.module:build (default: {model})")
+    add("--batch-size", type=argument_type(positive_int, "batch_size"), default=batch_size,
+        help=f"samples per rank per step (default: {batch_size})")
+    add("--seq-len", type=argument_type(positive_int, "seq_len"), default=seq_len,
+        help=f"tokens per sequence, where the model has them (default: {seq_len})")
+    if bucket_size_mb is not None:
+        add("--bucket-size-mb", type=argument_type(positive_float, "bucket_size_mb"), default=bucket_size_mb,
+            help=f"bucket cap in MiB for the strategies that take one (default: {bucket_size_mb:g})")
+
+
+def check_seq_len(model: str, seq_len: int) -> None:
+    """``OptionError`` if ``seq_len`` exceeds the model's context length."""
+    limit = max_seq_len(model)
+    if limit is not None and seq_len > limit:
+        raise OptionError(f"--seq-len {seq_len} exceeds model {model}'s context length {limit}: choose a shorter one")
+
+
+# ------------------------------------------------------------------------------------ grid
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """What a benchmark run times, and how long it may take."""
+
+    model: str
+    """A size of ``ddp.model.MODEL_SIZES``, a model of ``ddp.bench.workloads.NAMED_WORKLOADS``, or
+    ``package.module:build`` (your own model; see the README)."""
+    strategies: tuple[str, ...]
+    """Registered names or ``package.module:ClassName``."""
+    batch_sizes: tuple[int, ...]
+    """Samples (sequences) per rank per step."""
+    seq_lens: tuple[int, ...]
+    """Tokens per sequence."""
+    bucket_sizes_mb: tuple[float, ...]
+    """Bucket caps in MiB, for the strategies whose constructor takes ``bucket_size_mb``."""
+    min_rounds: int
+    """Timed rounds every benchmark gets at least."""
+    max_rounds: int
+    """Timed rounds no benchmark gets more of."""
+    warmup_rounds: int
+    """Untimed rounds before the timed ones (a fresh build gets its own warm-up steps too)."""
+    target_precision: float
+    """Stop adding rounds once the 95% interval of the median is within +- this fraction of it
+    (0.02 means +-2%)."""
+    budget_seconds: float
+    """Stop adding rounds once a benchmark's rounds took this long, precise or not."""
+    interleave: str
+    """``group``: every strategy of one model, batch and sequence length in the same rounds, local
+    included, so every comparison in the group (the overhead over local too) is paired; ``local``:
+    each strategy with a local twin in the same rounds; ``off``: each alone. See
+    ``ddp.bench.measure.GridMeasurer``; group holds the group's models in memory at once."""
+    allreduce_sizes_mb: tuple[float, ...]
+    """float32 all-reduce sizes in MiB."""
+    allreduce_world_sizes: tuple[int, ...]
+    """Ranks for the all-reduce benchmark."""
+
+    def __post_init__(self) -> None:
+        if self.min_rounds > self.max_rounds:
+            raise OptionError(f"--rounds {self.min_rounds} exceeds --max-rounds {self.max_rounds}: raise --max-rounds")
+        limit = max_seq_len(self.model)
+        if limit is not None and max(self.seq_lens) > limit:
+            raise OptionError(
+                f"--seq-lens {max(self.seq_lens)} exceeds model {self.model}'s context length {limit}: "
+                "choose shorter sequences"
+            )
+
+    def buckets_for(self, strategy: str) -> tuple[float | None, ...]:
+        return self.bucket_sizes_mb if takes_bucket_size(strategy) else (None,)
+
+
+def gpu_world_sizes(gpus: int) -> tuple[int, ...]:
+    """Powers of two up to the number of GPUs, and that number itself: 8 GPUs -> 2, 4, 8."""
+    sizes = [2**k for k in range(1, gpus.bit_length()) if 2**k <= gpus]
+    return tuple(sorted(set(sizes) | ({gpus} if gpus >= 2 else set()))) or (1,)
+
+
+def grid_defaults(backend: str, device: str) -> GridOptions:
+    """The seeds' grid on GPUs (model xl, batch 2 and 4, sequences 128 to 512, buckets 1 to 1000
+    MB); on CPU a grid that runs in under 10 minutes on 2 cores (model mini: 9.3M parameters, 37 MB
+    of gradients, its largest tensors 10 MB, so 1, 10 and 100 MB caps give many, a few and one bucket)."""
+    if device == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return GridOptions(
+            model="xl", strategies=tuple(STRATEGIES), batch_sizes=(2, 4), seq_lens=(128, 256, 512),
+            bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=50, warmup_rounds=2,
+            target_precision=0.01, budget_seconds=30.0, interleave="off",
+            allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0), allreduce_world_sizes=gpu_world_sizes(gpus),
+        )
+    return GridOptions(
+        model="mini", strategies=tuple(STRATEGIES), batch_sizes=(4, 8), seq_lens=(64, 128),
+        bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=30, warmup_rounds=1,
+        target_precision=0.02, budget_seconds=9.0, interleave="group",
+        allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),
+    )
+
+
+# flag, GridOptions field, parser, help (the default is added per backend)
+_GRID_FLAGS: tuple[tuple[str, str, Callable, str], ...] = (
+    ("--model", "model", workload_name,
+     "model to benchmark: a size of ddp.model.MODEL_SIZES, a named model (mlp, conv, ...), or your own "
+     "as package.module:build"),
+    ("--model-size", "model", model_size_name, "a size of the built-in Transformer LM (same as --model SIZE)"),
+    ("--strategies", "strategies", strategy_names, "strategies, comma-separated, names or package.module:ClassName"),
+    ("--batch-sizes", "batch_sizes", lambda t: positive_ints(t, "batch sizes"), "samples per rank per step"),
+    ("--seq-lens", "seq_lens", lambda t: positive_ints(t, "sequence lengths"), "tokens per sequence"),
+    ("--bucket-sizes", "bucket_sizes_mb", lambda t: positive_floats(t, "bucket sizes in MiB"),
+     "bucket caps in MiB for the strategies that take bucket_size_mb"),
+    ("--rounds", "min_rounds", positive_int, "timed rounds every benchmark gets at least"),
+    ("--max-rounds", "max_rounds", positive_int, "timed rounds no benchmark gets more of"),
+    ("--warmup-rounds", "warmup_rounds", non_negative_int, "untimed rounds before the timed ones"),
+    ("--target-precision", "target_precision", lambda t: _fraction(t, "--target-precision"),
+     "add rounds until the 95%% interval of the median is within +- this of it, e.g. 2%%"),
+    ("--round-budget", "budget_seconds", positive_float, "seconds of rounds after which a benchmark stops adding rounds"),
+    ("--interleave", "interleave", lambda t: _choice(t, "--interleave", ("group", "local", "off")),
+     "group: all strategies of a batch and seq len in the same rounds, local included (paired comparisons); "
+     "local: each with a local twin; off: each alone (least memory)"),
+    ("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"),
+     "float32 all-reduce sizes in MiB"),
+    ("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
+     "ranks for the all-reduce benchmark"),
+)
+
+
+def _fraction(text: str, flag: str) -> float:
+    try:
+        return parse_percent(text, flag)
+    except ValueError as error:
+        raise OptionError(str(error)) from None
+
+
+def _choice(text: str, flag: str, choices: tuple[str, ...]) -> str:
+    if text.strip() not in choices:
+        raise OptionError(f"{flag} takes one of {', '.join(choices)}, got {text!r}")
+    return text.strip()
+
+
+def add_grid_options(add: Callable, skip: tuple[str, ...] = ()) -> None:
+    """Bind ``GridOptions`` to a parser (defaults are resolved per backend by ``grid_options``)."""
+    for flag, field, parse, help_text in _GRID_FLAGS:
+        if flag in skip:
+            continue
+        add(flag, dest=field, default=None, type=argument_type(parse, field),
+            help=f"{help_text} (default: per backend, see docs/perf-suite.md)")
+
+
+def grid_options(get: Callable[[str], object], backend: str, device: str, skip: tuple[str, ...] = ()) -> GridOptions:
+    """The defaults of ``backend``/``device`` with every option given on the command line applied."""
+    defaults = grid_defaults(backend, device)
+    given = {field: get(field) for flag, field, _, _ in _GRID_FLAGS if flag not in skip}
+    given = {field: value for field, value in given.items() if value is not None}
+    if "min_rounds" in given and "max_rounds" not in given:
+        given["max_rounds"] = max(defaults.max_rounds, given["min_rounds"])
+    return dataclasses.replace(defaults, **given)

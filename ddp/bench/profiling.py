@@ -1,0 +1,135 @@
+"""The rank side of ``ddp profile``: a few training steps of the one step (``ddp.bench.trainer``)
+under ``torch.profiler``, with every collective's launch and completion recorded.
+
+What a profiled step attaches to the trainer (``PhaseRecorder``, a ``StepObserver``): each phase
+("forward", "backward", "gradient_sync", "optimizer") as a profiler range, an NVTX range of the
+same name on CUDA (so Nsight Systems shows the same phases), and its ``[start, end]`` on the
+``time.perf_counter`` clock. Collectives are recorded by ``ddp.strategies.tracing`` (gloo completes
+the work's future on its own thread, which stamps the completion); for ``torch`` a DDP comm hook
+launches the all-reduce through it too, so PyTorch's reducer is measured the same way.
+``backward_compute_end`` is the trainer's last-gradient time.
+
+Each rank writes its Chrome/Perfetto trace and returns its step records; the parent turns them into
+figures (``ddp.analysis.overlap``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp.bench.trainer import StepConfig, StepObserver, Trainer
+from ddp.launcher import rank_info
+from ddp.strategies import tracing
+from ddp.strategies.torch_ddp import TorchDDP
+
+# How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
+# may return before the future's callbacks have run.
+COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    step: StepConfig
+    """What is trained."""
+    warmup_steps: int = 1
+    """Steps run before profiling, untraced (allocations, first-step copies, DDP's bucket rebuild)."""
+    steps: int = 2
+    """Steps profiled and summarised."""
+    out_dir: str = "profile"
+    """Folder for the traces, on the ranks' host."""
+
+
+class PhaseRecorder(StepObserver):
+    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``."""
+
+    def __init__(self, on_cuda: bool) -> None:
+        self.on_cuda = on_cuda
+        self.step: dict = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.on_cuda:
+            torch.cuda.nvtx.range_push(name)
+        start = time.perf_counter()
+        try:
+            with torch.profiler.record_function(name):
+                yield
+        finally:
+            self.step[name] = [start, time.perf_counter()]
+            if self.on_cuda:
+                torch.cuda.nvtx.range_pop()
+
+
+def _recorded_allreduce_hook(process_group, bucket):
+    """PyTorch's default DDP hook (sum, then divide by world size), launched through
+    ``ddp.strategies.tracing`` so that each bucket's launch and completion are recorded.
+
+    Unannotated on purpose: DDP accepts only the real classes as annotations, and this module's
+    ``from __future__ import annotations`` would turn them into strings.
+    """
+    world_size = dist.get_world_size(process_group)
+    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, process_group, f"bucket{bucket.index()}")
+    return work.get_future().then(lambda future: future.value()[0].div_(world_size))
+
+
+def _trace_torch_reducer(model) -> None:
+    if isinstance(model, TorchDDP):  # must precede the first forward
+        model.ddp.register_comm_hook(model.process_group, _recorded_allreduce_hook)
+
+
+def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
+    deadline = time.monotonic() + COMPLETION_STAMP_TIMEOUT_SECONDS
+    while any(span.done_seconds is None for span in recorder.spans):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{sum(s.done_seconds is None for s in recorder.spans)} collectives never reported completion "
+                f"within {COMPLETION_STAMP_TIMEOUT_SECONDS:.0f} s after the step"
+            )
+        time.sleep(0.001)
+
+
+def file_stem(strategy: str) -> str:
+    """A strategy's name as a file name: ``pkg.mod:Class`` -> ``pkg.mod-Class``."""
+    return strategy.replace(":", "-").replace("/", "-")
+
+
+def profile_rank(config: ProfileConfig) -> dict:
+    """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
+
+    Returns ``{"rank", "device", "trace_file", "steps"}``; each step holds ``[start, end]`` of every
+    phase, ``backward_compute_end`` and its ``collectives``, in ``time.perf_counter`` seconds.
+    """
+    info = rank_info()
+    on_cuda = info.device.type == "cuda"
+    trainer = Trainer(config.step, info, before_first_step=_trace_torch_reducer)
+    try:
+        for _ in range(config.warmup_steps):
+            trainer.step()
+        dist.barrier()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if on_cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        steps: list[dict] = []
+        with torch.profiler.profile(activities=activities) as profiler:
+            for _ in range(config.steps):
+                recorder = PhaseRecorder(on_cuda)
+                with tracing.recording() as collectives:
+                    trainer.step(recorder)
+                    _wait_for_completion_stamps(collectives)
+                step = recorder.step
+                step["backward_compute_end"] = trainer.last_gradient_seconds
+                step["collectives"] = [asdict(span) for span in collectives.spans]
+                steps.append(step)
+                profiler.step()
+        trace_file = Path(config.out_dir) / f"trace_{file_stem(config.step.strategy)}_rank{info.rank}.json"
+        profiler.export_chrome_trace(str(trace_file))
+    finally:
+        trainer.close()
+    return {"rank": info.rank, "device": str(info.device), "trace_file": str(trace_file), "steps": steps}

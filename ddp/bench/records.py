@@ -1,0 +1,380 @@
+"""The saved-run schema: what a step, an all-reduce and a race record in a benchmark's
+``extra_info``, written and read here and nowhere else.
+
+Runs are pytest-benchmark JSON (``--benchmark-json``, ``--benchmark-save``, or ``ddp run --json``).
+Each benchmark's ``extra_info`` holds a record: ``StepRecord``, ``AllReduceRecord`` or
+``RaceRecord``, told apart by their ``kind`` field, with ``schema_version``. The dataclasses below
+are the schema: their fields are the keys, documented once, with units. Every consumer (report,
+simulate, compare, versus) reads runs through ``load_run``, which fails with one ``RunFileError``
+naming the file and saying what to do.
+
+Per-round data is saved in the record itself (``round_seconds``), because pytest-benchmark saves
+``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
+
+Schema history: 2 added ``kind``, ``model`` (was ``model_size``), the rounds and the 95%
+intervals; version 1 records (the first release) are read with those fields missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
+
+SCHEMA_VERSION = 2
+# The test file and function whose results step and all-reduce rows stand for: comparisons
+# match benchmarks on their names, the same for a pytest run and a torchrun run.
+STEP_TEST = "perf_tests/test_step.py::test_step"
+ALLREDUCE_TEST = "perf_tests/test_allreduce.py::test_allreduce"
+
+
+class RunFileError(Exception):
+    """A file that cannot be read as a saved run; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One configuration's training step (``ddp.bench.trainer``), timed over rounds."""
+
+    strategy: str
+    backend: str
+    device: str
+    """``cpu`` or the GPU's name."""
+    world_size: int
+    model: str
+    """The workload: an LM size, a named model or ``package.module:build``."""
+    num_parameters: int
+    batch_size: int
+    """Samples per rank."""
+    seq_len: int
+    bucket_size_mb: float | None
+    """Bucket cap in MiB; None for strategies that do not bucket."""
+    num_parameter_tensors: int
+    num_buckets: int | None
+    bucket_sizes_bytes: list[int] | None
+    """Gradient bytes of each bucket in launch order; None where the strategy does not say."""
+    allreduce_calls_per_step: int | None
+    """Collectives per step: the strategy's figure, or counted (None if neither)."""
+    bytes_per_step: int
+    """Gradient bytes each rank all-reduces per step."""
+    step_seconds: float
+    """Median over rounds of the slowest rank's step time."""
+    step_seconds_ci95: list[float]
+    """95% interval of that median (order statistics over rounds)."""
+    round_seconds: list[float]
+    """Each timed round's step time (slowest rank), in the order run."""
+    comm_wait_seconds: float
+    """Median over rounds of the slowest rank's wait from its last gradient to gradients synchronized."""
+    comm_fraction: float
+    """Median over rounds of comm wait / step time."""
+    comm_fraction_ci95: list[float]
+    tokens_per_second: float
+    """Tokens the whole group trains per second at ``step_seconds``."""
+    peak_memory_bytes: int | None
+    """Peak CUDA memory allocated in a step (None on CPU)."""
+    rank_step_seconds: list[float]
+    """Each rank's median step time."""
+    target_precision: float
+    """The relative half-width of the median's interval that rounds were added to reach."""
+    reached_precision: float | None
+    """The relative half-width reached: above the target when the round budget ran out first
+    (None with a single round, which has no interval)."""
+    local_round_seconds: list[float] | None = None
+    """``local``'s step time in the same rounds, interleaved (None when not paired)."""
+    overhead_seconds: float | None = None
+    """Median over rounds of (step - local step) in the same round: what synchronizing costs."""
+    overhead_seconds_ci95: list[float] | None = None
+    overhead_ratio: float | None = None
+    """Median over rounds of step / local step in the same round."""
+    overhead_ratio_ci95: list[float] | None = None
+    kind: str = "step"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        """``bucketed 25 MB`` or ``naive``: the strategy as report columns name it."""
+        return self.strategy if self.bucket_size_mb is None else f"{self.strategy} {self.bucket_size_mb:g} MB"
+
+    @property
+    def config(self) -> tuple[str, int, int]:
+        """What a step's time depends on besides the strategy: (model, batch, seq len)."""
+        return (self.model, self.batch_size, self.seq_len)
+
+    @property
+    def compute_seconds(self) -> float:
+        return max(0.0, self.step_seconds - self.comm_wait_seconds)
+
+
+@dataclass(frozen=True)
+class AllReduceRecord:
+    """One all-reduce size on one number of ranks (``ddp.bench.allreduce``)."""
+
+    backend: str
+    world_size: int
+    size_bytes: int
+    seconds: float
+    """Median over rounds of the slowest rank's all-reduce."""
+    seconds_ci95: list[float]
+    round_seconds: list[float]
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int
+    """Elements that held a wrong sum afterwards, over every round (must be 0)."""
+    kind: str = "allreduce"
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class RaceRecord:
+    """Strategies raced on one rank group, a step of each per round (``ddp versus``)."""
+
+    model: str
+    parameters: int
+    bucket_size_mb: float
+    world_size: int
+    backend: str
+    round_seconds: dict[str, list[float]]
+    """Per strategy, each round's step time (slowest rank)."""
+    median_step_seconds: dict[str, float]
+    median_step_seconds_ci95: dict[str, list[float]]
+    ratio_bucketed_over_torch: float
+    """Median over rounds of bucketed / torch in the same round: below 1, bucketed is faster."""
+    ratio_bucketed_over_torch_ci95: list[float]
+    overhead_over_local_seconds: dict[str, float]
+    """Per DDP, median over rounds of its step minus local's in the same round."""
+    overhead_over_local_seconds_ci95: dict[str, list[float]]
+    kind: str = "race"
+    schema_version: int = SCHEMA_VERSION
+
+
+# ------------------------------------------------------------------------------------ writing
+
+
+def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
+    """The record of configuration ``index`` of a ``ddp.bench.measure.Measurement``, paired with
+    ``local_index`` (its local twin in the same rounds) when given."""
+    config = measurement.configs[index]
+    setup = measurement.setups[index][0]
+    rounds = measurement.round_seconds(index)
+    waits = measurement.comm_wait_seconds(index)
+    step = statistics.median(rounds)
+    fractions = [w / s for w, s in zip(waits, rounds) if s > 0]
+    paired = {}
+    if local_index is not None:
+        local = measurement.round_seconds(local_index)
+        difference, *difference_ci = paired_difference_ci(rounds, local)
+        ratio, *ratio_ci = paired_ratio_ci(rounds, local)
+        paired = dict(
+            local_round_seconds=local, overhead_seconds=difference, overhead_seconds_ci95=difference_ci,
+            overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
+        )
+    sizes = setup.bucket_sizes_bytes
+    return StepRecord(
+        strategy=config.strategy, backend=backend, device=device, world_size=len(measurement.setups[index]),
+        model=config.model, num_parameters=setup.num_parameters, batch_size=config.batch_size,
+        seq_len=config.seq_len, bucket_size_mb=config.bucket_size_mb,
+        num_parameter_tensors=setup.num_parameter_tensors,
+        num_buckets=None if sizes is None else len(sizes), bucket_sizes_bytes=sizes,
+        allreduce_calls_per_step=setup.allreduce_calls_per_step, bytes_per_step=setup.bytes_per_step,
+        step_seconds=step, step_seconds_ci95=list(median_ci(rounds)), round_seconds=rounds,
+        comm_wait_seconds=statistics.median(waits), comm_fraction=statistics.median(fractions),
+        comm_fraction_ci95=list(median_ci(fractions)),
+        tokens_per_second=len(measurement.setups[index]) * config.batch_size * config.seq_len / step,
+        peak_memory_bytes=measurement.peak_memory_bytes(index),
+        rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
+        target_precision=measurement.target_precision,
+        reached_precision=measurement.reached_precision if math.isfinite(measurement.reached_precision) else None,
+        **paired,
+    )
+
+
+def to_extra_info(record) -> dict:
+    """What goes into a benchmark's ``extra_info``: the record's fields, JSON-ready."""
+    return dataclasses.asdict(record)
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+@dataclass
+class Benchmark:
+    """One benchmark of a saved run, as every reader sees it."""
+
+    name: str
+    group: str | None
+    median_seconds: float
+    min_seconds: float
+    iqr_seconds: float | None
+    round_seconds: list[float] | None
+    """The rounds, from the record or pytest-benchmark's ``stats.data``; None if neither was saved."""
+    record: StepRecord | AllReduceRecord | RaceRecord | None
+    """None for a benchmark that is not ddp-bench's."""
+
+
+@dataclass
+class Run:
+    """One saved run."""
+
+    path: Path
+    machine_info: dict
+    commit_info: dict
+    datetime: str | None
+    benchmarks: list[Benchmark] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [b.record for b in self.benchmarks if isinstance(b.record, StepRecord)]
+
+    @property
+    def allreduces(self) -> list[AllReduceRecord]:
+        return [b.record for b in self.benchmarks if isinstance(b.record, AllReduceRecord)]
+
+    @property
+    def races(self) -> list[RaceRecord]:
+        return [b.record for b in self.benchmarks if isinstance(b.record, RaceRecord)]
+
+    @property
+    def others(self) -> list[Benchmark]:
+        return [b for b in self.benchmarks if b.record is None]
+
+    def by_name(self) -> dict[str, Benchmark]:
+        return {b.name: b for b in self.benchmarks}
+
+    @property
+    def backend(self) -> str | None:
+        return (self.machine_info.get("ddp_bench") or {}).get("backend")
+
+    @property
+    def device(self) -> str | None:
+        return (self.machine_info.get("ddp_bench") or {}).get("device")
+
+
+_HINT = "pass a file written by `pytest perf_tests --benchmark-json PATH`, --benchmark-save (under .benchmarks/) or `ddp run --json`"
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        raise RunFileError(f"{path}: no such file; {_HINT}")
+    if path.is_dir():
+        raise RunFileError(f"{path} is a directory; {_HINT}, e.g. .benchmarks/gloo-cpu/*/0001_*.json")
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise RunFileError(f"{path} is not a text file, let alone pytest-benchmark JSON; {_HINT}") from None
+    except json.JSONDecodeError as error:
+        raise RunFileError(f"{path} is not JSON ({error.msg} at line {error.lineno}, column {error.colno}); {_HINT}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise RunFileError(f"{path} is JSON but not a pytest-benchmark run (it has no 'benchmarks' list); {_HINT}")
+    return data
+
+
+_KINDS = {"step": StepRecord, "allreduce": AllReduceRecord, "race": RaceRecord}
+
+
+def _kind(info: dict) -> str | None:
+    if "kind" in info:
+        return info["kind"]
+    # schema 1 had no kind: tell its records apart by their keys
+    if {"strategy", "comm_wait_seconds"} <= set(info):
+        return "step"
+    if {"size_bytes", "algbw_gbps"} <= set(info):
+        return "allreduce"
+    return None  # a schema-1 race lacks what a RaceRecord holds: it is listed with its median only
+
+
+def _upgrade(kind: str, info: dict, bench: dict) -> dict:
+    """A schema-1 record with the fields of schema 2 it lacks filled from the stats, or None."""
+    info = dict(info)
+    stats = bench["stats"]
+    data = stats.get("data")
+    if kind == "step":
+        info.setdefault("model", info.pop("model_size", None))
+        info.setdefault("round_seconds", data)
+        info.setdefault("step_seconds_ci95", list(median_ci(data)) if data else None)
+        info.setdefault("comm_fraction_ci95", None)
+        info.setdefault("target_precision", None)
+        info.setdefault("reached_precision", None)
+    elif kind == "allreduce":
+        info.setdefault("seconds", stats["median"])
+        info.setdefault("seconds_ci95", list(median_ci(data)) if data else None)
+        info.setdefault("round_seconds", data)
+    info.pop("model_size", None)
+    info["schema_version"] = SCHEMA_VERSION
+    return info
+
+
+def _record(path: Path, bench: dict, kind: str):
+    cls = _KINDS.get(kind)
+    if cls is None:
+        raise RunFileError(f"{path}: benchmark {bench['name']!r} has an unknown record kind {kind!r}; upgrade ddp-bench")
+    info = bench["extra_info"]
+    if info.get("schema_version", 1) < SCHEMA_VERSION:
+        info = _upgrade(kind, info, bench)
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    missing = sorted(required - set(info))
+    if missing:
+        raise RunFileError(
+            f"{path}: {kind} benchmark {bench['name']!r} lacks extra_info {', '.join(missing)}; the run was "
+            "not written by ddp-bench's perf tests or predates that field: rerun the perf tests"
+        )
+    return cls(**{key: value for key, value in info.items() if key in names})
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one saved run; ``RunFileError`` (saying what to do) if it is not one."""
+    path = Path(path)
+    return run_from_data(path, _read_json(path))
+
+
+def run_from_data(path: Path, data: dict) -> Run:
+    """A run from pytest-benchmark's JSON structure (read from ``path``, or a session's own)."""
+    run = Run(path, data.get("machine_info") or {}, data.get("commit_info") or {}, data.get("datetime"))
+    for bench in data["benchmarks"]:
+        if not isinstance(bench, dict) or "name" not in bench:
+            raise RunFileError(f"{path}: an entry of 'benchmarks' has no name; the file is not pytest-benchmark JSON")
+        stats = bench.get("stats")
+        if not isinstance(stats, dict) or "median" not in stats:
+            raise RunFileError(
+                f"{path}: benchmark {bench['name']!r} has no stats.median (was it run with --benchmark-disable?); "
+                "rerun the perf tests without --benchmark-disable"
+            )
+        kind = _kind(bench.get("extra_info") or {})
+        record = _record(path, bench, kind) if kind is not None else None
+        rounds = getattr(record, "round_seconds", None)
+        if not isinstance(rounds, list):
+            rounds = stats.get("data")
+        run.benchmarks.append(
+            Benchmark(
+                name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
+                min_seconds=float(stats.get("min", stats["median"])),
+                iqr_seconds=None if stats.get("iqr") is None else float(stats["iqr"]),
+                round_seconds=rounds, record=record,
+            )
+        )
+    if not run.benchmarks:
+        raise RunFileError(f"{path} holds no benchmarks; run `pytest perf_tests --benchmark-json PATH` and pass that file")
+    return run
+
+
+def race_record(measurement, backend: str) -> RaceRecord:
+    """The record of a race (``ddp.bench.race``): ``local``, ``bucketed`` and ``torch`` in the same rounds."""
+    names = [config.strategy for config in measurement.configs]
+    rounds = {name: measurement.round_seconds(index) for index, name in enumerate(names)}
+    ratio, *ratio_ci = paired_ratio_ci(rounds["bucketed"], rounds["torch"])
+    overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in ("bucketed", "torch")}
+    first = measurement.configs[names.index("bucketed")]
+    return RaceRecord(
+        model=first.model, parameters=measurement.setups[0][0].num_parameters, bucket_size_mb=first.bucket_size_mb,
+        world_size=len(measurement.setups[0]), backend=backend, round_seconds=rounds,
+        median_step_seconds={name: statistics.median(r) for name, r in rounds.items()},
+        median_step_seconds_ci95={name: list(median_ci(r)) for name, r in rounds.items()},
+        ratio_bucketed_over_torch=ratio, ratio_bucketed_over_torch_ci95=ratio_ci,
+        overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
+        overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
+    )

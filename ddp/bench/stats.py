@@ -1,0 +1,223 @@
+"""Confidence intervals for timing figures, and the verdict a noise-aware regression check gives.
+
+This file owns the statistics behind "an interval on every figure": pure functions of lists of
+round times (numpy and the standard library only, no torch), so the benchmark core, the report
+and the command line all compute an interval the same way.
+
+Methods:
+
+* ``median_ci``: the distribution-free confidence interval of a median from order statistics
+  (Conover, *Practical Nonparametric Statistics*, 3rd ed. 1999, section 3.2, "confidence interval
+  for a quantile"). The number of rounds below the true median is Binomial(n, 1/2) whatever the
+  distribution of round times, so the ranks come from exact binomial sums. Round times are skewed
+  and have outliers (a page fault, a background process); this interval assumes neither normality
+  nor symmetry, only independent rounds.
+* ``paired_ci``, ``ratio_of_medians_ci``: percentile bootstrap intervals (Efron and Tibshirani,
+  *An Introduction to the Bootstrap*, 1993, ch. 13). Bootstrapping a ratio of two runs' figures
+  follows Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013. Pair the
+  rounds (two strategies measured alternately, round by round) when you can: a drift that both
+  share (clock boost, another job on the machine) then cancels in each round's ratio.
+* ``verdict``: where a ratio interval lies against a relative threshold. A regression gate fails
+  only on ``Verdict.SLOWER``; ``NOT_RESOLVED`` means "measure more rounds", not "failed".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from enum import Enum
+
+import numpy as np
+
+# 2000 resamples: Efron and Tibshirani advise 1000 or more for the tails of a percentile interval.
+# The bootstrap holds a few (resamples, rounds) arrays of 8-byte numbers, 16 kB per round each at
+# 2000, so a few hundred rounds stay within tens of MB.
+DEFAULT_RESAMPLES = 2000
+
+Statistic = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _samples(values: Sequence[float], name: str, *, positive: bool = False) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{name} must be a non-empty list of numbers, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinity: {array[~np.isfinite(array)][:3].tolist()}")
+    if positive and np.any(array <= 0):
+        bad = array[array <= 0][:3].tolist()
+        raise ValueError(f"{name} must be positive for a ratio (times in seconds), got {bad}")
+    return array
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be a fraction between 0 and 1 such as 0.95, got {confidence!r}")
+
+
+def _median_ci_rank(n: int, confidence: float) -> tuple[int, float]:
+    """The 1-based lower rank j of the interval (X_(j), X_(n+1-j)) and its exact coverage.
+
+    P(X_(j) <= median <= X_(n+1-j)) = 1 - 2 P(B <= j - 1), B ~ Binomial(n, 1/2): the largest j
+    whose coverage still reaches ``confidence`` gives the narrowest such interval. When even
+    j = 1 (min, max) falls short (n <= 5 at 95%), j = 1 and the coverage it has are returned.
+    """
+    _check_confidence(confidence)
+    if n < 1:
+        raise ValueError(f"a median interval needs at least one sample, got n={n}")
+    total = 2**n  # exact integers: 2**-n underflows a float beyond n = 1074 rounds
+    j, term, lower_tail = 1, 1, 1  # term = comb(n, j - 1); lower_tail = sum of comb(n, i), i <= j - 1
+    while 2 * (j + 1) <= n + 1:  # the interval (X_(j+1), X_(n-j)) still has low rank <= high rank
+        next_term = term * (n - j + 1) // j  # comb(n, j); a fresh math.comb per step took 0.3 s at n = 3000
+        if (total - 2 * (lower_tail + next_term)) / total < confidence:
+            break
+        j, term, lower_tail = j + 1, next_term, lower_tail + next_term
+    return j, (total - 2 * lower_tail) / total
+
+
+def median_ci_coverage(n: int, confidence: float = 0.95) -> float:
+    """The coverage ``median_ci`` achieves for n samples: >= ``confidence``, except below the
+    smallest n that can reach it (n <= 5 at 95%), where (min, max) covers 1 - 2**(1 - n)."""
+    return _median_ci_rank(n, confidence)[1]
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free (low, high) interval of the median of ``samples``, in their unit.
+
+    Too few samples to reach ``confidence`` give (min, max); ``median_ci_coverage(len(samples))``
+    says what that interval covers.
+    """
+    ordered = np.sort(_samples(samples, "samples"))
+    j, _ = _median_ci_rank(ordered.size, confidence)
+    return float(ordered[j - 1]), float(ordered[ordered.size - j])
+
+
+def relative_half_width(samples: Sequence[float], confidence: float = 0.95) -> float:
+    """Half the width of ``median_ci`` over the median: 0.02 means +-2%, the precision an adaptive
+    round loop compares with its target before it stops adding rounds."""
+    array = _samples(samples, "samples")
+    median = float(np.median(array))
+    if median <= 0:
+        raise ValueError(f"a relative width needs a positive median (a time), got {median!r}")
+    low, high = median_ci(array, confidence)
+    return (high - low) / 2 / median
+
+
+def _percentile_interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(boot, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def _check_resamples(resamples: int) -> None:
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be a positive whole number such as {DEFAULT_RESAMPLES}, got {resamples!r}")
+
+
+def paired_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    statistic: Statistic,
+    confidence: float = 0.95,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(point, low, high): percentile bootstrap of a statistic of paired rounds (a_i, b_i).
+
+    Rounds are resampled as pairs, so what a_i and b_i share cancels. ``statistic(a, b)`` reduces
+    over the last axis: it gets 1-D arrays for the point estimate and (resamples, n) arrays for the
+    bootstrap, e.g. ``lambda a, b: np.median(a - b, axis=-1)``. Same seed, same interval.
+    """
+    _check_confidence(confidence)
+    _check_resamples(resamples)
+    a_array, b_array = _samples(a, "a"), _samples(b, "b")
+    if a_array.size != b_array.size:
+        raise ValueError(f"paired rounds need as many a as b: {a_array.size} != {b_array.size}")
+    point = float(statistic(a_array, b_array))
+    rows = np.random.default_rng(seed).integers(0, a_array.size, size=(resamples, a_array.size))
+    boot = np.asarray(statistic(a_array[rows], b_array[rows]), dtype=np.float64)
+    if boot.shape != (resamples,):
+        raise ValueError(
+            f"statistic must reduce over the last axis: (resamples, n) -> ({resamples},), got {boot.shape}"
+        )
+    return (point, *_percentile_interval(boot, confidence))
+
+
+def paired_difference_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> tuple[float, float, float]:
+    """(point, low, high) of the median of per-round differences a_i - b_i, in the samples' unit."""
+    return paired_ci(a, b, lambda x, y: np.median(x - y, axis=-1), confidence, resamples, seed)
+
+
+def paired_ratio_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> tuple[float, float, float]:
+    """(point, low, high) of the median of per-round ratios a_i / b_i (1.1 means a is 10% slower)."""
+    a_array, b_array = _samples(a, "a", positive=True), _samples(b, "b", positive=True)
+    return paired_ci(a_array, b_array, lambda x, y: np.median(x / y, axis=-1), confidence, resamples, seed)
+
+
+def ratio_of_medians_ci(
+    new: Sequence[float],
+    old: Sequence[float],
+    confidence: float = 0.95,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(point, low, high) of median(new) / median(old) for two unpaired runs (e.g. two saved runs
+    from different days), each resampled on its own; the lengths may differ. Same seed, same interval."""
+    _check_confidence(confidence)
+    _check_resamples(resamples)
+    new_array, old_array = _samples(new, "new", positive=True), _samples(old, "old", positive=True)
+    rng = np.random.default_rng(seed)
+    new_boot = np.median(new_array[rng.integers(0, new_array.size, size=(resamples, new_array.size))], axis=1)
+    old_boot = np.median(old_array[rng.integers(0, old_array.size, size=(resamples, old_array.size))], axis=1)
+    point = float(np.median(new_array) / np.median(old_array))
+    return (point, *_percentile_interval(new_boot / old_boot, confidence))
+
+
+class Verdict(str, Enum):
+    """Where a new / old ratio interval lies against a relative threshold t. A gate fails only on
+    SLOWER; NOT_RESOLVED (the interval straddles 1 - t or 1 + t) asks for more rounds."""
+
+    SLOWER = "slower"  # low > 1 + t: slower by more than t, at the interval's confidence
+    FASTER = "faster"  # high < 1 - t
+    UNCHANGED = "unchanged"  # the whole interval lies within [1 - t, 1 + t]
+    NOT_RESOLVED = "not resolved"
+
+    def __str__(self) -> str:  # the word, in f-strings too: a (str, Enum) prints "Verdict.SLOWER" from 3.11
+        return self.value
+
+
+def verdict(low: float, high: float, threshold: float) -> Verdict:
+    """The verdict for a ratio interval (low, high) of new / old and a threshold (0.10 for 10%)."""
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise ValueError(f"verdict needs a finite interval with low <= high, got ({low!r}, {high!r})")
+    if not (math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold must be a positive fraction such as 0.10 for 10%, got {threshold!r}")
+    if low > 1 + threshold:
+        return Verdict.SLOWER
+    if high < 1 - threshold:
+        return Verdict.FASTER
+    if 1 - threshold <= low and high <= 1 + threshold:
+        return Verdict.UNCHANGED
+    return Verdict.NOT_RESOLVED
+
+
+def parse_percent(text: str, option: str = "the threshold") -> float:
+    """A relative threshold from the command line, as a fraction: "10%" -> 0.10, "0.1" -> 0.1.
+
+    A bare number must be a fraction below 1: "10" is refused rather than guessed (10% or 1000%?).
+    Raises ValueError naming ``option`` (e.g. "--fail-slower") and what to write instead.
+    """
+    usage = f"{option} takes a percentage such as 10% (or a fraction such as 0.1), got {text!r}"
+    stripped = str(text).strip()
+    is_percent = stripped.endswith("%")
+    try:
+        value = float(stripped[:-1].strip() if is_percent else stripped)
+    except ValueError:
+        raise ValueError(usage) from None
+    fraction = value / 100 if is_percent else value
+    if not math.isfinite(fraction) or fraction <= 0 or (not is_percent and fraction >= 1):
+        raise ValueError(usage)
+    return fraction

@@ -1,0 +1,63 @@
+"""``python -m ddp profile``: a few training steps under ``torch.profiler`` on every rank
+(``ddp.bench.profiling``), and how much of the gradient communication the backward pass hides
+(``ddp.analysis.overlap``): per-rank traces, ``summary.json`` and timelines in ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tabulate import tabulate
+
+from ddp.analysis.profiles import profile_strategies
+from ddp.bench.options import (
+    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
+    strategy_names,
+)
+from ddp.bench.profiling import ProfileConfig
+from ddp.bench.trainer import StepConfig
+from ddp.cli import UsageError
+from ddp.launcher import RankGroup
+from ddp.strategies.registry import takes_bucket_size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strategy", required=True, type=argument_type(strategy_names, "strategy"),
+                        help="one strategy or a comma list: names or package.module:ClassName")
+    add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
+    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=1,
+                        help="untraced steps before profiling (default: 1)")
+    parser.add_argument("--steps", type=argument_type(positive_int, "steps"), default=2, help="profiled steps (default: 2)")
+    add_launch_options(parser.add_argument)
+    parser.add_argument("--out", required=True, type=Path, help="folder for traces, summary.json and timelines")
+
+
+def summary_table(summary: dict) -> str:
+    """The figures a reader wants first, one row per strategy (slowest rank)."""
+    rows = [
+        [name, s["step_seconds"] * 1e3, s["comm_seconds"] * 1e3, s["overlap_fraction"],
+         s["exposed_comm_seconds"] * 1e3, s["slowest_rank"], s["comm_source"]]
+        for name, s in summary["strategies"].items()
+    ]
+    headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "slowest_rank", "comm_from"]
+    return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", ""), missingval="-")
+
+
+def main(args: argparse.Namespace) -> int:
+    resolved = launch_options(vars(args).get).resolve()
+    check_seq_len(args.model, args.seq_len)
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
+    configs = [
+        ProfileConfig(
+            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None),
+            warmup_steps=args.warmup_steps, steps=args.steps, out_dir=str(args.out.resolve()),
+        )
+        for name in args.strategy
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
+        summary = profile_strategies(group, configs, args.out)
+    print(summary_table(summary))
+    print(f"\nwrote {args.out / 'summary.json'}, traces trace_<strategy>_rank<r>.json and timeline_<strategy>.png")
+    return 0

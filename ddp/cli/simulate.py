@@ -1,0 +1,150 @@
+"""``python -m ddp simulate``: predict one training step's time at other world sizes from a
+measured run (``ddp.analysis.costmodel``, whose docstring states the model and its assumptions).
+
+    python -m ddp simulate --from RUN.json --world-sizes 2,8,64,1024 --json OUT.json [--link ib-400g]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from tabulate import tabulate
+
+from ddp.analysis import plots
+from ddp.analysis.costmodel import (
+    ALGORITHMS, CANDIDATE_BUCKET_SIZES_MB, GB, LINKS, Compute, Link, calibrate, fit_link, predict_grid,
+    recommend_bucket_sizes, validation_rows,
+)
+from ddp.bench.options import argument_type, positive_float, positive_int, positive_ints, positive_floats, strategy_names
+from ddp.bench.records import load_run
+from ddp.cli import UsageError
+from ddp.model import MODEL_SIZES
+from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="run", type=Path, default=None, help="a saved run (pytest-benchmark JSON) to calibrate on")
+    parser.add_argument("--world-sizes", type=argument_type(lambda t: positive_ints(t, "world sizes"), "world_sizes"),
+                        default=(2, 8, 64, 1024), help="ranks to predict (default: 2,8,64,1024)")
+    parser.add_argument("--json", type=Path, default=None, help="write the predictions here (a JSON list)")
+    parser.add_argument("--link", choices=sorted(LINKS), default=None, help="a preset link instead of the run's fitted one")
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="ring", help="latency term of the all-reduce (default: ring)")
+    parser.add_argument("--overlap-slowdown", type=float, default=None,
+                        help="seconds of compute lost per second of communication overlapped with backward "
+                        "(default: 1 for a gloo-on-CPU run, where both share the cores; 0 otherwise)")
+    parser.add_argument("--optimizer-fraction", type=float, default=0.0,
+                        help="share of a local step spent in the optimizer (default: 0)")
+    parser.add_argument("--statistic", choices=("median", "min"), default="median",
+                        help="which statistic of a run's rounds to calibrate and validate on (default: median; min "
+                        "shows what the model does with the least-disturbed rounds on a shared machine)")
+    parser.add_argument("--plot", type=Path, default=None, help="write the scaling plot (PNG) here")
+    parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
+    by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
+    by_hand.add_argument("--model-size", choices=sorted(MODEL_SIZES), default=None)
+    by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
+                         help="one step without communication, in ms")
+    by_hand.add_argument("--batch-size", type=argument_type(positive_int, "batch_size"), default=None)
+    by_hand.add_argument("--seq-len", type=argument_type(positive_int, "seq_len"), default=None)
+    by_hand.add_argument("--strategies", type=argument_type(strategy_names, "strategies"), default=DDP_STRATEGIES)
+    by_hand.add_argument("--bucket-sizes", type=argument_type(lambda t: positive_floats(t, "bucket sizes in MiB"), "bucket_sizes"),
+                         default=(1.0, 10.0, 100.0, 1000.0), help="MiB")
+
+
+def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
+    return [(s, float(mb)) for s in strategies if takes_bucket_size(s) for mb in bucket_sizes] + [
+        (s, None) for s in strategies if not takes_bucket_size(s)
+    ]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def _label(strategy: str, bucket_size_mb: float | None) -> str:
+    return f"{strategy} {bucket_size_mb:g} MB" if bucket_size_mb is not None else strategy
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 0 <= args.optimizer_fraction < 1:
+        raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
+    if args.overlap_slowdown is not None and args.overlap_slowdown < 0:
+        raise UsageError(f"--overlap-slowdown must be 0 or more, got {args.overlap_slowdown}")
+    if args.run is not None:
+        run = calibrate(load_run(args.run), args.statistic)
+        if run.model not in MODEL_SIZES:
+            raise UsageError(f"{args.run} benchmarks model {run.model!r}: simulate models the built-in LM sizes only")
+        model_size = run.model
+        computes = {shape: Compute(seconds, args.optimizer_fraction) for shape, seconds in run.local_seconds.items()}
+        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps if s.strategy in ("local", *DDP_STRATEGIES)},
+                            key=lambda s: (s[0], s[1] or 0))
+        cpu_gloo = run.backend == "gloo" and run.device == "cpu"
+        samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
+    else:
+        if args.link is None or None in (args.model_size, args.local_step_ms, args.batch_size, args.seq_len):
+            raise UsageError("without --from, give --link, --model-size, --local-step-ms, --batch-size and --seq-len")
+        run, model_size, cpu_gloo, samples = None, args.model_size, False, []
+        computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
+        strategies = _strategy_grid([s for s in args.strategies if s in DDP_STRATEGIES], args.bucket_sizes)
+
+    if args.link is not None:
+        preset = LINKS[args.link]
+        link = Link(preset.name, preset.latency_seconds, preset.busbw_bytes_per_second, args.algorithm)
+    else:
+        try:
+            link = fit_link(samples, args.algorithm, name=f"fitted on {args.run.name}")
+        except ValueError as error:
+            raise UsageError(f"{args.run}: {error}") from None
+    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else (1.0 if cpu_gloo else 0.0)
+    print(
+        f"link {link.name}: alpha {link.latency_seconds * 1e6:.2f} us per step ({link.algorithm}), "
+        f"busbw {link.busbw_bytes_per_second / GB:.3f} GB/s; overlap slowdown {slowdown:g}; model {model_size}"
+    )
+
+    world_sizes = sorted(set(args.world_sizes) | ({run.world_size} if run else set()))
+    predictions = predict_grid(model_size, computes, strategies, world_sizes, link, slowdown)
+    print(tabulate(
+        [[p.world_size, p.batch_size, p.seq_len, _label(p.strategy, p.bucket_size_mb), p.num_allreduces,
+          _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],
+        headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
+    ))
+
+    recommendations = recommend_bucket_sizes(model_size, computes, world_sizes, link, slowdown)
+    print("\nrecommended bucket size (bucketed; candidates " + ", ".join(f"{mb:g}" for mb in CANDIDATE_BUCKET_SIZES_MB) + " MB)")
+    print(tabulate(
+        [[r["world_size"], r["batch_size"], r["seq_len"], f"{r['bucket_size_mb']:g}", _ms(r["step_seconds"]),
+          f"{r['worst_bucket_size_mb']:g}", _ms(r["worst_step_seconds"])] for r in recommendations],
+        headers=["ranks", "batch", "seq len", "best bucket MB", "step ms", "worst bucket MB", "step ms"],
+    ))
+
+    if run is not None:
+        rows = validation_rows(run, predictions)
+        print(f"\nvalidation at the run's {run.world_size} ranks: measured {args.statistic} against predicted")
+        print(validation_table(rows))
+        errors = [abs(r["error"]) for r in rows if r["strategy"] != "local"]
+        if errors:
+            within = sum(e <= 0.15 for e in errors)
+            print(f"{within} of {len(errors)} communicating configurations within 15%; median |error| {statistics.median(errors):.1%}")
+        if args.validation_json:
+            args.validation_json.write_text(json.dumps(rows, indent=2))
+
+    if args.json is not None:
+        keys = ("strategy", "bucket_size_mb", "batch_size", "seq_len", "world_size", "step_seconds", "exposed_comm_seconds")
+        args.json.write_text(json.dumps([{k: asdict(p)[k] for k in keys} for p in predictions], indent=2))
+        print(f"wrote {len(predictions)} predictions to {args.json}")
+    if args.plot is not None:
+        plots.plot_scaling(predictions, args.plot, f"ddp simulate: model {model_size}, link {link.name}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def validation_table(rows: list[dict]) -> str:
+    return tabulate(
+        [[r["batch_size"], r["seq_len"], _label(r["strategy"], r["bucket_size_mb"]), _ms(r["measured_step_seconds"]),
+          _ms(r["predicted_step_seconds"]), f"{r['error']:+.1%}", _ms(r["measured_comm_wait_seconds"]),
+          _ms(r["predicted_exposed_comm_seconds"])] for r in rows],
+        headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
+    )

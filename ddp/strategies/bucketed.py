@@ -1,0 +1,223 @@
+"""Bucketed data parallelism: all-reduce buckets of gradients of at most ``bucket_size_mb``,
+each launched during backward as soon as it is complete.
+
+Gradients live in the buckets' flat buffers: each parameter's ``.grad`` ends up a view into its
+bucket, the all-reduce works on the buffer in place, and nothing is copied back out. A gradient
+that autograd made fresh (every step, when the optimizer's ``zero_grad`` sets gradients to None)
+is copied into its view already divided by the world size, and the buckets are summed: gloo
+implements ReduceOp.AVG as a sum followed by a separate pass dividing the whole bucket, so folding
+the division into the copy that happens anyway saves one pass over every gradient (PyTorch's
+reducer does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp.strategies.base import DataParallel, check_bucket_size_mb
+from ddp.strategies.tracing import launch_all_reduce
+
+BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
+
+
+@dataclass
+class Bucket:
+    """Parameters reduced together, and the flat buffer their gradients live in.
+
+    The buffer holds every gradient back to back, then one flag per parameter: 1 where this rank
+    produced the gradient. After averaging, a zero flag means no rank did.
+    """
+
+    params: list[nn.Parameter]
+    buffer: torch.Tensor
+    views: list[torch.Tensor] = field(default_factory=list)
+    pending: int = 0
+    work: dist.Work | None = None
+
+    @property
+    def flags(self) -> torch.Tensor:
+        return self.buffer[-len(self.params) :]
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(p.numel() for p in self.params) * self.buffer.element_size()
+
+
+def plan_buckets(sizes_bytes: Sequence[int], kinds: Sequence[Hashable], bucket_size_mb: float) -> list[list[int]]:
+    """Group tensors, in the given order, into buckets of at most ``bucket_size_mb``; returns each
+    bucket's indices into ``sizes_bytes``.
+
+    A tensor larger than the cap gets a bucket of its own; tensors of different kinds (for
+    gradients: dtype and device) never share a bucket. Takes sizes rather than parameters so that
+    the simulator plans a model it never builds with the same rule.
+    """
+    cap_bytes = bucket_size_mb * BYTES_PER_MB
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    current_bytes = 0
+    for index, (nbytes, kind) in enumerate(zip(sizes_bytes, kinds, strict=True)):
+        same_kind = not current or kinds[current[0]] == kind
+        if current and (not same_kind or current_bytes + nbytes > cap_bytes):
+            buckets.append(current)
+            current, current_bytes = [], 0
+        current.append(index)
+        current_bytes += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> int:
+    """Bytes one bucket all-reduces: its gradients, then one flag element per tensor (see ``Bucket``)."""
+    return gradient_bytes + num_tensors * element_size
+
+
+class BucketedDDP(DataParallel):
+    """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
+
+    def __init__(self, module, *, bucket_size_mb: float = 25.0, process_group=None) -> None:
+        self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
+        super().__init__(module, process_group=process_group)
+        self._grad_scale = 1.0 / self.world_size
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        # Reverse registration order approximates the order backward produces gradients; the
+        # first synchronizing backward tells the real order, and the buckets are rebuilt in it.
+        self._build_buckets(list(reversed(self.parameters_to_sync)))
+        self._buckets_follow_ready_order = False
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.parameters_to_sync]
+
+    def _build_buckets(self, order: list[nn.Parameter]) -> None:
+        self.buckets: list[Bucket] = []
+        self._slot: dict[int, tuple[Bucket, int]] = {}
+        sizes = [p.numel() * p.element_size() for p in order]
+        kinds = [(p.dtype, p.device) for p in order]
+        for indices in plan_buckets(sizes, kinds, self.bucket_size_mb):
+            params = [order[i] for i in indices]
+            numel = sum(p.numel() for p in params)
+            buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
+            bucket = Bucket(params, buffer)
+            offset = 0
+            for index, param in enumerate(params):
+                bucket.views.append(buffer[offset : offset + param.numel()].view_as(param))
+                offset += param.numel()
+                self._slot[id(param)] = (bucket, index)
+            self.buckets.append(bucket)
+
+    @torch.no_grad()
+    def _rebuild_buckets_in_ready_order(self) -> None:
+        """Re-plan the buckets in the order this backward produced gradients, as PyTorch's reducer
+        does after its first iteration: a model whose modules are registered in another order
+        than they run would otherwise complete its first bucket only at the end of backward.
+
+        Collectives pair up by launch order, so every rank takes rank 0's order. Parameters that
+        got no gradient go last, in reverse registration order.
+        """
+        position = {id(p): i for i, p in enumerate(self.parameters_to_sync)}
+        ready = [position[key] for key in self._ready]
+        ready_set = set(ready)
+        order = ready + [i for i in reversed(range(len(position))) if i not in ready_set]
+        device = self.parameters_to_sync[0].device if dist.get_backend(self.process_group) != "gloo" else torch.device("cpu")
+        order_tensor = torch.tensor(order, dtype=torch.int64, device=device)
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.broadcast(order_tensor, src=src, group=self.process_group)
+        params = [self.parameters_to_sync[i] for i in order_tensor.tolist()]
+        if [id(p) for p in params] == [id(p) for bucket in self.buckets for p in bucket.params]:
+            return  # registration order was right: keep the buffers
+        old_views = {id(p): bucket.views[index] for bucket in self.buckets for index, p in enumerate(bucket.params)}
+        self._build_buckets(params)
+        for param in params:
+            if param.grad is not None and param.grad.data_ptr() == old_views[id(param)].data_ptr():
+                bucket, index = self._slot[id(param)]
+                bucket.views[index].copy_(param.grad)
+                param.grad = bucket.views[index]
+
+    @property
+    def bucket_sizes_bytes(self) -> list[int]:
+        """Gradient bytes in each bucket, in launch order."""
+        return [b.gradient_bytes for b in self.buckets]
+
+    @property
+    def num_allreduce_calls_per_step(self) -> int:
+        return len(self.buckets)
+
+    def _reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.pending = len(bucket.params)
+            bucket.work = None
+        self._ready: dict[int, None] = {}  # ids of the parameters whose gradient is in, in that order
+        self._next_to_launch = 0
+
+    def _on_gradient_ready(self, param: nn.Parameter) -> None:
+        if not self._sync_this_backward:
+            return
+        if id(param) in self._ready:
+            raise RuntimeError(
+                f"the gradient of {self._names.get(id(param), 'a parameter')!r} was produced twice without "
+                "finish_gradient_synchronization() in between: call it after every backward, or "
+                "accumulate inside no_sync()"
+            )
+        self._ready[id(param)] = None
+        bucket, index = self._slot[id(param)]
+        view = bucket.views[index]
+        if param.grad.data_ptr() == view.data_ptr():
+            # accumulated in place (after no_sync(), or zero_grad(set_to_none=False))
+            view.mul_(self._grad_scale)
+        else:
+            # autograd made a fresh gradient: the usual case, after zero_grad(set_to_none=True)
+            torch.mul(param.grad, self._grad_scale, out=view)
+            param.grad = view
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_complete_buckets()
+
+    def _launch(self, bucket: Bucket) -> None:
+        bucket.work = launch_all_reduce(bucket.buffer, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}")
+        self._next_to_launch += 1
+
+    def _launch_complete_buckets(self) -> None:
+        # Buckets go out in index order on every rank so that collectives always pair up, even
+        # when a rank completes them in another order.
+        while self._next_to_launch < len(self.buckets) and self.buckets[self._next_to_launch].pending == 0:
+            bucket = self.buckets[self._next_to_launch]
+            bucket.flags.fill_(1)
+            self._launch(bucket)
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        # Buckets still waiting hold parameters that got no gradient on this rank. They take part
+        # in the same order, contributing zeros (or their share of the gradient they already
+        # hold); what they held is kept in case no rank produced a gradient for them.
+        missing: list[tuple[Bucket, int, torch.Tensor | None]] = []
+        for bucket in self.buckets[self._next_to_launch :]:
+            for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
+                ready = id(param) in self._ready
+                bucket.flags[index] = 1 if ready else 0
+                if ready:
+                    continue
+                previous = None if param.grad is None else param.grad.clone()
+                if previous is None:
+                    view.zero_()
+                else:
+                    torch.mul(previous, self._grad_scale, out=view)
+                missing.append((bucket, index, previous))
+            self._launch(bucket)
+        for bucket in self.buckets:
+            bucket.work.wait()
+        for bucket, index, previous in missing:
+            param, view = bucket.params[index], bucket.views[index]
+            if bucket.flags[index].item() > 0:
+                param.grad = view
+            else:
+                param.grad = previous
+        if not self._buckets_follow_ready_order:
+            self._rebuild_buckets_in_ready_order()
+            self._buckets_follow_ready_order = True
+        self._reset()

@@ -1,0 +1,25 @@
+"""No data parallelism: each rank trains alone. The floor that every strategy's overhead is
+measured against; not a DDP (ranks drift apart), so it is not in the correctness tests."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ddp.strategies.base import Strategy, trainable_parameters
+
+
+class LocalTraining(Strategy):
+    """The same interface as the strategies, communicating nothing at all."""
+
+    def __init__(self, module: nn.Module, *, process_group=None) -> None:
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        self.parameters_to_sync = trainable_parameters(module)
+
+    @property
+    def num_allreduce_calls_per_step(self) -> int:
+        return 0
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing to synchronize."""

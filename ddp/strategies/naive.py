@@ -1,0 +1,35 @@
+"""Naive data parallelism: after backward, all-reduce every parameter's gradient, one at a time.
+
+The baseline every other strategy improves on: one blocking collective per parameter tensor and
+no overlap with the backward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.tracing import launch_all_reduce
+
+
+class NaiveDDP(DataParallel):
+    """All-reduce each gradient after backward (``finish_gradient_synchronization``)."""
+
+    @property
+    def num_allreduce_calls_per_step(self) -> int:
+        return len(self.parameters_to_sync) + 1  # one per parameter, plus the used-mask
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        params = self.parameters_to_sync
+        # Ranks must agree on which parameters to reduce, or their collectives would not pair up.
+        self._all_reduce_used_mask([p.grad is not None for p in params]).wait()
+        op = average_op(self.process_group)
+        for index, (param, used_somewhere) in enumerate(zip(params, self.used_somewhere())):
+            if not used_somewhere:
+                continue  # no rank produced a gradient: leave it as single-process training would
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            launch_all_reduce(param.grad, op, self.process_group, f"param{index}").wait()

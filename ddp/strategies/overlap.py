@@ -1,0 +1,80 @@
+"""Overlapped data parallelism: all-reduce each parameter's gradient as soon as it is ready.
+
+A post-accumulate-grad hook launches an asynchronous all-reduce of the gradient in place while
+backward goes on computing earlier layers; ``finish_gradient_synchronization`` waits for them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.tracing import launch_all_reduce
+
+
+class OverlapDDP(DataParallel):
+    """One asynchronous all-reduce per parameter, launched from its gradient hook."""
+
+    def __init__(self, module, *, process_group=None) -> None:
+        super().__init__(module, process_group=process_group)
+        # Reverse registration order approximates the order backward produces gradients. Every
+        # rank launches in this one fixed order: collectives pair up by launch order, so a rank
+        # whose hooks fire in another order (data-dependent control flow) must not launch early.
+        self._order = list(reversed(self.parameters_to_sync))
+        self._position = {id(p): i for i, p in enumerate(self._order)}
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        self._op = average_op(process_group)
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self._order]
+
+    @property
+    def num_allreduce_calls_per_step(self) -> int:
+        return len(self._order) + 1  # one per parameter, plus the used-mask
+
+    def _reset(self) -> None:
+        self._ready = [False] * len(self._order)
+        self._works: list[dist.Work] = []
+        self._next_to_launch = 0
+
+    def _on_gradient_ready(self, param: torch.nn.Parameter) -> None:
+        if not self._sync_this_backward:
+            return
+        position = self._position[id(param)]
+        if self._ready[position]:
+            raise RuntimeError(
+                f"the gradient of {self._names.get(id(param), 'a parameter')!r} was produced twice without "
+                "finish_gradient_synchronization() in between: call it after every backward, or "
+                "accumulate inside no_sync()"
+            )
+        self._ready[position] = True
+        while self._next_to_launch < len(self._order) and self._ready[self._next_to_launch]:
+            grad = self._order[self._next_to_launch].grad
+            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}"))
+            self._next_to_launch += 1
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        # Parameters that got no gradient here still take part, in the same order, contributing
+        # zeros (or the gradient they already hold) through a scratch tensor.
+        scratch: dict[int, torch.Tensor] = {}
+        for position in range(self._next_to_launch, len(self._order)):
+            param = self._order[position]
+            if self._ready[position]:
+                tensor = param.grad
+            else:
+                tensor = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
+                scratch[position] = tensor
+            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}"))
+        mask_work = self._all_reduce_used_mask(self._ready)
+        for work in self._works:
+            work.wait()
+        mask_work.wait()
+        if scratch:
+            used_somewhere = self.used_somewhere()
+            for position, averaged in scratch.items():
+                if used_somewhere[position]:
+                    self._order[position].grad = averaged
+        self._reset()

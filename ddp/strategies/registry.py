@@ -1,0 +1,113 @@
+"""One registry of strategy names, the checks a user's own class must pass, and ``make_ddp``,
+the one way to build any strategy.
+
+The same names appear in test ids, benchmark groups, report columns and command-line options. A
+user's class is named ``"package.module:ClassName"`` and is checked here, in the parent process,
+before any rank starts: an import error, a missing method or a constructor that cannot take a
+module is one error saying what to fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from ddp.importing import load_object
+from ddp.strategies.base import REQUIRED_METHODS
+from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.flat import FlatDDP
+from ddp.strategies.local import LocalTraining
+from ddp.strategies.naive import NaiveDDP
+from ddp.strategies.overlap import OverlapDDP
+from ddp.strategies.torch_ddp import TorchDDP
+
+STRATEGIES: dict[str, type[nn.Module]] = {
+    "local": LocalTraining,
+    "naive": NaiveDDP,
+    "flat": FlatDDP,
+    "overlap": OverlapDDP,
+    "bucketed": BucketedDDP,
+    "torch": TorchDDP,
+}
+
+# Strategies that train like one process on the whole batch (``local`` does not).
+DDP_STRATEGIES = tuple(name for name in STRATEGIES if name != "local")
+
+# Built-in strategies whose constructor takes ``bucket_size_mb``.
+BUCKETED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if "bucket_size_mb" in inspect.signature(cls).parameters)
+
+
+class StrategyError(ValueError):
+    """A strategy name that does not resolve to a usable class; the message says what to fix."""
+
+
+def resolve_strategy(name: str) -> type[nn.Module]:
+    """Look up a registered name, or import and check ``"package.module:ClassName"`` (a user's own DDP)."""
+    if not isinstance(name, str):
+        raise TypeError(f"strategy must be a name such as 'bucketed', got {type(name).__name__}")
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    if ":" not in name:
+        raise StrategyError(
+            f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}, "
+            "or give your own class as 'package.module:ClassName'"
+        )
+    try:
+        cls = load_object(name, "strategy")
+    except ValueError as error:
+        raise StrategyError(str(error)) from None
+    check_strategy_class(name, cls)
+    return cls
+
+
+def check_strategy_class(name: str, cls: object) -> None:
+    """Refuse what cannot serve as a strategy: not a class, a required method missing, or a
+    constructor that cannot be called as ``cls(module)``."""
+    if not inspect.isclass(cls):
+        raise StrategyError(f"strategy {name!r} is a {type(cls).__name__}, not a class: name a DDP class")
+    missing = [method for method in REQUIRED_METHODS if not callable(getattr(cls, method, None))]
+    if missing:
+        raise StrategyError(
+            f"strategy {name!r} lacks {', '.join(missing)}: a DDP class must define "
+            f"{', '.join(REQUIRED_METHODS)} (no_sync is optional)"
+        )
+    try:
+        inspect.signature(cls).bind(nn.Identity())
+    except TypeError as error:
+        raise StrategyError(
+            f"strategy {name!r} cannot be built as {cls.__name__}(module) ({error}): its constructor must "
+            "take the module to wrap as its first argument, and options as keywords"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a C extension): it is tried on the ranks
+
+
+def takes_bucket_size(name: str) -> bool:
+    """Whether the strategy's constructor names a ``bucket_size_mb`` option (then the grid's
+    bucket sizes apply to it)."""
+    try:
+        return "bucket_size_mb" in inspect.signature(resolve_strategy(name)).parameters
+    except ValueError:
+        return False
+
+
+def supports_no_sync(name: str) -> bool:
+    """Whether the strategy offers ``no_sync()`` for gradient accumulation."""
+    return callable(getattr(resolve_strategy(name), "no_sync", None))
+
+
+def make_ddp(name: str, module: nn.Module, **options) -> nn.Module:
+    """Wrap ``module`` in the strategy called ``name``; ``options`` go to its constructor.
+
+    >>> model = make_ddp("bucketed", module, bucket_size_mb=25.0)
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"make_ddp wraps an nn.Module, got {type(module).__name__}")
+    cls = resolve_strategy(name)
+    try:
+        return cls(module, **options)
+    except TypeError as error:
+        if "unexpected keyword argument" in str(error):
+            raise TypeError(f"strategy {name!r} does not take that option ({error})") from error
+        raise

@@ -1,0 +1,76 @@
+"""PyTorch's own DistributedDataParallel behind ddp-bench's interface: the reference to beat."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp.strategies.base import Strategy, check_bucket_size_mb, require_process_group, trainable_parameters
+
+
+class TorchDDP(Strategy):
+    """``torch.nn.parallel.DistributedDataParallel`` with ``bucket_size_mb`` as its ``bucket_cap_mb``.
+
+    Its reducer synchronizes gradients during backward itself, so
+    ``finish_gradient_synchronization`` has nothing left to do. ``find_unused_parameters`` keeps
+    PyTorch's default (False, the fast path): a model with parameters unused in a step needs True.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        bucket_size_mb: float = 25.0,
+        process_group: dist.ProcessGroup | None = None,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        super().__init__()
+        self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
+        require_process_group(type(self).__name__, process_group)
+        self.process_group = process_group
+        self.parameters_to_sync = trainable_parameters(module)
+        if not self.parameters_to_sync:
+            raise ValueError(
+                "PyTorch's DistributedDataParallel refuses a module with no parameter that requires grad; "
+                "there is nothing to synchronize: train it without a DDP wrapper (or with 'local')"
+            )
+        device = self.parameters_to_sync[0].device
+        self.ddp = DistributedDataParallel(
+            module,
+            device_ids=[device] if device.type == "cuda" else None,
+            process_group=process_group,
+            bucket_cap_mb=self.bucket_size_mb,
+            find_unused_parameters=find_unused_parameters,
+        )
+
+    @property
+    def module(self) -> nn.Module:
+        return self.ddp.module
+
+    @property
+    def bucket_sizes_bytes(self) -> list[int]:
+        """The reducer's bucket plan, as its logging data records it.
+
+        DDP reduces everything in one bucket during the first step and then rebuilds its buckets
+        in the order gradients arrived (the first capped at 1 MiB): read after that step, this is
+        the plan of every later one.
+        """
+        data = self.ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", "")
+        return [int(size) for size in str(sizes).split(",") if size.strip()]
+
+    @property
+    def num_allreduce_calls_per_step(self) -> int:
+        return len(self.bucket_sizes_bytes)
+
+    def forward(self, *args, **kwargs):
+        return self.ddp(*args, **kwargs)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return self.ddp.no_sync()
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing to do: the reducer waited for every bucket at the end of backward."""
