@@ -45,7 +45,7 @@ class RoundPolicy:
 
     @classmethod
     def of(cls, grid) -> RoundPolicy:
-        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.budget_seconds)
+        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.round_budget_seconds())
 
 
 @dataclass
@@ -135,15 +135,16 @@ def _worst_precision(rounds: list[list]) -> float:
     )
 
 
-def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy) -> Measurement | MeasuredOutOfMemory:
-    """Time ``configs`` side by side on ``ranks`` (see the module docstring). The configurations
-    stay built on the ranks afterwards (``release`` frees them)."""
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
+    """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
+    of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n). The
+    configurations stay built on the ranks afterwards (``release`` frees them)."""
     configs = list(configs)
     setups = ranks.run(prepare, configs, policy.warmup_rounds)
     marker = first_out_of_memory(setups)
     if marker is not None:
         return MeasuredOutOfMemory(configs[0], marker)
-    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=len(configs))
+    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks)
     if isinstance(outcome, OutOfMemory):
         return MeasuredOutOfMemory(configs[0], outcome)
     per_round, precision = outcome
@@ -234,7 +235,7 @@ class GridMeasurer:
         group = [c for c in self.configs if self._key(c) == self._key(config)]
         local = next((c for c in group if c.strategy == "local"), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
-        result = measure(self.ranks, members, self.policy)
+        result = measure(self.ranks, members, self.policy, benchmarks=len(group))
         if isinstance(result, MeasuredOutOfMemory):
             free(self.ranks)
             self._alone.add(self._key(config))

@@ -30,6 +30,12 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 
 
+# Bounds of a benchmark's share of the session's round budget: at least enough for the minimum
+# rounds of a slow step, at most what a regression check needs (about 100 rounds of a 1 s step).
+MIN_BENCHMARK_BUDGET_SECONDS = 3.0
+MAX_BENCHMARK_BUDGET_SECONDS = 120.0
+
+
 class OptionError(ValueError):
     """A bad option value; the message is one line that says what to do."""
 
@@ -259,8 +265,13 @@ class GridOptions:
     target_precision: float
     """Stop adding rounds once the 95% interval of the median is within +- this fraction of it
     (0.02 means +-2%)."""
-    budget_seconds: float
-    """Stop adding rounds once a benchmark's rounds took this long, precise or not."""
+    budget_seconds: float | None
+    """Stop adding rounds once a benchmark's rounds took this long, precise or not; None shares
+    ``session_budget_seconds`` among the grid's step benchmarks (see ``round_budget_seconds``)."""
+    session_budget_seconds: float
+    """With ``budget_seconds`` None: the seconds of timed rounds the whole grid may take, shared
+    equally among its step benchmarks, so that a small grid gets many rounds per benchmark and the
+    default grid still finishes in time."""
     interleave: str
     """``group``: every strategy of one model, batch and sequence length in the same rounds, local
     included, so every comparison in the group (the overhead over local too) is paired; ``local``:
@@ -284,6 +295,18 @@ class GridOptions:
     def buckets_for(self, strategy: str) -> tuple[float | None, ...]:
         return self.bucket_sizes_mb if takes_bucket_size(strategy) else (None,)
 
+    @property
+    def num_step_benchmarks(self) -> int:
+        return len(self.batch_sizes) * len(self.seq_lens) * sum(len(self.buckets_for(s)) for s in self.strategies)
+
+    def round_budget_seconds(self) -> float:
+        """The time budget of one benchmark's rounds: ``budget_seconds``, or the session's budget
+        shared among the step benchmarks, within [MIN, MAX]_BENCHMARK_BUDGET_SECONDS."""
+        if self.budget_seconds is not None:
+            return self.budget_seconds
+        share = self.session_budget_seconds / max(1, self.num_step_benchmarks)
+        return min(MAX_BENCHMARK_BUDGET_SECONDS, max(MIN_BENCHMARK_BUDGET_SECONDS, share))
+
 
 def gpu_world_sizes(gpus: int) -> tuple[int, ...]:
     """Powers of two up to the number of GPUs, and that number itself: 8 GPUs -> 2, 4, 8."""
@@ -299,14 +322,14 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return GridOptions(
             model="xl", strategies=tuple(STRATEGIES), batch_sizes=(2, 4), seq_lens=(128, 256, 512),
-            bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=50, warmup_rounds=2,
-            target_precision=0.01, budget_seconds=30.0, interleave="off",
+            bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=200, warmup_rounds=2,
+            target_precision=0.01, budget_seconds=None, session_budget_seconds=1800.0, interleave="off",
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0), allreduce_world_sizes=gpu_world_sizes(gpus),
         )
     return GridOptions(
         model="mini", strategies=tuple(STRATEGIES), batch_sizes=(4, 8), seq_lens=(64, 128),
-        bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=30, warmup_rounds=1,
-        target_precision=0.02, budget_seconds=9.0, interleave="group",
+        bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=200, warmup_rounds=1,
+        target_precision=0.02, budget_seconds=None, session_budget_seconds=270.0, interleave="local",
         allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),
     )
 
@@ -327,7 +350,10 @@ _GRID_FLAGS: tuple[tuple[str, str, Callable, str], ...] = (
     ("--warmup-rounds", "warmup_rounds", non_negative_int, "untimed rounds before the timed ones"),
     ("--target-precision", "target_precision", lambda t: _fraction(t, "--target-precision"),
      "add rounds until the 95%% interval of the median is within +- this of it, e.g. 2%%"),
-    ("--round-budget", "budget_seconds", positive_float, "seconds of rounds after which a benchmark stops adding rounds"),
+    ("--round-budget", "budget_seconds", positive_float,
+     "seconds of rounds after which a benchmark stops adding rounds (default: the session budget shared among benchmarks)"),
+    ("--session-budget", "session_budget_seconds", positive_float,
+     "seconds of timed rounds the whole grid may take, shared among its step benchmarks"),
     ("--interleave", "interleave", lambda t: _choice(t, "--interleave", ("group", "local", "off")),
      "group: all strategies of a batch and seq len in the same rounds, local included (paired comparisons); "
      "local: each with a local twin; off: each alone (least memory)"),

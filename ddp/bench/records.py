@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
+from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 
 SCHEMA_VERSION = 2
 # The test file and function whose results step and all-reduce rows stand for: comparisons
@@ -188,7 +187,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         peak_memory_bytes=measurement.peak_memory_bytes(index),
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
         target_precision=measurement.target_precision,
-        reached_precision=measurement.reached_precision if math.isfinite(measurement.reached_precision) else None,
+        reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
         **paired,
     )
 

@@ -50,6 +50,8 @@ from ddp.strategies.registry import make_ddp, takes_bucket_size
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
 FRESH_BUILD_WARMUP_STEPS = 3  # see RankBench.prepare
+# Strategies whose plan is final after their first step: one warm-up step of a fresh build will do.
+SETTLED_AFTER_ONE_STEP = ("local", "naive", "flat", "overlap")
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 
 
@@ -284,23 +286,26 @@ class RankBench:
     allreduce_buffer: torch.Tensor | None = None
 
     def prepare(self, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
-        """Build ``configs`` (freeing any others) and run ``warmup_steps`` untimed steps of each.
+        """Build ``configs`` (freeing every other one, keeping those already built: the local
+        twin of the next strategy at the same batch and sequence length is the same) and run
+        ``warmup_steps`` untimed steps of each.
 
-        A fresh build runs at least ``FRESH_BUILD_WARMUP_STEPS``: ``bucketed`` re-plans its buckets
-        after its first step, and PyTorch's DDP reduces everything in one bucket in its first step,
-        rebuilds its buckets in the second and records the new plan (which ``StepSetup`` reports)
-        in the third.
+        A fresh build runs at least ``FRESH_BUILD_WARMUP_STEPS`` (one for ``SETTLED_AFTER_ONE_STEP``):
+        ``bucketed`` re-plans its buckets after its first step, and PyTorch's DDP reduces everything
+        in one bucket in its first step, rebuilds its buckets in the second and records the new plan
+        (which ``StepSetup`` reports) in the third; a user's class may do the same.
         """
         info = rank_info()
         try:
-            if list(self.trainers) != list(configs):
-                self.release()
-                for config in configs:
-                    self.trainers[config] = Trainer(config, info)
-                warmup_steps = max(FRESH_BUILD_WARMUP_STEPS, warmup_steps)
-            for _ in range(warmup_steps):
-                for trainer in self.trainers.values():
-                    trainer.step()
+            kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
+            self.release()  # whatever is not asked for any more, before building (memory)
+            fresh = [config for config in configs if config not in kept]
+            self.trainers = {config: kept.get(config) or Trainer(config, info) for config in configs}
+            for config in configs:
+                fresh_steps = 1 if config.strategy in SETTLED_AFTER_ONE_STEP else FRESH_BUILD_WARMUP_STEPS
+                steps = max(fresh_steps, warmup_steps) if config in fresh else warmup_steps
+                for _ in range(steps):
+                    self.trainers[config].step()
             return [trainer.setup(info.rank) for trainer in self.trainers.values()]
         except Exception as error:
             if is_out_of_memory(error):

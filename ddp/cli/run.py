@@ -84,7 +84,7 @@ def _stats(round_seconds: list[float]) -> dict:
 
 
 def _options(grid) -> dict:
-    return {"disable_gc": False, "timer": "slowest_rank_clock", "min_rounds": grid.min_rounds, "max_time": grid.budget_seconds,
+    return {"disable_gc": False, "timer": "slowest_rank_clock", "min_rounds": grid.min_rounds, "max_time": grid.round_budget_seconds(),
             "min_time": 5e-06, "warmup": False}
 
 

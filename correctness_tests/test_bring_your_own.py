@@ -1,0 +1,62 @@
+"""Your own DDP class through the whole correctness suite, and your own model through the perf
+suite, run as a user runs them: ``pytest ... --strategies package.module:Class`` and
+``pytest perf_tests --model package.module:build`` in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def pytest_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_a_correct_user_class_passes_every_case_and_skips_what_it_lacks():
+    done = pytest_run("correctness_tests/test_strategies.py", "-q", "-rs", "-k", "trains_like_one_process",
+                      "--strategies", "examples.toy:AveragingDDP")
+    assert done.returncode == 0, done.stdout[-3000:]
+    # every model case with SGD and AdamW ran; no_sync cases are skipped saying what to add
+    assert "8 passed" in done.stdout
+    assert "has no no_sync(): add that context manager to test gradient accumulation" in done.stdout
+    assert "takes no bucket_size_mb option: add one to its constructor to test bucket plans" in done.stdout
+
+
+def test_a_wrong_user_class_fails_naming_the_parameter_and_the_mistake():
+    done = pytest_run("correctness_tests/test_strategies.py", "-q", "-x",
+                      "--strategies", "correctness_tests.wrong_ddps:SumsInsteadOfAverages")
+    assert done.returncode == 1
+    assert "parameter 'fc1.weight'" in done.stdout or "parameter '" in done.stdout
+    assert "summed, not averaged" in done.stdout
+
+
+def test_a_class_that_cannot_be_loaded_is_one_usage_error_before_any_rank_starts():
+    done = pytest_run("correctness_tests", "--strategies", "examples.toy:NoSuchDDP")
+    assert done.returncode == 4  # pytest's usage error
+    assert "cannot load strategy 'examples.toy:NoSuchDDP'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
+    out = tmp_path / "run.json"
+    done = pytest_run(
+        "perf_tests/test_step.py", "-q", "--model", "examples.toy:build", "--strategies", "local,bucketed,examples.toy:AveragingDDP",
+        "--batch-sizes", "8", "--seq-lens", "1", "--bucket-sizes", "1", "--rounds", "2", "--max-rounds", "2",
+        "--warmup-rounds", "0", "--benchmark-json", str(out),
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    records = {b["extra_info"]["strategy"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
+    assert set(records) == {"local", "bucketed", "examples.toy:AveragingDDP"}
+    mine = records["examples.toy:AveragingDDP"]
+    assert mine["model"] == "examples.toy:build"
+    # ResidualMLP: inp (2), 4 blocks x (LayerNorm 2 + Linear 2), head (2) = 20 tensors
+    assert mine["num_parameter_tensors"] == 20
+    assert mine["num_parameters"] == 256 * 512 + 512 + 4 * (2 * 512 + 512 * 512 + 512) + 512 * 10 + 10
+    # counted from the collectives it launched: one used-mask all-reduce, then one per tensor
+    assert mine["allreduce_calls_per_step"] == 21
+    assert mine["bucket_sizes_bytes"] is None and len(mine["round_seconds"]) == 2

@@ -1,0 +1,109 @@
+"""``python -m ddp compare OLD.json NEW.json --fail-slower 10%``: verdicts from intervals, exit
+codes, warnings, on runs written here with known round times."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ddp.analysis.compare import compare
+from ddp.bench.records import StepRecord, load_run, to_extra_info
+from ddp.cli import main as ddp_main
+
+
+def step(name: str, rounds: list[float]) -> dict:
+    median = float(np.median(rounds))
+    record = StepRecord(
+        strategy=name, backend="gloo", device="cpu", world_size=2, model="mini", num_parameters=10, batch_size=4,
+        seq_len=64, bucket_size_mb=None, num_parameter_tensors=2, num_buckets=None, bucket_sizes_bytes=None,
+        allreduce_calls_per_step=3, bytes_per_step=40, step_seconds=median, step_seconds_ci95=[min(rounds), max(rounds)],
+        round_seconds=rounds, comm_wait_seconds=0.0, comm_fraction=0.0, comm_fraction_ci95=[0.0, 0.0],
+        tokens_per_second=1.0, peak_memory_bytes=None, rank_step_seconds=[median, median], target_precision=0.02,
+        reached_precision=0.02,
+    )
+    return {"name": f"test_step[{name}-b4-s64]", "group": "g", "extra_info": to_extra_info(record),
+            "stats": {"median": median, "min": min(rounds), "iqr": 0.0}}
+
+
+def run(benchmarks: list[dict], torch_version: str = "2.13.0+cpu") -> dict:
+    return {"machine_info": {"node": "a", "cpu": {"brand_raw": "x", "count": 2},
+                             "ddp_bench": {"torch": torch_version, "backend": "gloo", "device": "cpu", "world_size": 2}},
+            "benchmarks": benchmarks}
+
+
+def noisy(median: float, n: int, seed: int, spread: float = 0.05) -> list[float]:
+    generator = np.random.default_rng(seed)
+    return list(median * np.exp(generator.normal(0.0, spread, n)))
+
+
+@pytest.fixture
+def files(tmp_path):
+    def write(name: str, data: dict):
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    return write
+
+
+def test_same_code_passes_and_a_15_percent_slowdown_fails_naming_it(files, capsys):
+    old = files("old.json", run([step("naive", noisy(0.3, 20, 1)), step("bucketed", noisy(0.2, 20, 2))]))
+    same = files("same.json", run([step("naive", noisy(0.3, 20, 3)), step("bucketed", noisy(0.2, 20, 4))]))
+    slower = files("slower.json", run([step("naive", noisy(0.3, 20, 5)), step("bucketed", noisy(0.23, 20, 6))]))
+    assert ddp_main(["compare", old, same, "--fail-slower", "10%"]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+    assert ddp_main(["compare", old, slower, "--fail-slower", "10%"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: 1 benchmark(s) slower by more than 10%: test_step[bucketed-b4-s64]" in out
+
+
+def test_a_difference_inside_the_noise_is_not_resolved_rather_than_failed(files):
+    # 12% slower on average, but rounds spread by 30%: the interval straddles 1.10
+    old = load_run(files("old.json", run([step("naive", noisy(0.3, 8, 1, spread=0.3))])))
+    new = load_run(files("new.json", run([step("naive", noisy(0.336, 8, 2, spread=0.3))])))
+    (row,) = compare(old, new, 0.10)
+    assert row.verdict == "not resolved"
+    assert row.ratio_ci95[0] < 1.10 < row.ratio_ci95[1]
+
+
+def test_verdicts_faster_unchanged_and_missing(files):
+    old = load_run(files("old.json", run([step("naive", noisy(0.3, 30, 1, 0.01)), step("flat", noisy(0.3, 30, 2, 0.01)),
+                                          step("overlap", noisy(0.3, 30, 3, 0.01))])))
+    new = load_run(files("new.json", run([step("naive", noisy(0.24, 30, 4, 0.01)), step("flat", noisy(0.303, 30, 5, 0.01)),
+                                          step("local", noisy(0.1, 30, 6, 0.01))])))
+    verdicts = {row.name: row.verdict for row in compare(old, new, 0.10)}
+    assert verdicts == {
+        "test_step[naive-b4-s64]": "faster", "test_step[flat-b4-s64]": "unchanged",
+        "test_step[local-b4-s64]": "only in new", "test_step[overlap-b4-s64]": "only in old",
+    }
+
+
+def test_runs_from_different_setups_are_warned_about(files, capsys):
+    old = files("old.json", run([step("naive", noisy(0.3, 10, 1))]))
+    new = files("new.json", run([step("naive", noisy(0.3, 10, 2))], torch_version="2.12.0"))
+    assert ddp_main(["compare", old, new]) == 0
+    assert "WARNING: the runs come from different machines or setups (torch: 2.13.0+cpu vs 2.12.0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threshold", ["ten", "-5%", "0", "10"])
+def test_bad_threshold_is_one_line_and_exit_2(files, capsys, threshold):
+    old = files("old.json", run([step("naive", noisy(0.3, 10, 1))]))
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(["compare", old, old, "--fail-slower", threshold])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddp-bench compare: error: argument --fail-slower")
+
+
+def test_bad_files_exit_2(files, tmp_path, capsys):
+    good = files("old.json", run([step("naive", noisy(0.3, 10, 1))]))
+    for bad in (str(tmp_path / "missing.json"), files("text.json", {"x": 1})):
+        with pytest.raises(SystemExit) as exit_:
+            ddp_main(["compare", good, bad])
+        assert exit_.value.code == 2
+    other = files("other.json", run([step("flat", noisy(0.3, 10, 1))]))
+    with pytest.raises(SystemExit):
+        ddp_main(["compare", good, other])
+    assert "no benchmark in common" in capsys.readouterr().err

@@ -1,0 +1,26 @@
+"""A strategy made slower on purpose, to show that the regression gate catches a slowdown:
+
+    DDP_BENCH_SLOWDOWN=0.15 pytest perf_tests/test_step.py --strategies local,examples.slowed:SlowedBucketed ...
+
+``SlowedBucketed`` is ``bucketed`` that, when ``DDP_BENCH_SLOWDOWN`` is set, waits that fraction of
+the time its forward and backward took before synchronizing gradients. Unset, it is ``bucketed``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ddp.strategies.bucketed import BucketedDDP
+
+
+class SlowedBucketed(BucketedDDP):
+    def forward(self, *args, **kwargs):
+        self._forward_began = time.perf_counter()
+        return super().forward(*args, **kwargs)
+
+    def finish_gradient_synchronization(self) -> None:
+        fraction = float(os.environ.get("DDP_BENCH_SLOWDOWN", "0"))
+        if fraction > 0:
+            time.sleep(fraction * (time.perf_counter() - self._forward_began))
+        super().finish_gradient_synchronization()
