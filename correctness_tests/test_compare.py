@@ -13,7 +13,7 @@ from ddp.bench.records import StepRecord, load_run, to_extra_info
 from ddp.cli import main as ddp_main
 
 
-def step(name: str, rounds: list[float]) -> dict:
+def step(name: str, rounds: list[float], local: list[float] | None = None) -> dict:
     median = float(np.median(rounds))
     record = StepRecord(
         strategy=name, backend="gloo", device="cpu", world_size=2, model="mini", num_parameters=10, batch_size=4,
@@ -21,7 +21,7 @@ def step(name: str, rounds: list[float]) -> dict:
         allreduce_calls_per_step=3, bytes_per_step=40, step_seconds=median, step_seconds_ci95=[min(rounds), max(rounds)],
         round_seconds=rounds, comm_wait_seconds=0.0, comm_fraction=0.0, comm_fraction_ci95=[0.0, 0.0],
         tokens_per_second=1.0, peak_memory_bytes=None, rank_step_seconds=[median, median], target_precision=0.02,
-        reached_precision=0.02,
+        reached_precision=0.02, local_round_seconds=local,
     )
     return {"name": f"test_step[{name}-b4-s64]", "group": "g", "extra_info": to_extra_info(record),
             "stats": {"median": median, "min": min(rounds), "iqr": 0.0}}
@@ -107,3 +107,26 @@ def test_bad_files_exit_2(files, tmp_path, capsys):
     with pytest.raises(SystemExit):
         ddp_main(["compare", good, other])
     assert "no benchmark in common" in capsys.readouterr().err
+
+
+def test_drift_of_the_machine_cancels_where_rounds_were_paired_with_local(files):
+    # The same strategy code; the machine is 20% slower in the new run (local slows alike), with
+    # round-to-round drift shared by the step and its local twin.
+    drift_old, drift_new = noisy(1.0, 30, 11, 0.08), noisy(1.2, 30, 12, 0.08)
+    old = load_run(files("old.json", run([step("bucketed", [0.3 * d * e for d, e in zip(drift_old, noisy(1.0, 30, 1, 0.01))],
+                                                 [0.2 * d for d in drift_old])])))
+    new = load_run(files("new.json", run([step("bucketed", [0.3 * d * e for d, e in zip(drift_new, noisy(1.0, 30, 2, 0.01))],
+                                                 [0.2 * d for d in drift_new])])))
+    (row,) = compare(old, new, 0.10)
+    assert row.basis == "paired with local" and row.verdict == "unchanged"
+    assert row.new_seconds / row.old_seconds > 1.15  # the raw medians alone would have failed the gate
+
+
+def test_a_slower_strategy_is_caught_through_the_pairing(files):
+    drift_old, drift_new = noisy(1.0, 30, 11, 0.08), noisy(1.0, 30, 12, 0.08)
+    old = load_run(files("old.json", run([step("bucketed", [0.3 * d * e for d, e in zip(drift_old, noisy(1.0, 30, 1, 0.01))],
+                                                 [0.2 * d for d in drift_old])])))
+    new = load_run(files("new.json", run([step("bucketed", [0.345 * d * e for d, e in zip(drift_new, noisy(1.0, 30, 2, 0.01))],
+                                                 [0.2 * d for d in drift_new])])))
+    (row,) = compare(old, new, 0.10)
+    assert row.verdict == "slower" and row.ratio == pytest.approx(1.15, abs=0.02)

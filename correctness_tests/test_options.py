@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddp.bench.options import GridOptions, LaunchOptions, OptionError, gpu_world_sizes, grid_defaults, parse_list
 from ddp.cli import main as ddp_main
@@ -28,10 +29,12 @@ def test_nccl_on_cpu_tensors_is_refused_saying_what_to_do():
         LaunchOptions(backend="nccl", device="cpu").resolve()
 
 
-def test_auto_says_why_it_chose_gloo_here():
+def test_auto_says_why_it_chose_its_backend():
     resolved = LaunchOptions(backend="auto", world_size=2).resolve()
-    assert (resolved.backend, resolved.device) == ("gloo", "cpu")
-    assert resolved.why.startswith("auto: ")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = ("nccl", "cuda") if gpus >= 2 and torch.distributed.is_nccl_available() else ("gloo", "cpu")
+    assert (resolved.backend, resolved.device) == expected
+    assert resolved.why.startswith("auto: ") and f"{gpus} GPU" in resolved.why or resolved.why == "auto: no GPU"
 
 
 def test_gpu_all_reduce_world_sizes_follow_the_gpu_count():
@@ -47,7 +50,7 @@ def test_a_small_grid_gets_a_larger_share_of_the_session_budget():
     assert default.round_budget_seconds() == pytest.approx(270.0 / 40)
     small = GridOptions(**{**default.__dict__, "strategies": ("local", "bucketed"), "bucket_sizes_mb": (25.0,),
                            "batch_sizes": (4,), "seq_lens": (64,)})
-    assert small.round_budget_seconds() == pytest.approx(120.0)  # 165 s each, capped
+    assert small.round_budget_seconds() == pytest.approx(120.0)  # 135 s each, capped
     fixed = GridOptions(**{**default.__dict__, "budget_seconds": 7.0})
     assert fixed.round_budget_seconds() == 7.0
 
@@ -86,7 +89,7 @@ def test_pytest_refuses_bad_options_before_any_rank_starts():
 def test_the_pytest_header_says_which_backend_and_why():
     done = subprocess.run([sys.executable, "-m", "pytest", "correctness_tests/test_options.py", "--collect-only",
                            "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert "ddp-bench: 2 rank(s), gloo on cpu (auto: no GPU)" in done.stdout or "ddp-bench: 2 rank(s), gloo on cpu (auto:" in done.stdout
+    assert f"ddp-bench: {LaunchOptions().resolve().describe()}" in done.stdout
 
 
 def test_gpu_check_plans_valid_commands(tmp_path, capsys):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ddp.analysis.compare import compare
 from ddp.analysis.figures import (
     bucket_plans,
-    compare_runs,
     machine_differences,
     overheads_over_local,
     resolved_apart,
@@ -295,7 +295,7 @@ def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp
     faster = [step_bench("local", 50.0, 0.1), step_bench("naive", 150.0, 60.0), step_bench("torch", 100.0, 1.0, bucket_mb=5, buckets=1)]
     new = load_run(write(tmp_path / "0002_new.json", run_json(faster, node="bench-b", torch_version="2.12.0")))
     old = load_run(baseline)
-    ratios = {c.name: c.ratio for c in compare_runs(old, new)}
+    ratios = {c.name: c.ratio for c in compare(old, new, 0.10)}
     assert ratios["test_step[local-b2-s32]"] == pytest.approx(0.5)  # 50 / 100
     assert ratios["test_step[naive-b2-s32]"] == pytest.approx(0.75)  # 150 / 200
     assert ratios["test_step[torch-b2-s32-bucket5mb]"] is None  # only in the new run
@@ -303,8 +303,11 @@ def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp
     assert machine_differences(old, new) == {"node": ("bench-a", "bench-b"), "torch": ("2.13.0+cpu", "2.12.0")}
     report = render_markdown([old, new], images=[])
     assert "WARNING: the runs come from different machines or setups** (node: bench-a vs bench-b; torch: 2.13.0+cpu vs 2.12.0)" in report
-    assert table_row(report, "test_step[naive-b2-s32]") == ["test_step[naive-b2-s32]", "200.00", "150.00", "0.750"]
-    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", ""]
+    # the new run's naive has no local twin: compared raw; every round at the median, so the interval is a point
+    assert table_row(report, "test_step[naive-b2-s32]") == [
+        "test_step[naive-b2-s32]", "200.00", "150.00", "0.750", "[0.750, 0.750]", "faster", "raw"
+    ]  # fmt: skip
+    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", "", "", "only in old", "raw"]
     # geometric mean of 0.5 and 0.75 = sqrt(0.375) = 0.612
     assert "2 benchmarks in both runs, geometric mean of new / old 0.612; 8 only in the old run, 1 only in the new one." in report
 

@@ -105,3 +105,16 @@ def test_refuses_to_run_outside_torchrun() -> None:
     )  # fmt: skip
     assert done.returncode == 2 and "ddp-bench run: error: ddp run must be started by torchrun" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bad_option_under_torchrun_is_one_line_from_rank_zero_before_any_group() -> None:
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not on PATH; install torch's console scripts (pip install torch)")
+    done = subprocess.run(
+        ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ddp", "run", "--strategies", "bogus", "--model", "tiny"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count("ddp-bench run: error: argument --strategies: unknown strategy 'bogus'") == 1
+    assert "init_process_group" not in output  # no rank got as far as joining a group

@@ -62,14 +62,27 @@ class Withdrawn:
     group_broken: bool = False
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
-    """``auto`` means NCCL when there is a GPU for every rank, otherwise gloo on CPU."""
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}: use auto, gloo or nccl")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def choose_backend(backend: str, world_size: int) -> tuple[str, str]:
+    """The backend to run and why: ``auto`` means NCCL when there is a GPU for every rank,
+    otherwise gloo (on CPU tensors by default)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend, f"--backend {backend}"
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
-    return backend
+    if gpus >= world_size and dist.is_nccl_available():
+        return "nccl", f"auto: {gpus} GPU(s) for {world_size} rank(s)"
+    if gpus:
+        return "gloo", f"auto: {gpus} GPU(s), fewer than the {world_size} ranks nccl needs"
+    return "gloo", "auto: no GPU"
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """The backend ``choose_backend`` picks."""
+    return choose_backend(backend, world_size)[0]
 
 
 def unavailable_reason(backend: str, world_size: int, device: str) -> str | None:
@@ -77,6 +90,8 @@ def unavailable_reason(backend: str, world_size: int, device: str) -> str | None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world_size < 1:
         return f"world size must be at least 1, got {world_size}"
+    if backend == "nccl" and device == "cpu":
+        return "nccl runs on GPUs only: drop --device cpu, or use --backend gloo for CPU tensors"
     if backend == "nccl":
         if gpus < world_size:
             return f"nccl needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) found; use --backend gloo"
@@ -133,7 +148,8 @@ def _die_with_parent() -> None:
 
 
 def _worker_main(
-    rank: int, world_size: int, backend: str, device_type: str, store_path: str, stack_dir: str, conn
+    rank: int, world_size: int, backend: str, device_type: str, store_path: str, stack_dir: str, conn,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -151,7 +167,9 @@ def _worker_main(
         store=store,
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=DEFAULT_TIMEOUT_SECONDS * 2),
+        # Longer than a call's timeout, so that a hang is reported by the parent with every
+        # rank's stack rather than ended by the collective's own timeout.
+        timeout=datetime.timedelta(seconds=timeout_seconds * 2),
         **({"device_id": device} if backend == "nccl" else {}),
     )
     set_rank_info(RankInfo(rank, world_size, backend, device))
@@ -225,7 +243,8 @@ class RankGroup:
             parent_conn, child_conn = context.Pipe()
             process = context.Process(
                 target=_worker_main,
-                args=(rank, self.world_size, self.backend, self.device, store_path, self._tmpdir, child_conn),
+                args=(rank, self.world_size, self.backend, self.device, store_path, self._tmpdir, child_conn,
+                      self.timeout_seconds),
                 name=f"ddp-bench-rank{rank}",
                 daemon=True,
             )

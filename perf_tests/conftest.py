@@ -12,10 +12,9 @@ from pathlib import Path
 
 from conftest import launch
 from ddp.analysis.compare import compare, failed, suspect_differences
-from ddp.bench.options import OptionError, argument_type
-from ddp.bench.records import load_run, run_from_data
-from ddp.bench.stats import parse_percent
-from ddp.cli.compare import table as compare_table
+from ddp.analysis.compare import table as compare_table
+from ddp.bench.options import percent_type
+from ddp.bench.records import RunFileError, load_run, run_from_data
 from ddp.bench.options import GridOptions, grid_options
 from ddp.bench.trainer import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
@@ -25,17 +24,10 @@ PRECISION = pytest.StashKey[dict]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("ddp-bench-grid").addoption(
-        "--ddp-fail-slower", default=None, metavar="PERCENT", type=argument_type(lambda t: _percent(t), "ddp_fail_slower"),
+        "--ddp-fail-slower", default=None, metavar="PERCENT", type=percent_type("--ddp-fail-slower"),
         help="with --benchmark-compare: fail when a benchmark is resolved slower than the compared run by more than "
         "this, e.g. 10%% (its 95%% interval of new / old entirely above 1.10); see `python -m ddp compare`",
     )
-
-
-def _percent(text: str) -> float:
-    try:
-        return parse_percent(text, "--ddp-fail-slower")
-    except ValueError as error:
-        raise OptionError(str(error)) from None
 
 
 def benchmark_grid(config: pytest.Config) -> GridOptions:
@@ -117,12 +109,17 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
         terminalreporter.write_line("--ddp-fail-slower needs --benchmark-compare and a saved run to compare with")
         terminalreporter._session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    new = run_from_data(Path("this run"), {
-        "machine_info": session.get_machine_info(),
-        "benchmarks": [bench.as_dict(include_data=False) for bench in session.benchmarks if not bench.has_error],
-    })
-    for path in session.compared_mapping:
-        old = load_run(path)
+    try:
+        new = run_from_data(Path("this run"), {
+            "machine_info": session.get_machine_info(),
+            "benchmarks": [bench.as_dict(include_data=False) for bench in session.benchmarks if not bench.has_error],
+        })
+        olds = [load_run(path) for path in session.compared_mapping]
+    except RunFileError as error:
+        terminalreporter.write_line(f"--ddp-fail-slower: {error}")
+        terminalreporter._session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        return
+    for path, old in zip(session.compared_mapping, olds):
         differences = suspect_differences(old, new)
         if differences:
             facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())

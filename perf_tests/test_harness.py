@@ -103,14 +103,14 @@ class _Timing:
 def test_rounds_are_added_until_the_median_is_resolved() -> None:
     steady = iter([1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995, 1.0, 1.0] * 10)
     policy = RoundPolicy(min_rounds=5, max_rounds=50, warmup_rounds=0, target_precision=0.01, budget_seconds=1e9)
-    rounds, precision = timed_rounds(lambda i: [_Timing(next(steady))], policy)
+    rounds, precision = timed_rounds(lambda i: [[_Timing(next(steady))]], policy)
     assert len(rounds) == 5 and precision <= 0.01  # resolved as soon as min_rounds have run
     noisy = iter([1.0, 2.0, 0.5, 3.0] * 20)
-    rounds, precision = timed_rounds(lambda i: [_Timing(next(noisy))], policy)
+    rounds, precision = timed_rounds(lambda i: [[_Timing(next(noisy))]], policy)
     assert len(rounds) == 50 and precision > 0.01  # never resolved: stops at max_rounds
     budgeted = RoundPolicy(min_rounds=3, max_rounds=50, warmup_rounds=0, target_precision=0.01, budget_seconds=10.0)
     noisy = iter([1.0, 2.0, 0.5, 3.0] * 20)
-    rounds, _ = timed_rounds(lambda i: [_Timing(next(noisy))], budgeted)
+    rounds, _ = timed_rounds(lambda i: [[_Timing(next(noisy))]], budgeted)
     assert len(rounds) == 7  # 1 + 2 + 0.5 + 3 + 1 + 2 + 0.5 = 10 seconds
 
 

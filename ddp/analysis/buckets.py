@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddp.analysis.costmodel import Compute, Link, fit_link, recommend_bucket_sizes
-from ddp.bench.allreduce import measure_all_reduce, size_bytes_of
+from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure
 from ddp.bench.records import StepRecord, step_record
@@ -62,11 +62,8 @@ def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float
 
 
 def fitted_link(ranks, policy: RoundPolicy) -> Link:
-    samples = []
-    for size_mb in FIT_SIZES_MB:
-        record = measure_all_reduce(ranks, size_bytes_of(size_mb), policy)
-        samples.append((record.size_bytes, record.world_size, record.seconds))
-    free(ranks)
+    records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in FIT_SIZES_MB], policy)
+    samples = [(record.size_bytes, record.world_size, record.seconds) for record in records]
     return fit_link(samples, name=f"fitted on {ranks.backend} {ranks.world_size} ranks here")
 
 

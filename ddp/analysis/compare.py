@@ -9,6 +9,15 @@ threshold. The gate fails only on *slower*: a slowdown by more than the threshol
 resolve. pytest-benchmark's own ``--benchmark-compare-fail`` compares medians alone; here noise
 widens the interval instead of failing the gate.
 
+**Drift between runs.** Two runs are taken minutes or days apart, and a machine's speed drifts
+by more than 10% over that on a shared host (measured here: ``local`` steps of one configuration
+differed by up to 26% between two default runs of the same code), which no interval over one
+run's rounds can show. Where both runs interleaved a step benchmark with ``local`` (its record has
+``local_round_seconds``), the ratio is taken on each round's step / local instead: a change in
+the machine slows both and cancels, a change in the strategy does not. The ``basis`` column says
+which; ``local`` itself, and runs without pairing, are compared raw. A change that slows the
+model's own compute shows on the ``local`` benchmark.
+
 Two runs from different machines, backends, devices, GPUs or torch versions measure the machine
 as much as the code: ``machine_differences`` names what differs, and the report says so first.
 """
@@ -16,6 +25,8 @@ as much as the code: ``machine_differences`` names what differs, and the report 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tabulate import tabulate
 
 from ddp.analysis.figures import machine_differences
 from ddp.bench.records import Run
@@ -35,6 +46,8 @@ class BenchmarkComparison:
     ratio_ci95: tuple[float, float] | None
     verdict: str
     """slower, faster, unchanged, not resolved, or only in old / only in new / no rounds."""
+    basis: str = "raw"
+    """``raw``: step times; ``paired with local``: each round's step / local (drift-corrected)."""
 
 
 def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
@@ -47,14 +60,37 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
             rows.append(BenchmarkComparison(name, a and a.median_seconds, b and b.median_seconds, None, None,
                                             "only in new" if a is None else "only in old"))
             continue
+        config = getattr(a.record, "config", None)
+        if config is not None and config != getattr(b.record, "config", None):
+            rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, None, None,
+                                            f"different configuration: {config} vs {getattr(b.record, 'config', None)}"))
+            continue
         if not a.round_seconds or not b.round_seconds:
             rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, b.median_seconds / a.median_seconds,
                                             None, "no rounds saved"))
             continue
-        ratio, low, high = ratio_of_medians_ci(b.round_seconds, a.round_seconds)
+        basis, old_rounds, new_rounds = _rounds_to_compare(a, b)
+        ratio, low, high = ratio_of_medians_ci(new_rounds, old_rounds)
         rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, ratio, (low, high),
-                                        str(verdict(low, high, threshold))))
+                                        str(verdict(low, high, threshold)), basis))
     return rows
+
+
+def _rounds_to_compare(old, new) -> tuple[str, list[float], list[float]]:
+    """What the ratio is taken on: each round's step / local where both runs paired them, else the rounds."""
+    pair_old = getattr(old.record, "local_round_seconds", None)
+    pair_new = getattr(new.record, "local_round_seconds", None)
+    if pair_old and pair_new and len(pair_old) == len(old.round_seconds) and len(pair_new) == len(new.round_seconds):
+        return (
+            PAIRED,
+            [s / l for s, l in zip(old.round_seconds, pair_old)],
+            [s / l for s, l in zip(new.round_seconds, pair_new)],
+        )
+    return RAW, old.round_seconds, new.round_seconds
+
+
+RAW = "raw"
+PAIRED = "paired with local"
 
 
 def failed(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
@@ -65,3 +101,18 @@ def failed(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
 def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
     """Machine facts that differ between the runs and make their ratios suspect."""
     return {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
+
+
+def table(rows: list[BenchmarkComparison]) -> str:
+    """The comparison as a text table: what ``ddp compare`` and the pytest gate print."""
+
+    def ms(seconds):
+        return "absent" if seconds is None else f"{seconds * 1e3:.2f}"
+
+    body = [
+        [r.name, ms(r.old_seconds), ms(r.new_seconds), "" if r.ratio is None else f"{r.ratio:.3f}",
+         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
+        for r in rows
+    ]
+    headers = ["benchmark", "old ms", "new ms", "new / old", "95% interval", "verdict", "basis"]
+    return tabulate(body, headers=headers, disable_numparse=True)

@@ -187,6 +187,12 @@ def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]
     return gradients
 
 
+def default_overlap_slowdown(cpu_gloo: bool) -> float:
+    """``overlap_slowdown`` when none is given: 1 for gloo on CPU, where communication and backward
+    share the cores, 0 otherwise (NCCL runs beside the compute kernels). See the module docstring."""
+    return 1.0 if cpu_gloo else 0.0
+
+
 def gradients_of_module(module, seq_len: int) -> list[Gradient]:
     """Any model's gradients in reverse registration order, each weight of two or more dimensions
     charged 4 x numel backward FLOPs per token (a matmul or a convolution's weight), others none:

@@ -158,27 +158,6 @@ def bucket_plans(steps: list[StepRecord]) -> list[BucketPlan]:
     return [plans[key] for key in sorted(plans, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    name: str
-    old_seconds: float | None
-    new_seconds: float | None
-
-    @property
-    def ratio(self) -> float | None:
-        if self.old_seconds is None or self.new_seconds is None or self.old_seconds <= 0:
-            return None
-        return self.new_seconds / self.old_seconds
-
-
-def compare_runs(old: Run, new: Run) -> list[Comparison]:
-    """Benchmarks matched by name, in the new run's order, then those only in the old run."""
-    old_medians = {name: b.median_seconds for name, b in old.by_name().items()}
-    new_medians = {name: b.median_seconds for name, b in new.by_name().items()}
-    names = list(new_medians) + [name for name in old_medians if name not in new_medians]
-    return [Comparison(name, old_medians.get(name), new_medians.get(name)) for name in names]
-
-
 def machine_summary(run: Run) -> dict[str, str]:
     """What must match for two runs' times to be comparable."""
     info = run.machine_info

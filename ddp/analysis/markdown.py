@@ -18,6 +18,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis import plots
+from ddp.analysis.compare import compare
 from ddp.analysis.figures import (
     BucketPlan,
     STRATEGY_ORDER,
@@ -25,7 +26,6 @@ from ddp.analysis.figures import (
     Win,
     _strategy_rank,
     bucket_plans,
-    compare_runs,
     config_label,
     configs,
     machine_differences,
@@ -352,6 +352,10 @@ def commentary_section(run: Run) -> list[str]:
     return lines
 
 
+# The threshold a report's comparison judges against, as `ddp compare`'s default.
+COMPARISON_THRESHOLD = 0.10
+
+
 def comparison_section(old: Run, new: Run) -> list[str]:
     lines = [f"## Comparison: `{new.path}` against `{old.path}`", ""]
     differences = machine_differences(old, new)
@@ -362,24 +366,29 @@ def comparison_section(old: Run, new: Run) -> list[str]:
             "them measures the machine as much as the code: rerun both on one machine before drawing conclusions.",
             "",
         ]
-    comparisons = compare_runs(old, new)
-    matched = [c.ratio for c in comparisons if c.ratio is not None]
-    only_old = sum(1 for c in comparisons if c.new_seconds is None)
-    only_new = sum(1 for c in comparisons if c.old_seconds is None)
+    rows = compare(old, new, COMPARISON_THRESHOLD)
+    matched = [r.ratio for r in rows if r.ratio is not None]
+    only_old = sum(1 for r in rows if r.new_seconds is None)
+    only_new = sum(1 for r in rows if r.old_seconds is None)
     summary = f"{len(matched)} benchmarks in both runs"
     if matched:
         geomean = math.exp(sum(math.log(r) for r in matched) / len(matched))
         summary += f", geometric mean of new / old {geomean:.3f}"
     summary += f"; {only_old} only in the old run, {only_new} only in the new one."
-    rows = [
-        [c.name, _ms(c.old_seconds) or "absent", _ms(c.new_seconds) or "absent",
-         "" if c.ratio is None else f"{c.ratio:.3f}"]
-        for c in comparisons
+    verdicts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows if r.ratio_ci95)}
+    if verdicts:
+        summary += " Against a threshold of " + f"{COMPARISON_THRESHOLD:.0%}: " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + "."
+    body = [
+        [r.name, _ms(r.old_seconds) or "absent", _ms(r.new_seconds) or "absent", "" if r.ratio is None else f"{r.ratio:.3f}",
+         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
+        for r in rows
     ]
     lines += [
-        "Medians matched by benchmark name; new / old below 1 means the new run is faster. " + summary,
+        "Matched by benchmark name, as `ddp compare` does: new / old below 1 means the new run is faster, with a "
+        "95% interval over both runs' rounds, taken on each round's step / local where both runs interleaved them "
+        "(basis). " + summary,
         "",
-        _table(rows, ["benchmark", "old (ms)", "new (ms)", "new / old"]),
+        _table(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"]),
         "",
     ]
     return lines

@@ -15,8 +15,8 @@ algbw is what the caller sees; busbw corrects for the 2(n-1)/n of the data that 
 all-reduce moves over each rank's link, so that it compares with the hardware's link bandwidth
 whatever the number of ranks.
 
-Rounds go through the one timing loop (``ddp.bench.measure.timed_rounds``), and the buffer is
-kept between rounds in the rank's ``RankBench``.
+Rounds go through the one timing loop (``ddp.bench.measure.timed_rounds``), every size in every
+round in rotating order, and the buffers are kept between rounds in the rank's ``RankBench``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import statistics
 from ddp.bench.measure import RoundPolicy, timed_rounds
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
-from ddp.bench.trainer import rank_bench
+from ddp.bench.trainer import rank_bench, release
 from ddp.launcher import rank_info
+from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
-BYTES_PER_MB = 2**20  # sizes are given in MiB, as bucket sizes are
 FLOAT32_BYTES = 4
 
 
@@ -60,17 +60,15 @@ def size_bytes_of(size_mb: float) -> int:
 
 
 def _tensor(numel: int, device: torch.device) -> torch.Tensor:
-    """One buffer kept between rounds; replaced (and the old one freed) when the size changes."""
-    bench = rank_bench()
-    buffer = bench.allreduce_buffer
-    if buffer is None or buffer.numel() != numel or buffer.device != device:
-        bench.release()  # free the old one (and any model) before allocating: 1 GiB buffers add up
-        bench.allreduce_buffer = torch.empty(numel, dtype=torch.float32, device=device)
-    return bench.allreduce_buffer
+    """One buffer per size, kept between rounds in the rank's ``RankBench`` (all sizes of a
+    measurement are timed in every round)."""
+    buffers = rank_bench().allreduce_buffers
+    if numel not in buffers or buffers[numel].device != device:
+        buffers[numel] = torch.empty(numel, dtype=torch.float32, device=device)
+    return buffers[numel]
 
 
-def timed_all_reduce(size_bytes: int) -> AllReduceTiming:
-    """Run on every rank: one checked, timed all-reduce of ``size_bytes`` of float32."""
+def _timed_all_reduce(size_bytes: int) -> AllReduceTiming:
     info = rank_info()
     tensor = _tensor(numel_for(size_bytes), info.device)
     tensor.fill_(float(info.rank + 1))
@@ -88,23 +86,40 @@ def timed_all_reduce(size_bytes: int) -> AllReduceTiming:
     return AllReduceTiming(info.rank, seconds, wrong)
 
 
-def measure_all_reduce(ranks, size_bytes: int, policy: RoundPolicy) -> AllReduceRecord:
-    """Time all-reduces of ``size_bytes`` on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``)
-    through the one timing loop; raises if any element held a wrong sum."""
-    warmup = [ranks.run(timed_all_reduce, size_bytes) for _ in range(policy.warmup_rounds)]
-    rounds, _ = timed_rounds(lambda index: ranks.run(timed_all_reduce, size_bytes), policy)
-    wrong = sum(t.wrong for timings in [*warmup, *rounds] for t in timings)
-    if wrong:
-        raise RuntimeError(f"{wrong} elements of {size_bytes // FLOAT32_BYTES} held a wrong sum after all_reduce")
-    round_seconds = [max(t.seconds for t in timings) for timings in rounds]
-    seconds = statistics.median(round_seconds)
-    world_size = len(rounds[0])
-    return AllReduceRecord(
-        backend=ranks.backend, world_size=world_size, size_bytes=size_bytes, seconds=seconds,
-        seconds_ci95=list(median_ci(round_seconds)), round_seconds=round_seconds,
-        algbw_gbps=algbw_gbps(size_bytes, seconds), busbw_gbps=busbw_gbps(size_bytes, seconds, world_size),
-        wrong=wrong,
-    )
+def timed_all_reduces(sizes_bytes: list[int], round_index: int = 0) -> list[AllReduceTiming]:
+    """Run on every rank: one checked, timed all-reduce of each size, in an order that rotates with
+    ``round_index`` (as the step rounds do); timings in the order of ``sizes_bytes``."""
+    shift = round_index % len(sizes_bytes)
+    order = list(range(len(sizes_bytes)))[shift:] + list(range(len(sizes_bytes)))[:shift]
+    timings = {index: _timed_all_reduce(sizes_bytes[index]) for index in order}
+    return [timings[index] for index in range(len(sizes_bytes))]
+
+
+def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundPolicy) -> list[AllReduceRecord]:
+    """Time all-reduces of every size on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``) through
+    the one timing loop, every size in every round, so that each size's rounds are spread over the
+    whole measurement rather than a few seconds of its own; raises if any element held a wrong sum."""
+    try:
+        warmup = [ranks.run(timed_all_reduces, sizes_bytes, index) for index in range(policy.warmup_rounds)]
+        rounds, _ = timed_rounds(lambda index: ranks.run(timed_all_reduces, sizes_bytes, index), policy,
+                                 budget_scale=len(sizes_bytes))
+    finally:
+        ranks.run(release)
+    records = []
+    for index, size_bytes in enumerate(sizes_bytes):
+        wrong = sum(per_rank[index].wrong for round_ in [*warmup, *rounds] for per_rank in round_)
+        if wrong:
+            raise RuntimeError(f"{wrong} elements of {size_bytes // FLOAT32_BYTES} held a wrong sum after all_reduce")
+        round_seconds = [max(per_rank[index].seconds for per_rank in round_) for round_ in rounds]
+        seconds = statistics.median(round_seconds)
+        world_size = len(rounds[0])
+        records.append(AllReduceRecord(
+            backend=ranks.backend, world_size=world_size, size_bytes=size_bytes, seconds=seconds,
+            seconds_ci95=list(median_ci(round_seconds)), round_seconds=round_seconds,
+            algbw_gbps=algbw_gbps(size_bytes, seconds), busbw_gbps=busbw_gbps(size_bytes, seconds, world_size),
+            wrong=wrong,
+        ))
+    return records
 
 
 def algbw_gbps(size_bytes: int, seconds: float) -> float:

@@ -7,10 +7,10 @@ runs one step of every configuration, in rotating order (``RankBench.round``), s
 measurement compares is never separated by drift in the machine. A round's figure for a
 configuration is its slowest rank's step time: the next step cannot start before that rank is done.
 
-Rounds are added until at least ``min_rounds`` have run and the 95% interval of the first
+Rounds are added until at least ``min_rounds`` have run and the 95% interval of every
 configuration's median is within ``target_precision`` of it (``ddp.bench.stats.relative_half_width``),
-or its rounds have taken ``budget_seconds``, or ``max_rounds`` have run: noisy benchmarks get more
-rounds, steady ones fewer, and the result says whether the target was reached.
+or the rounds have taken the budget, or ``max_rounds`` have run: noisy benchmarks get more rounds,
+steady ones fewer, and each record says the precision it reached.
 
 ``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
 ``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks.
@@ -58,7 +58,7 @@ class Measurement:
     rounds: list[list[list[StepTiming]]]
     """Per timed round, per configuration, per rank."""
     reached_precision: float
-    """The first configuration's relative half-width of its median's 95% interval."""
+    """The widest relative half-width of a median's 95% interval among the configurations."""
     target_precision: float
 
     def round_seconds(self, index: int = 0) -> list[float]:
@@ -93,11 +93,11 @@ class MeasuredOutOfMemory:
 
 
 def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
-    """The loop: call ``run_round(index)`` (per-rank results of one round: a list of ``StepTiming``
-    per rank, one per configuration, or an ``AllReduceTiming``) until the policy says stop; returns
+    """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
+    timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
-    ``OutOfMemory`` a rank returned. ``budget_scale`` multiplies the time budget and the round
-    limit's time: a round of n configurations holds n benchmarks' steps."""
+    ``OutOfMemory`` a rank returned. ``budget_scale`` multiplies the time budget: a round of a
+    group of n benchmarks holds n benchmarks' steps."""
     rounds: list[list] = []
     spent = 0.0
     precision = float("inf")
@@ -119,19 +119,16 @@ def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_s
     return rounds, precision
 
 
-def _seconds(result) -> float:
-    """All the time one rank's round took: every configuration's step, or the all-reduce."""
-    return sum(t.step_seconds for t in result) if isinstance(result, list) else result.seconds
+def _seconds(result: list) -> float:
+    """All the time one rank's round took: every configuration's step, or every all-reduce."""
+    return sum(t.seconds for t in result)
 
 
 def _worst_precision(rounds: list[list]) -> float:
     """The widest relative half-width among the configurations of these rounds (slowest rank)."""
-    first = rounds[0][0]
-    if not isinstance(first, list):
-        return relative_half_width([max(r.seconds for r in round_) for round_ in rounds])
     return max(
-        relative_half_width([max(per_rank[index].step_seconds for per_rank in round_) for round_ in rounds])
-        for index in range(len(first))
+        relative_half_width([max(per_rank[index].seconds for per_rank in round_) for round_ in rounds])
+        for index in range(len(rounds[0][0]))
     )
 
 
@@ -227,9 +224,26 @@ class GridMeasurer:
         if config not in self._measured:
             if self.interleave == "group" and self._key(config) not in self._alone:
                 self._measure_group(config)
+            elif self.interleave == "local" and config.strategy == "local":
+                self._measure_local_from_twins(config)
             if config not in self._measured:
                 self._measure_alone(config)
         return self._measured[config]
+
+    def _measure_local_from_twins(self, local: StepConfig) -> None:
+        """With ``interleave`` local, the ``local`` benchmark is its twin's rounds while every other
+        strategy of its group was measured: spread over the whole group's time rather than a few
+        seconds of its own, so that a burst of load on a shared machine moves its median little."""
+        others = [c for c in self.configs if self._key(c) == self._key(local) and c.strategy != "local"]
+        pairs = [self.measurement(c) for c in others]
+        pairs = [p for p in pairs if not isinstance(p, MeasuredOutOfMemory)]
+        if not pairs:
+            return  # nothing measured beside it: measured alone
+        rounds = [[round_[twin]] for measurement, _, twin in pairs for round_ in measurement.rounds]
+        setups = [pairs[0][0].setups[pairs[0][2]]]
+        seconds = [max(t.seconds for t in round_[0]) for round_ in rounds]
+        measurement = Measurement([local], setups, rounds, relative_half_width(seconds), self.policy.target_precision)
+        self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
         group = [c for c in self.configs if self._key(c) == self._key(config)]

@@ -18,15 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
+from ddp.bench.measure import INTERLEAVE
 from ddp.bench.stats import parse_percent
 from ddp.bench.workloads import check_workload, max_seq_len
-from ddp.launcher import unavailable_reason
+from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, unavailable_reason
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
 
-BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 
 
@@ -143,7 +142,7 @@ class LaunchOptions:
     device: str | None = None
     """Where tensors live: ``cpu`` or ``cuda``; None means cuda with nccl, cpu with gloo. gloo also
     runs over CUDA tensors (one GPU may then hold several ranks)."""
-    timeout_seconds: float = 600.0
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     """How long one call on the ranks may take before it fails with every rank's stack."""
 
     def resolve(self) -> ResolvedLaunch:
@@ -154,20 +153,8 @@ class LaunchOptions:
             raise OptionError(f"unknown device {self.device!r}: use {' or '.join(DEVICES)}")
         if self.world_size < 1:
             raise OptionError(f"world size must be at least 1, got {self.world_size}")
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend, why = self.backend, f"--backend {self.backend}"
-        if backend == "auto":
-            if gpus >= self.world_size and dist.is_nccl_available():
-                backend, why = "nccl", f"auto: {gpus} GPU(s) for {self.world_size} rank(s)"
-            elif gpus:
-                backend, why = "gloo", f"auto: {gpus} GPU(s), fewer than {self.world_size} ranks need for nccl"
-            else:
-                backend, why = "gloo", "auto: no GPU"
+        backend, why = choose_backend(self.backend, self.world_size)
         device = self.device or ("cuda" if backend == "nccl" else "cpu")
-        if backend == "nccl" and device == "cpu":
-            raise OptionError(
-                "nccl runs on GPUs only: drop --device cpu, or use --backend gloo for CPU tensors"
-            )
         reason = unavailable_reason(backend, self.world_size, device)
         if reason:
             raise OptionError(reason)
@@ -324,7 +311,9 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
             model="xl", strategies=tuple(STRATEGIES), batch_sizes=(2, 4), seq_lens=(128, 256, 512),
             bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=200, warmup_rounds=2,
             target_precision=0.01, budget_seconds=None, session_budget_seconds=1800.0, interleave="off",
-            allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0), allreduce_world_sizes=gpu_world_sizes(gpus),
+            allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
+            # NCCL needs a GPU per rank; gloo ranks can share one
+            allreduce_world_sizes=gpu_world_sizes(gpus) if backend == "nccl" else (2, 4, 6),
         )
     return GridOptions(
         model="mini", strategies=tuple(STRATEGIES), batch_sizes=(4, 8), seq_lens=(64, 128),
@@ -354,7 +343,7 @@ _GRID_FLAGS: tuple[tuple[str, str, Callable, str], ...] = (
      "seconds of rounds after which a benchmark stops adding rounds (default: the session budget shared among benchmarks)"),
     ("--session-budget", "session_budget_seconds", positive_float,
      "seconds of timed rounds the whole grid may take, shared among its step benchmarks"),
-    ("--interleave", "interleave", lambda t: _choice(t, "--interleave", ("group", "local", "off")),
+    ("--interleave", "interleave", lambda t: _choice(t, "--interleave", INTERLEAVE),
      "group: all strategies of a batch and seq len in the same rounds, local included (paired comparisons); "
      "local: each with a local twin; off: each alone (least memory)"),
     ("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"),
@@ -369,6 +358,11 @@ def _fraction(text: str, flag: str) -> float:
         return parse_percent(text, flag)
     except ValueError as error:
         raise OptionError(str(error)) from None
+
+
+def percent_type(flag: str) -> Callable[[str], float]:
+    """An argparse/pytest ``type=`` for a percentage option (``10%`` or ``0.1``)."""
+    return argument_type(lambda text: _fraction(text, flag), flag.lstrip("-").replace("-", "_"))
 
 
 def _choice(text: str, flag: str, choices: tuple[str, ...]) -> str:

@@ -18,10 +18,15 @@ intervals; version 1 records (the first release) are read with those fields miss
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pytest_benchmark import __version__ as pytest_benchmark_version
+from pytest_benchmark.stats import Stats
+from pytest_benchmark.utils import get_commit_info
 
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 
@@ -150,6 +155,11 @@ class RaceRecord:
     kind: str = "race"
     schema_version: int = SCHEMA_VERSION
 
+    @property
+    def local_round_seconds(self) -> list[float]:
+        """``local``'s rounds, interleaved with bucketed's (the benchmark's rounds are bucketed's)."""
+        return self.round_seconds["local"]
+
 
 # ------------------------------------------------------------------------------------ writing
 
@@ -195,6 +205,37 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
 def to_extra_info(record) -> dict:
     """What goes into a benchmark's ``extra_info``: the record's fields, JSON-ready."""
     return dataclasses.asdict(record)
+
+
+def benchmark_entry(name: str, fullname: str, group: str, param: str, params: dict, record, round_seconds: list[float]) -> dict:
+    """One benchmark as pytest-benchmark saves it, for runs written outside pytest (``ddp run``,
+    ``ddp versus --json``): its stats computed by pytest-benchmark's own ``Stats`` from the rounds."""
+    stats = Stats()
+    for seconds in round_seconds:
+        stats.update(seconds)
+    return {
+        "group": group, "name": name, "fullname": fullname, "params": params, "param": param,
+        "extra_info": to_extra_info(record),
+        "options": {"disable_gc": False, "timer": "slowest_rank_clock", "min_rounds": 1, "max_time": 1.0,
+                    "min_time": 5e-06, "warmup": False},
+        "stats": {**stats.as_dict(), "data": list(round_seconds), "iterations": 1},
+    }
+
+
+def run_document(machine_info: dict, benchmarks: list[dict]) -> dict:
+    """A whole saved run in pytest-benchmark's format, as ``--benchmark-json`` writes it."""
+    return {
+        "machine_info": machine_info, "commit_info": get_commit_info(), "benchmarks": benchmarks,
+        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": pytest_benchmark_version,
+    }
+
+
+def write_new(path: Path, document: dict) -> None:
+    """Write a run to ``path``, which must not exist: nothing a user saved is overwritten."""
+    if path.exists():
+        raise RunFileError(f"{path} exists: give a new path (nothing saved is overwritten)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=4))
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -287,7 +328,7 @@ def _kind(info: dict) -> str | None:
 
 
 def _upgrade(kind: str, info: dict, bench: dict) -> dict:
-    """A schema-1 record with the fields of schema 2 it lacks filled from the stats, or None."""
+    """A schema-1 record with the fields of schema 2 it lacks filled from the stats."""
     info = dict(info)
     stats = bench["stats"]
     data = stats.get("data")
@@ -312,6 +353,11 @@ def _record(path: Path, bench: dict, kind: str):
     if cls is None:
         raise RunFileError(f"{path}: benchmark {bench['name']!r} has an unknown record kind {kind!r}; upgrade ddp-bench")
     info = bench["extra_info"]
+    if info.get("schema_version", 1) > SCHEMA_VERSION:
+        raise RunFileError(
+            f"{path}: benchmark {bench['name']!r} has schema version {info['schema_version']}, newer than this "
+            f"ddp-bench reads ({SCHEMA_VERSION}): upgrade ddp-bench"
+        )
     if info.get("schema_version", 1) < SCHEMA_VERSION:
         info = _upgrade(kind, info, bench)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -346,6 +392,8 @@ def run_from_data(path: Path, data: dict) -> Run:
         kind = _kind(bench.get("extra_info") or {})
         record = _record(path, bench, kind) if kind is not None else None
         rounds = getattr(record, "round_seconds", None)
+        if isinstance(rounds, dict):  # a race: its benchmark's rounds are bucketed's
+            rounds = rounds.get("bucketed")
         if not isinstance(rounds, list):
             rounds = stats.get("data")
         run.benchmarks.append(

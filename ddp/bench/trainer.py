@@ -147,6 +147,11 @@ class StepTiming:
     peak_memory_bytes: int | None
     """Peak CUDA memory allocated during the step; None on CPU."""
 
+    @property
+    def seconds(self) -> float:
+        """What the timing loop reads of any timing."""
+        return self.step_seconds
+
 
 @dataclass(frozen=True)
 class OutOfMemory(Withdrawn):
@@ -193,6 +198,11 @@ class Trainer:
         module = workload.module
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
         self.model = make_ddp(config.strategy, module, **options)
+        if getattr(self.model, "module", None) is not module:
+            raise TypeError(
+                f"strategy {config.strategy!r} must keep the module it wraps as .module (the suite reads the "
+                "trained parameters there): set self.module = module in its constructor"
+            )
         if before_first_step is not None:
             before_first_step(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE)
@@ -283,7 +293,8 @@ class RankBench:
     """The state one rank keeps between the parent's calls: see the module docstring."""
 
     trainers: dict[StepConfig, Trainer] = field(default_factory=dict)
-    allreduce_buffer: torch.Tensor | None = None
+    allreduce_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    """float32 buffers of the all-reduce benchmark, by element count."""
 
     def prepare(self, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
@@ -353,7 +364,7 @@ class RankBench:
         for trainer in self.trainers.values():
             trainer.close()
         self.trainers = {}
-        self.allreduce_buffer = None
+        self.allreduce_buffers = {}
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -410,5 +421,5 @@ def oom_reason(config: StepConfig, world_size: int, marker: OutOfMemory) -> str:
         memory = f"host memory exhausted on rank {marker.rank}"
     return (
         f"out of memory: {config.describe()}, {world_size} ranks: {memory} ({marker.message}); "
-        "use a smaller --batch-sizes, --seq-lens or --model"
+        "use a smaller batch size, sequence length or model"
     )

@@ -10,7 +10,7 @@ import argparse
 from tabulate import tabulate
 
 from ddp.analysis.buckets import advice, fitted_link, sweep
-from ddp.analysis.costmodel import LINKS
+from ddp.analysis.costmodel import LINKS, default_overlap_slowdown
 from ddp.bench.measure import RoundPolicy
 from ddp.bench.options import (
     add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_float,
@@ -46,6 +46,8 @@ def _overhead(record) -> str:
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     check_seq_len(args.model, args.seq_len)
+    if resolved.world_size < 2 and args.link is None:
+        raise UsageError("one rank measures no link to fit: give --world-size 2 or more, or a --link preset")
     if args.rounds > args.max_rounds:
         raise UsageError(f"--rounds {args.rounds} exceeds --max-rounds {args.max_rounds}: raise --max-rounds")
     policy = RoundPolicy(args.rounds, args.max_rounds, args.warmup_rounds, 0.02, args.round_budget)
@@ -66,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"measured best cap for {strategy}: {best.bucket_size_mb:g} MiB ({verdict})")
     local = sorted(r for rec in result.records for r in rec.local_round_seconds)
     local_seconds = local[len(local) // 2]
-    slowdown = 1.0 if resolved.backend == "gloo" and resolved.device == "cpu" else 0.0
+    slowdown = default_overlap_slowdown(resolved.backend == "gloo" and resolved.device == "cpu")
     print(f"\ncost model ({link.name}; compute = local step {local_seconds * 1e3:.1f} ms) recommends for bucketed:")
     recommendations = advice(args.model, args.batch_size, args.seq_len, local_seconds,
                              sorted(set(args.predict_world_sizes) | {resolved.world_size}), link, slowdown)

@@ -8,40 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tabulate import tabulate
-
-from ddp.analysis.compare import compare, failed, suspect_differences
-from ddp.bench.options import OptionError, argument_type
+from ddp.analysis.compare import compare, failed, suspect_differences, table
+from ddp.bench.options import percent_type
 from ddp.bench.records import load_run
-from ddp.bench.stats import parse_percent
 from ddp.cli import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD.json", help="the baseline run")
     parser.add_argument("new", metavar="NEW.json", help="the run to check")
-    parser.add_argument("--fail-slower", default=0.10, metavar="PERCENT",
-                        type=argument_type(lambda t: _percent(t), "fail_slower"),
+    parser.add_argument("--fail-slower", default=0.10, metavar="PERCENT", type=percent_type("--fail-slower"),
                         help="fail when a benchmark is resolved slower by more than this, e.g. 10%% (default: 10%%)")
-
-
-def _percent(text: str) -> float:
-    try:
-        return parse_percent(text, "--fail-slower")
-    except ValueError as error:
-        raise OptionError(str(error)) from None
-
-
-def table(rows) -> str:
-    def ms(seconds):
-        return "absent" if seconds is None else f"{seconds * 1e3:.2f}"
-
-    body = [
-        [r.name, ms(r.old_seconds), ms(r.new_seconds), "" if r.ratio is None else f"{r.ratio:.3f}",
-         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict]
-        for r in rows
-    ]
-    return tabulate(body, headers=["benchmark", "old ms", "new ms", "new / old", "95% interval", "verdict"], disable_numparse=True)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -19,34 +19,29 @@ simulate read a multi-node run like a local one.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from pytest_benchmark import __version__ as pytest_benchmark_version
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
-from pytest_benchmark.stats import Stats
-from pytest_benchmark.utils import get_commit_info
 from tabulate import tabulate
 
-from ddp.bench.allreduce import measure_all_reduce, size_bytes_of
+from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name, software_info
 from ddp.bench.measure import GridMeasurer, InProcessRanks, MeasuredOutOfMemory, RoundPolicy, free
 from ddp.bench.options import LaunchOptions, add_grid_options, grid_options
-from ddp.bench.records import ALLREDUCE_TEST, STEP_TEST, step_record, to_extra_info
+from ddp.bench.records import ALLREDUCE_TEST, STEP_TEST, benchmark_entry, run_document, step_record, write_new
 from ddp.bench.trainer import grid_configs, oom_reason
 from ddp.cli import UsageError
-from ddp.launcher import RankInfo, set_rank_info, share_cores
+from ddp.launcher import BACKENDS, RankInfo, set_rank_info, share_cores
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="auto = nccl when every local rank has a GPU, else gloo on CPU (default: auto)")
     add_grid_options(parser.add_argument, skip=("--allreduce-world-sizes",))
     parser.add_argument("--json", type=Path, default=None, help="write pytest-benchmark JSON here (rank 0)")
@@ -76,23 +71,6 @@ def join(backend: str, env: dict[str, int]) -> RankInfo:
     return info
 
 
-def _stats(round_seconds: list[float]) -> dict:
-    stats = Stats()
-    for seconds in round_seconds:
-        stats.update(seconds)
-    return {**stats.as_dict(), "data": list(round_seconds), "iterations": 1}
-
-
-def _options(grid) -> dict:
-    return {"disable_gc": False, "timer": "slowest_rank_clock", "min_rounds": grid.min_rounds, "max_time": grid.round_budget_seconds(),
-            "min_time": 5e-06, "warmup": False}
-
-
-def _entry(name: str, fullname: str, group: str, param: str, params: dict, record, grid) -> dict:
-    return {"group": group, "name": name, "fullname": fullname, "params": params, "param": param,
-            "extra_info": to_extra_info(record), "options": _options(grid), "stats": _stats(record.round_seconds)}
-
-
 def main(args: argparse.Namespace) -> int:
     env = _environment()
     # Rank placement is per node: every local rank needs its own GPU. Validated on every rank
@@ -100,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     resolved = LaunchOptions(backend=args.backend, world_size=env["LOCAL_WORLD_SIZE"]).resolve()
     grid = grid_options(vars(args).get, resolved.backend, resolved.device, skip=("--allreduce-world-sizes",))
     configs = grid_configs(grid)
-    if args.json is not None and args.json.exists():
+    if env["RANK"] == 0 and args.json is not None and args.json.exists():  # rank 0 writes it: rank 0 checks
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     info = join(resolved.backend, env)
     ranks = InProcessRanks(info.world_size, info.backend)
@@ -120,20 +98,20 @@ def main(args: argparse.Namespace) -> int:
                 continue
             measurement, index, local_index = result
             record = step_record(measurement, info.backend, device_name(info.device), index, local_index)
-            benchmarks.append(_entry(
+            benchmarks.append(benchmark_entry(
                 f"test_step[{config.test_id}]", f"{STEP_TEST}[{config.test_id}]", config.group_name, config.test_id,
-                {"step_config": f"UNSERIALIZABLE[{config!r}]"}, record, grid,
+                {"step_config": f"UNSERIALIZABLE[{config!r}]"}, record, record.round_seconds,
             ))
             if info.rank == 0:
                 print(f"{config.test_id}: {record.step_seconds * 1e3:.2f} ms "
                       f"[{record.step_seconds_ci95[0] * 1e3:.2f}, {record.step_seconds_ci95[1] * 1e3:.2f}]", flush=True)
         free(ranks)
-        for size_mb in grid.allreduce_sizes_mb:
-            record = measure_all_reduce(ranks, size_bytes_of(size_mb), policy)
+        records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)
+        for size_mb, record in zip(grid.allreduce_sizes_mb, records):
             param = f"n{info.world_size}-{size_mb:g}mb"
-            benchmarks.append(_entry(
+            benchmarks.append(benchmark_entry(
                 f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", f"all_reduce: {info.backend}, {info.world_size} ranks",
-                param, {"allreduce_world_size": info.world_size, "allreduce_size_mb": size_mb}, record, grid,
+                param, {"allreduce_world_size": info.world_size, "allreduce_size_mb": size_mb}, record, record.round_seconds,
             ))
     finally:
         free(ranks)
@@ -141,12 +119,7 @@ def main(args: argparse.Namespace) -> int:
         rows = [[b["name"], f"{b['stats']['median'] * 1e3:.3f}", len(b["stats"]["data"])] for b in benchmarks]
         print(tabulate(rows, headers=["benchmark", "median ms", "rounds"]), flush=True)
         if args.json is not None:
-            output = {
-                "machine_info": machine, "commit_info": get_commit_info(), "benchmarks": benchmarks,
-                "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": pytest_benchmark_version,
-            }
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(output, indent=4))
+            write_new(args.json, run_document(machine, benchmarks))
             print(f"wrote {len(benchmarks)} benchmarks to {args.json}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -17,7 +17,7 @@ from tabulate import tabulate
 from ddp.analysis import plots
 from ddp.analysis.costmodel import (
     ALGORITHMS, CANDIDATE_BUCKET_SIZES_MB, GB, LINKS, Compute, Link, calibrate, fit_link, predict_grid,
-    recommend_bucket_sizes, validation_rows,
+    default_overlap_slowdown, recommend_bucket_sizes, validation_rows,
 )
 from ddp.bench.options import argument_type, positive_float, positive_int, positive_ints, positive_floats, strategy_names
 from ddp.bench.records import load_run
@@ -73,6 +73,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
     if args.overlap_slowdown is not None and args.overlap_slowdown < 0:
         raise UsageError(f"--overlap-slowdown must be 0 or more, got {args.overlap_slowdown}")
+    by_hand = {"--model-size": args.model_size, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
+               "--seq-len": args.seq_len}
+    if args.run is not None and any(value is not None for value in by_hand.values()):
+        given = ", ".join(flag for flag, value in by_hand.items() if value is not None)
+        raise UsageError(f"{given} describe a configuration by hand: give them without --from, or drop them")
     if args.run is not None:
         run = calibrate(load_run(args.run), args.statistic)
         if run.model not in MODEL_SIZES:
@@ -98,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
             link = fit_link(samples, args.algorithm, name=f"fitted on {args.run.name}")
         except ValueError as error:
             raise UsageError(f"{args.run}: {error}") from None
-    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else (1.0 if cpu_gloo else 0.0)
+    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else default_overlap_slowdown(cpu_gloo)
     print(
         f"link {link.name}: alpha {link.latency_seconds * 1e6:.2f} us per step ({link.algorithm}), "
         f"busbw {link.busbw_bytes_per_second / GB:.3f} GB/s; overlap slowdown {slowdown:g}; model {model_size}"

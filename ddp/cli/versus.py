@@ -6,7 +6,6 @@ over local; ``--json`` saves the ``RaceRecord``."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from tabulate import tabulate
@@ -14,7 +13,8 @@ from tabulate import tabulate
 from ddp.bench.measure import RoundPolicy
 from ddp.bench.options import add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int
 from ddp.bench.race import CONTENDERS, race
-from ddp.bench.records import to_extra_info
+from ddp.bench.machine import software_info
+from ddp.bench.records import benchmark_entry, run_document, write_new
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 
@@ -53,7 +53,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     policy = RoundPolicy.fixed(args.rounds, args.warmup_rounds)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, policy)
+        try:
+            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, policy)
+        except MemoryError as error:
+            raise UsageError(str(error)) from None
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
           f"bucket {args.bucket_size_mb:g} MiB, {args.rounds} rounds")
@@ -65,5 +68,9 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print("bucketed and torch ended with the same weights")
     if args.json:
-        args.json.write_text(json.dumps(to_extra_info(record), indent=2))
+        name = f"test_bucketed_versus_torch[{record.model}]"
+        entry = benchmark_entry(name, f"ddp versus::{name}", f"versus: {record.model}, bucket {record.bucket_size_mb:g} MiB",
+                                record.model, {}, record, record.round_seconds["bucketed"])
+        write_new(args.json, run_document({"ddp_bench": software_info(resolved.backend, resolved.device, resolved.world_size,
+                                                                      resolved.why)}, [entry]))
     return 0

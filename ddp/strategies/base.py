@@ -7,7 +7,8 @@ whole batch would have it. ``no_sync()`` skips communication for gradient accumu
 
 ``Strategy`` is the interface, declared once: every strategy here, ``local`` and ``torch``
 included, derives from it. A user's own class need not: what the suite requires of it is
-``REQUIRED_METHODS`` and a constructor ``(module, **options)`` (see ``ddp.strategies.registry``);
+``REQUIRED_METHODS``, a constructor ``(module, **options)`` (see ``ddp.strategies.registry``) and
+the wrapped module kept as ``.module`` (checked when the benchmark builds it);
 everything else (``no_sync``, ``bucket_size_mb``, the figures below) is optional, and the suite
 measures or skips where a class lacks it.
 """
