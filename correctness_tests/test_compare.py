@@ -130,3 +130,11 @@ def test_a_slower_strategy_is_caught_through_the_pairing(files):
                                                  [0.2 * d for d in drift_new])])))
     (row,) = compare(old, new, 0.10)
     assert row.verdict == "slower" and row.ratio == pytest.approx(1.15, abs=0.02)
+
+
+def test_local_is_the_machines_reference_reported_not_gated(files, capsys):
+    old = files("old.json", run([step("local", noisy(0.2, 30, 1, 0.01))]))
+    new = files("new.json", run([step("local", noisy(0.25, 30, 2, 0.01))]))  # the whole machine 25% slower
+    assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
+    out = capsys.readouterr().out
+    assert "machine slower" in out and "NOTE: local, the machine's reference, changed in 1 configuration(s)" in out

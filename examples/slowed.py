@@ -3,7 +3,9 @@
     DDP_BENCH_SLOWDOWN=0.15 pytest perf_tests/test_step.py --strategies local,examples.slowed:SlowedBucketed ...
 
 ``SlowedBucketed`` is ``bucketed`` that, when ``DDP_BENCH_SLOWDOWN`` is set, waits that fraction of
-the time its forward and backward took before synchronizing gradients. Unset, it is ``bucketed``.
+the time from the start of its forward to the end of its gradient synchronization, after the
+synchronization: a wait that hides nothing (waiting before it would overlap the all-reduces still
+in flight and cost less than asked). Unset, it is ``bucketed``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class SlowedBucketed(BucketedDDP):
         return super().forward(*args, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
         fraction = float(os.environ.get("DDP_BENCH_SLOWDOWN", "0"))
         if fraction > 0:
             time.sleep(fraction * (time.perf_counter() - self._forward_began))
-        super().finish_gradient_synchronization()

@@ -114,7 +114,8 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
             "machine_info": session.get_machine_info(),
             "benchmarks": [bench.as_dict(include_data=False) for bench in session.benchmarks if not bench.has_error],
         })
-        olds = [load_run(path) for path in session.compared_mapping]
+        # pytest-benchmark names compared runs relative to its storage folder
+        olds = [load_run(Path(session.storage.path) / path) for path in session.compared_mapping]
     except RunFileError as error:
         terminalreporter.write_line(f"--ddp-fail-slower: {error}")
         terminalreporter._session.exitstatus = pytest.ExitCode.USAGE_ERROR
