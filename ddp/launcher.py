@@ -103,6 +103,7 @@ def unavailable_reason(backend: str, world_size: int, device: str) -> str | None
 
 
 def default_device(backend: str) -> str:
+    """Where tensors live when no device is given: cuda for nccl, cpu for gloo."""
     return "cuda" if backend == "nccl" else "cpu"
 
 

@@ -1,5 +1,5 @@
 """Overlap of communication with backward, from profiled steps: interval arithmetic, reading
-CUDA traces, and the figures of ``summary.json``. Pure: no torch, no ranks.
+CUDA traces, and the figures of ``summary.json``. Pure functions of step records: no tensors, no ranks.
 
 A profiled step (``ddp.bench.profiling``) is a record of ``[start, end]`` of every phase
 ("forward", "backward", "gradient_sync", "optimizer"), ``backward_compute_end`` (the last gradient
@@ -24,7 +24,8 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+from ddp.bench.trainer import PHASES  # the step's phases, named where the step is defined
+
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000
 # Where a step's communication intervals come from (the "comm_source" of steps and summary.json):

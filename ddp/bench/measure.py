@@ -79,10 +79,6 @@ class Measurement:
         peaks = [t.peak_memory_bytes for timings in self.rounds for t in timings[index] if t.peak_memory_bytes is not None]
         return max(peaks) if peaks else None
 
-    @property
-    def precise(self) -> bool:
-        return self.reached_precision <= self.target_precision
-
 
 @dataclass(frozen=True)
 class MeasuredOutOfMemory:

@@ -22,7 +22,7 @@ import torch
 from ddp.bench.measure import INTERLEAVE
 from ddp.bench.stats import parse_percent
 from ddp.bench.workloads import check_workload, max_seq_len
-from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, unavailable_reason
+from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
 
@@ -154,7 +154,7 @@ class LaunchOptions:
         if self.world_size < 1:
             raise OptionError(f"world size must be at least 1, got {self.world_size}")
         backend, why = choose_backend(self.backend, self.world_size)
-        device = self.device or ("cuda" if backend == "nccl" else "cpu")
+        device = self.device or default_device(backend)
         reason = unavailable_reason(backend, self.world_size, device)
         if reason:
             raise OptionError(reason)
