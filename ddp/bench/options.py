@@ -24,7 +24,7 @@ from ddp.bench.stats import parse_percent
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.model import MODEL_SIZES
-from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
+from ddp.strategies.registry import DEFAULT_GRID_STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
 
 DEVICES = ("cpu", "cuda")
 
@@ -308,7 +308,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
     if device == "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return GridOptions(
-            model="xl", strategies=tuple(STRATEGIES), batch_sizes=(2, 4), seq_lens=(128, 256, 512),
+            model="xl", strategies=DEFAULT_GRID_STRATEGIES, batch_sizes=(2, 4), seq_lens=(128, 256, 512),
             bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=200, warmup_rounds=2,
             target_precision=0.01, budget_seconds=None, session_budget_seconds=1800.0, interleave="off",
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
@@ -316,7 +316,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
             allreduce_world_sizes=gpu_world_sizes(gpus) if backend == "nccl" else (2, 4, 6),
         )
     return GridOptions(
-        model="mini", strategies=tuple(STRATEGIES), batch_sizes=(4, 8), seq_lens=(64, 128),
+        model="mini", strategies=DEFAULT_GRID_STRATEGIES, batch_sizes=(4, 8), seq_lens=(64, 128),
         bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=200, warmup_rounds=1,
         target_precision=0.02, budget_seconds=None, session_budget_seconds=270.0, interleave="local",
         allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),

@@ -11,6 +11,19 @@ included, derives from it. A user's own class need not: what the suite requires 
 the wrapped module kept as ``.module`` (checked when the benchmark builds it);
 everything else (``no_sync``, ``bucket_size_mb``, the figures below) is optional, and the suite
 measures or skips where a class lacks it.
+
+**Strategies that shard** (ZeRO, FSDP) own more than the gradients, and say so through two optional
+methods, read everywhere through the functions of the same name below (a class without them gets
+the replicated default):
+
+- ``make_optimizer(optimizer_cls, **kwargs)``: the optimizer the step uses. Default
+  ``optimizer_cls(strategy.parameters(), **kwargs)``; a ZeRO strategy returns one that steps only
+  this rank's shard and gathers the updated parameters back.
+- ``gather_full_params()``: every trained parameter, whole, by its name in the wrapped module's
+  ``named_parameters()``. Default: the module's own parameters; an FSDP strategy all-gathers them.
+
+and through ``sharding`` (a ``Sharding``) on the class: which state it splits over the ranks, from
+which the memory a rank needs follows (``Sharding.bytes_per_parameter``).
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import abc
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -79,6 +93,61 @@ def broadcast_from_rank0(module: nn.Module, process_group: dist.ProcessGroup | N
             offset += t.numel()
 
 
+FP32_BYTES = 4
+ADAM_STATE_BYTES = 8  # two fp32 moments a parameter (AdamW's exp_avg and exp_avg_sq)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Which training state a strategy splits over the ranks; every rank holds the rest whole.
+
+    Replicated DDP splits nothing (16 bytes a parameter with fp32 AdamW); a sharded optimizer
+    (ZeRO-1) the optimizer state (4 + 4 + 8/N); full sharding (FSDP, ZeRO-3) all three (16/N), each
+    plus the unit of parameters gathered for compute and the strategy's buffers.
+    """
+
+    parameters: bool = False
+    gradients: bool = False
+    optimizer_state: bool = False
+
+    def bytes_per_parameter(self, world_size: int) -> dict[str, float]:
+        """Bytes a rank holds per model parameter, fp32 weights and AdamW, by kind and in total."""
+        share = 1.0 / world_size
+        figures = {
+            "parameters": FP32_BYTES * (share if self.parameters else 1.0),
+            "gradients": FP32_BYTES * (share if self.gradients else 1.0),
+            "optimizer_state": ADAM_STATE_BYTES * (share if self.optimizer_state else 1.0),
+        }
+        figures["total"] = sum(figures.values())
+        return figures
+
+    @property
+    def formula(self) -> str:
+        """The bytes a parameter as a user reads them, e.g. ``4 + 4 + 8/N``."""
+        terms = [(FP32_BYTES, self.parameters), (FP32_BYTES, self.gradients), (ADAM_STATE_BYTES, self.optimizer_state)]
+        if all(sharded for _, sharded in terms):
+            return "16/N"
+        return " + ".join(f"{size}/N" if sharded else str(size) for size, sharded in terms)
+
+
+REPLICATED = Sharding()
+
+
+def sharding_of(model_or_class: object) -> Sharding | None:
+    """What a strategy (instance or class) shards; None for a user's class that does not say."""
+    sharding = getattr(model_or_class, "sharding", None)
+    return sharding if isinstance(sharding, Sharding) else None
+
+
+def shards_parameters(model_or_class: object) -> bool:
+    """Whether the wrapped module's own parameters are not the whole trained ones: the strategy
+    says so in ``sharding``, or (a user's class that does not say) it gathers them itself."""
+    sharding = sharding_of(model_or_class)
+    if sharding is not None:
+        return sharding.parameters
+    return callable(getattr(model_or_class, "gather_full_params", None))
+
+
 # What the suite calls on any strategy, a user's own included.
 REQUIRED_METHODS = ("forward", "finish_gradient_synchronization")
 
@@ -93,9 +162,18 @@ class Strategy(nn.Module, abc.ABC):
     """
 
     module: nn.Module
+    sharding: Sharding = REPLICATED
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+        """The optimizer of this strategy's training: ``optimizer_cls`` over its parameters, unless it shards."""
+        return optimizer_cls(self.parameters(), **kwargs)
+
+    def gather_full_params(self) -> dict[str, torch.Tensor]:
+        """Every trained parameter, whole, by its name in the wrapped module (detached, not copied)."""
+        return {name: p.detach() for name, p in self.module.named_parameters()}
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Accumulate gradients locally; strategies that communicate override this."""
@@ -112,6 +190,20 @@ class Strategy(nn.Module, abc.ABC):
     @property
     def bucket_sizes_bytes(self) -> list[int] | None:
         return None
+
+
+def make_optimizer(model: nn.Module, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+    """The optimizer any strategy trains with, a user's class included: its own ``make_optimizer``
+    if it has one, else ``Strategy``'s (``optimizer_cls`` over its parameters)."""
+    own = getattr(model, "make_optimizer", None)
+    return own(optimizer_cls, **kwargs) if callable(own) else Strategy.make_optimizer(model, optimizer_cls, **kwargs)
+
+
+def gather_full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every trained parameter of any strategy, whole, by name: its own ``gather_full_params()``
+    if it has one, else ``Strategy``'s (the wrapped module's parameters)."""
+    own = getattr(model, "gather_full_params", None)
+    return dict(own()) if callable(own) else Strategy.gather_full_params(model)
 
 
 class DataParallel(Strategy):

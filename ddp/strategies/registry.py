@@ -5,22 +5,33 @@ The same names appear in test ids, benchmark groups, report columns and command-
 user's class is named ``"package.module:ClassName"`` and is checked here, in the parent process,
 before any rank starts: an import error, a missing method or a constructor that cannot take a
 module is one error saying what to fix.
+
+A user's sharded optimizer in a course's adapter shape, a ``torch.optim.Optimizer`` subclass built
+as ``cls(params, optimizer_cls, **kwargs)``, is named the same way and runs as a strategy:
+``bucketed`` averages the gradients and the class is the optimizer (``sharded_optimizer_strategy``).
+A user's FSDP class needs no adapter: it is a strategy, ``cls(module, compute_dtype=None)``, whose
+``gather_full_params()`` returns the whole parameters by name.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import torch
 from torch import nn
 
 from ddp.importing import load_object
-from ddp.strategies.base import REQUIRED_METHODS
+from ddp.strategies.base import REPLICATED, REQUIRED_METHODS, sharding_of
 from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.flat import FlatDDP
+from ddp.strategies.fsdp import FullyShardedDP
 from ddp.strategies.local import LocalTraining
 from ddp.strategies.naive import NaiveDDP
 from ddp.strategies.overlap import OverlapDDP
+from ddp.strategies.sharded_optimizer import ShardedOptimizerDDP, sharded_optimizer_strategy
 from ddp.strategies.torch_ddp import TorchDDP
+from ddp.strategies.torch_fsdp import TorchFSDP
+from ddp.strategies.zero import ZeroDDP
 
 STRATEGIES: dict[str, type[nn.Module]] = {
     "local": LocalTraining,
@@ -29,10 +40,22 @@ STRATEGIES: dict[str, type[nn.Module]] = {
     "overlap": OverlapDDP,
     "bucketed": BucketedDDP,
     "torch": TorchDDP,
+    "sharded_optimizer": ShardedOptimizerDDP,
+    "zero": ZeroDDP,
+    "fsdp": FullyShardedDP,
+    "torch_fsdp": TorchFSDP,
 }
 
 # Strategies that train like one process on the whole batch (``local`` does not).
 DDP_STRATEGIES = tuple(name for name in STRATEGIES if name != "local")
+
+# Built-in strategies that split training state over the ranks (ZeRO, FSDP).
+SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_of(cls) not in (None, REPLICATED))
+
+# What a perf grid runs unless told: the replicated strategies. The sharded ones are asked for by
+# name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add minutes to the
+# default CPU run, and their headline figure, memory, needs no timing.
+DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES if name not in SHARDED_STRATEGIES)
 
 # Built-in strategies whose constructor takes ``bucket_size_mb``.
 BUCKETED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if "bucket_size_mb" in inspect.signature(cls).parameters)
@@ -57,15 +80,35 @@ def resolve_strategy(name: str) -> type[nn.Module]:
         cls = load_object(name, "strategy")
     except ValueError as error:
         raise StrategyError(str(error)) from None
+    if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer):
+        check_sharded_optimizer_class(name, cls)
+        return sharded_optimizer_strategy(cls)
     check_strategy_class(name, cls)
     return cls
+
+
+def check_sharded_optimizer_class(name: str, cls: type[torch.optim.Optimizer]) -> None:
+    """Refuse an optimizer class that cannot be built as ``cls(params, optimizer_cls, **kwargs)``."""
+    try:
+        inspect.signature(cls).bind([], torch.optim.AdamW, lr=1e-3)
+    except TypeError as error:
+        raise StrategyError(
+            f"strategy {name!r} is an optimizer class that cannot be built as {cls.__name__}(params, "
+            f"optimizer_cls, **kwargs) ({error}): a sharded optimizer takes the parameters, the optimizer "
+            "class to shard and that class's options"
+        ) from None
+    except ValueError:
+        pass  # no signature to read: it is tried on the ranks
 
 
 def check_strategy_class(name: str, cls: object) -> None:
     """Refuse what cannot serve as a strategy: not a class, a required method missing, or a
     constructor that cannot be called as ``cls(module)``."""
     if not inspect.isclass(cls):
-        raise StrategyError(f"strategy {name!r} is a {type(cls).__name__}, not a class: name a DDP class")
+        raise StrategyError(
+            f"strategy {name!r} is a {type(cls).__name__}, not a class: name a DDP or FSDP class, "
+            "or a sharded optimizer class (a torch.optim.Optimizer subclass)"
+        )
     missing = [method for method in REQUIRED_METHODS if not callable(getattr(cls, method, None))]
     if missing:
         raise StrategyError(

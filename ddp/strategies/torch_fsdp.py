@@ -1,0 +1,62 @@
+"""PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) behind ddp-bench's interface: the
+reference for ``fsdp``.
+
+The same units as ``fsdp`` (each child of an ``nn.ModuleList``, then the root) are passed to
+``fully_shard``, whose parameters become DTensors sharded on dim 0 over the ranks. It all-gathers
+and reduce-scatters inside forward and backward and waits for its reduce-scatters at the end of
+backward, so ``finish_gradient_synchronization`` has nothing left to do. Runs on gloo over CPU in
+torch 2.13 (checked: ``fully_shard`` needs ``all_gather_into_tensor`` and
+``reduce_scatter_tensor``, which gloo has there). ``fully_shard`` does not give every rank rank
+0's values, so the module is broadcast from rank 0 first.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp.strategies.base import Sharding, Strategy, broadcast_from_rank0, require_process_group
+from ddp.strategies.fsdp import check_compute_dtype, plan_units
+
+
+class TorchFSDP(Strategy):
+    """``fully_shard`` per unit; ``compute_dtype`` becomes its ``MixedPrecisionPolicy(param_dtype=...)``
+    with fp32 gradient reduction."""
+
+    sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
+
+    def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
+        super().__init__()
+        require_process_group(type(self).__name__, process_group)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.process_group = process_group
+        broadcast_from_rank0(module, process_group)
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        group = process_group if process_group is not None else dist.group.WORLD
+        mesh = DeviceMesh.from_group(group, device.type)
+        dtype = check_compute_dtype(compute_dtype)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        scalars = [name for name, p in module.named_parameters() if p.requires_grad and p.dim() == 0]
+        if scalars:
+            raise ValueError(
+                f"PyTorch's fully_shard cannot shard a 0-dimensional parameter ({', '.join(scalars)}): "
+                "make it a 1-element tensor, or freeze it"
+            )
+        # Frozen parameters stay whole on every rank, as in fsdp (and fully_shard refuses scalars).
+        frozen = {p for p in module.parameters() if not p.requires_grad}
+        for _, unit in plan_units(module)[:-1]:
+            fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=frozen)
+        self.module = fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=frozen)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing to do: fully_shard waited for its reduce-scatters at the end of backward."""
+
+    @torch.no_grad()
+    def gather_full_params(self) -> dict[str, torch.Tensor]:
+        return {
+            name: p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+            for name, p in self.module.named_parameters()
+        }
