@@ -1,9 +1,12 @@
 """Every strategy must train exactly like one process on the whole batch.
 
 On every rank, the test trains a single-process reference on the whole batch (no communication:
-the independent reference) and the strategy on that rank's rows. It checks that the wrapped
+the independent reference) and the strategy on that rank's rows, with the optimizer the strategy
+makes (``ddp.strategies.base.make_optimizer``: a sharded one for ZeRO). It checks that the wrapped
 module starts from rank 0's parameters, and after every step that the gradients and then the
-parameters agree. A mismatch fails with ``ddp.diagnose``'s message: the step, rank, parameter and
+parameters agree, reading the parameters whole by name (``gather_full_params``) so that sharded
+strategies are checked like the others; a strategy that shards its gradients is judged by its
+parameters alone. A mismatch fails with ``ddp.diagnose``'s message: the step, rank, parameter and
 size of the difference, and the likely mistake when it is a known one. The parent then checks
 that all ranks hold identical parameters.
 """
@@ -11,9 +14,11 @@ that all ranks hold identical parameters.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.testing import assert_close
 
 import ddp
@@ -29,7 +34,8 @@ from ddp.diagnose import (
     named_values,
 )
 from ddp.launcher import rank_info
-from ddp.strategies.registry import DDP_STRATEGIES, supports_no_sync, takes_bucket_size
+from ddp.strategies.base import REPLICATED, gather_full_params, make_optimizer, sharding_of, shards_parameters
+from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -52,7 +58,8 @@ def strategy_cases(strategies: tuple[str, ...]) -> list:
     for name in strategies:
         if name == "local":
             continue
-        if name == "torch":
+        if takes_bucket_size(name) and (name == "torch" or sharding_of(resolve_strategy(name)) not in (None, REPLICATED)):
+            # PyTorch's reducer, and sharded strategies whose buckets are bucketed's or torch's: one plan will do
             cases.append(pytest.param(name, "few_per_bucket", id=name))
         elif takes_bucket_size(name):
             cases += [pytest.param(name, case, id=f"{name}-{case}") for case in BUCKET_CASES]
@@ -69,11 +76,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         strategies = metafunc.config.getoption("strategies") or DDP_STRATEGIES
         metafunc.parametrize("strategy, bucket_case", strategy_cases(strategies))
 
+# (class, options): the strategy builds its optimizer from them (a sharded one for ZeRO).
 OPTIMIZERS = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
     # eps well above float rounding of tiny gradients, which Adam would otherwise amplify to a full step;
     # weight decay large enough that a gradient wrongly set to zeros (instead of None) shows.
-    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, eps=1e-6, weight_decay=0.5),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "eps": 1e-6, "weight_decay": 0.5}),
 }
 
 
@@ -82,8 +90,8 @@ def _strategy_options(strategy: str, bucket_case: str | None, module, has_unused
     if bucket_case is not None:
         sizes = [p.numel() * p.element_size() for p in module.parameters() if p.requires_grad]
         options["bucket_size_mb"] = BUCKET_CASES[bucket_case](sizes)
-    if strategy == "torch" and has_unused:
-        options["find_unused_parameters"] = True
+    if has_unused and "find_unused_parameters" in inspect.signature(resolve_strategy(strategy)).parameters:
+        options["find_unused_parameters"] = True  # PyTorch's reducer (torch, zero) needs it
     return options
 
 
@@ -106,6 +114,34 @@ def _raise_on(mismatch: Mismatch | None) -> None:
         raise AssertionError(str(mismatch))
 
 
+def sharded_parameters_skip(strategy: str, model_name: str) -> str | None:
+    """Why a strategy that shards parameters cannot train this model, or None."""
+    if MODEL_CASES[model_name].has_unused_parameters and shards_parameters(resolve_strategy(strategy)):
+        return (
+            f"{strategy} shards parameters and gathers each unit when it runs, so every rank must run the same "
+            f"modules; {model_name} routes rows to experts per rank (PyTorch's FSDP has the same requirement)"
+        )
+    return None
+
+
+def _moved_on_some_rank(reference: dict, actual: dict) -> set[str]:
+    """Names of the parameters that match the reference on at least one rank (a MAX all-reduce)."""
+    names = list(reference)
+    flags = torch.tensor([_difference_free(actual[n], reference[n]) for n in names], dtype=torch.int32)
+    if dist.get_backend() != "gloo":
+        flags = flags.to(rank_info().device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return {name for name, flag in zip(names, flags.tolist()) if flag}
+
+
+def _difference_free(actual: torch.Tensor, expected: torch.Tensor) -> int:
+    return int(actual.shape == expected.shape and torch.allclose(actual.double().cpu(), expected.double().cpu(), rtol=1e-4, atol=1e-5))
+
+
+def _full_values(model) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in gather_full_params(model).items()}
+
+
 def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
     """Runs on every rank: train the strategy and the reference side by side, compare each step."""
     info = rank_info()
@@ -118,15 +154,18 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
             if tensor.is_floating_point():
                 tensor.add_(info.rank)
     model = ddp.make_ddp(strategy, local, **_strategy_options(strategy, bucket_case, local, case.has_unused_parameters))
+    module = getattr(model, "module", local)
     _raise_on(
-        diagnose_initial(info.rank, named_values(reference), named_values(model.module))
-        or diagnose_initial(info.rank, named_buffer_values(reference), named_buffer_values(model.module), kind="buffer")
+        diagnose_initial(info.rank, named_values(reference), _full_values(model))
+        or diagnose_initial(info.rank, named_buffer_values(reference), named_buffer_values(module), kind="buffer")
     )
     if isinstance(model, BucketedDDP):
         _check_bucket_plan(model, bucket_case)
-    reference_optimizer = OPTIMIZERS[optimizer_name](reference.parameters())
-    optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+    optimizer_cls, optimizer_options = OPTIMIZERS[optimizer_name]
+    reference_optimizer = optimizer_cls(reference.parameters(), **optimizer_options)
+    optimizer = make_optimizer(model, optimizer_cls, **optimizer_options)
     frozen, tied = frozen_names(reference), named_ties(reference)
+    compare_gradients = not shards_parameters(model)  # a sharded module's gradients are its shards'
 
     generator = torch.Generator().manual_seed(1234)
     rows = slice(info.rank * ROWS_PER_RANK, (info.rank + 1) * ROWS_PER_RANK)
@@ -147,6 +186,7 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         reference_grads = named_gradients(reference)
         reference_optimizer.step()
 
+        previous = _full_values(model)
         optimizer.zero_grad()
         if accumulate:
             micro = ROWS_PER_RANK // MICRO_BATCHES
@@ -157,8 +197,11 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         else:
             case.loss(model(mine), my_targets).backward()
         model.finish_gradient_synchronization()
-        grads = named_gradients(model.module)  # as synchronization left them, before the optimizer reads them
+        # as synchronization left them, before the optimizer reads them
+        grads = named_gradients(module) if compare_gradients else None
         optimizer.step()
+        values = _full_values(model)
+        expected = named_values(reference)
 
         _raise_on(
             diagnose_step(
@@ -167,20 +210,23 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
                 info.world_size,
                 reference_grads,
                 grads,
-                named_values(reference),
-                named_values(model.module),
+                expected,
+                values,
                 frozen=frozen,
                 tied=tied,
                 local_grads=local_grads,
+                previous_params=previous,
+                moved_on_some_rank=_moved_on_some_rank(expected, values),
+                update_proportional_to_gradient=optimizer_cls is torch.optim.SGD,
             )
         )
         # diagnose_step judges values as assert_close does. assert_close still runs because it
         # also checks dtype, device and layout.
-        for (name, expected), actual in zip(reference.named_parameters(), model.module.parameters()):
-            assert_close(actual, expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}, {name}: {m}")
-        for (name, expected), actual in zip(reference.named_buffers(), model.module.buffers()):
-            assert_close(actual, expected, msg=lambda m: f"buffer {name}: {m}")
-    return [p.detach().cpu() for p in model.module.parameters()]
+        for name, value in expected.items():
+            assert_close(values[name], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}, {name}: {m}")
+        for (name, value), actual in zip(reference.named_buffers(), module.buffers()):
+            assert_close(actual, value, msg=lambda m: f"buffer {name}: {m}")
+    return [value.cpu() for value in _full_values(model).values()]
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
@@ -189,12 +235,25 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
 def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, accumulate):
     if accumulate and not supports_no_sync(strategy):
         pytest.skip(f"{strategy} has no no_sync(): add that context manager to test gradient accumulation")
+    if reason := sharded_parameters_skip(strategy, model_name):
+        pytest.skip(reason)
     per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, accumulate)
     for rank, params in enumerate(per_rank[1:], start=1):
         for mine, rank0 in zip(params, per_rank[0]):
             assert_close(mine, rank0, rtol=0, atol=0, msg=lambda m: f"rank {rank} differs from rank 0: {m}")
 
 
-def test_user_class_by_import_path(rank_group):
-    """``make_ddp`` takes "package.module:ClassName": a user's own DDP runs the same tests."""
-    rank_group.run(train_against_reference, "ddp.strategies.flat:FlatDDP", None, "frozen_mlp", "adamw", True)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "ddp.strategies.flat:FlatDDP",
+        "ddp.strategies.fsdp:FullyShardedDP",
+        # an optimizer class (params, optimizer_cls, **kwargs): the registry adapts it to a strategy
+        "ddp.strategies.sharded_optimizer:ShardedOptimizer",
+    ],
+    ids=["ddp", "fsdp", "sharded_optimizer"],
+)
+def test_user_class_by_import_path(rank_group, spec):
+    """``make_ddp`` takes "package.module:ClassName": a user's own DDP, FSDP or sharded optimizer
+    runs the same tests."""
+    rank_group.run(train_against_reference, spec, None, "frozen_mlp", "adamw", True)

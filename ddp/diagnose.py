@@ -13,6 +13,14 @@ parameter), by how much (the largest absolute and relative difference, measured 
 - a gradient is None where one process has one: it was never synchronized (a hook missed);
 - a gradient equals the one this rank computed alone: gradients were never all-reduced.
 
+For a strategy that shards its gradients (FSDP), only values can be compared; the update a step
+made (value after minus value before) then tells the sharded optimizer's mistakes apart:
+
+- a parameter did not move on any rank: its shard was never stepped;
+- it moved on some rank but not on this one: the updated shard was not gathered back;
+- every update is world-size times one process's, with SGD: gradients summed, not averaged;
+- an update further than one process's otherwise: a shard stepped more than once.
+
 Gradients are compared before parameters. They are a strategy's whole job, and a wrong gradient
 explains a wrong parameter but not the other way round. Each ``diagnose_*`` function is a pure
 function of tensors keyed by parameter name, as ``named_parameters()`` names them. So it runs the
@@ -215,6 +223,9 @@ def diagnose_step(
     frozen: Collection[str] = (),
     tied: Sequence[Sequence[str]] = (),
     local_grads: Tensors | None = None,
+    previous_params: Mapping[str, torch.Tensor] | None = None,
+    moved_on_some_rank: Collection[str] = (),
+    update_proportional_to_gradient: bool = False,
     rtol: float = RTOL,
     atol: float = ATOL,
 ) -> Mismatch | None:
@@ -226,22 +237,31 @@ def diagnose_step(
     reference_grads / actual_grads: the gradients that single-process training and this rank's
         strategy hold just before ``optimizer.step()``, so after
         ``finish_gradient_synchronization()``. None where a parameter has no gradient.
+        ``actual_grads`` None: the strategy shards gradients, only values are compared.
     reference_params / actual_params: the parameters after ``optimizer.step()``.
     frozen: names of the parameters with ``requires_grad=False``.
     tied: for each tensor shared between several names, all of its names (see ``named_ties``).
     local_grads: optional. The gradients this rank would hold if it never communicated, i.e. the
         single-process model's gradients on this rank's rows alone. With them, a strategy that
         never all-reduces is named as such.
+    previous_params: optional. This rank's parameters before the step; with them a wrong value
+        is explained by the update the step made (module docstring).
+    moved_on_some_rank: names of the parameters that took single-process training's update on
+        at least one rank in this step (the harness agrees on them with a collective).
+    update_proportional_to_gradient: the optimizer's update scales with the gradient (SGD;
+        Adam's does not), so summed gradients show as a world-size-times update.
 
     A parameter that got no gradient in single-process training, and is not frozen, is unused.
     Returns None when everything matches within ``rtol``/``atol``. Otherwise returns the first
     gradient mismatch, or, if every gradient matches, the first parameter mismatch.
     """
-    _check_names(reference_grads, actual_grads, "gradients")
     _check_names(reference_params, actual_params, "parameters")
-    grad_differences = [
-        d for name in reference_grads if (d := _difference(name, actual_grads[name], reference_grads[name], rtol, atol))
-    ]
+    grad_differences = []
+    if actual_grads is not None:
+        _check_names(reference_grads, actual_grads, "gradients")
+        grad_differences = [
+            d for name in reference_grads if (d := _difference(name, actual_grads[name], reference_grads[name], rtol, atol))
+        ]
     if grad_differences:
         hint, reported = _explain_gradients(
             grad_differences, world_size, reference_grads, actual_grads, set(frozen), tied, local_grads, rtol, atol
@@ -260,6 +280,16 @@ def diagnose_step(
                 f"{reported.name!r} has requires_grad=False, yet its value changed. A frozen parameter "
                 "must stay as it is: synchronize, zero and step only parameters with requires_grad=True"
             )
+        elif previous_params is not None and (
+            explained := _explain_update(
+                value_differences, world_size, reference_params, actual_params, previous_params,
+                set(moved_on_some_rank), update_proportional_to_gradient, rtol, atol,
+            )
+        ):
+            hint, reported = explained
+        elif actual_grads is None:
+            reported = value_differences[0]
+            hint = None
         else:
             reported = value_differences[0]
             hint = (
@@ -268,6 +298,55 @@ def diagnose_step(
                 "or hooks, a broadcast after the first step, or a second optimizer"
             )
         return _mismatch(step, rank, "value", reported, value_differences, hint)
+    return None
+
+
+def _explain_update(
+    differences: list[_Difference],
+    world_size: int,
+    reference_params: Mapping[str, torch.Tensor],
+    actual_params: Mapping[str, torch.Tensor],
+    previous_params: Mapping[str, torch.Tensor],
+    moved_on_some_rank: set[str],
+    update_proportional_to_gradient: bool,
+    rtol: float,
+    atol: float,
+) -> tuple[str, _Difference] | None:
+    """A sharded optimizer's mistake read from the updates (module docstring), or None."""
+    stale = [d for d in differences if _difference(d.name, actual_params[d.name], previous_params[d.name], 0.0, 0.0) is None]
+    if stale:
+        elsewhere = [d for d in stale if d.name in moved_on_some_rank]
+        if elsewhere:
+            return (
+                f"{elsewhere[0].name!r} kept its value from before the step on this rank, while another rank "
+                "holds its updated value: the updated shard was not gathered back. After stepping its "
+                "shard, each rank must send its parameters to every other rank (broadcast or all-gather)",
+                elsewhere[0],
+            )
+        return (
+            f"{stale[0].name!r} kept its value from before the step on every rank: its shard was never "
+            "stepped. Every trainable parameter must belong to exactly one rank's optimizer",
+            stale[0],
+        )
+
+    def update(params: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+        return _as_float64(params[name]) - _as_float64(previous_params[name])
+
+    scales = [_scale(update(actual_params, d.name), update(reference_params, d.name), 1e-2, 1e-6) for d in differences]
+    if any(k is None for k in scales):
+        return None
+    if update_proportional_to_gradient and world_size > 1 and all(abs(k - world_size) <= SCALE_TOLERANCE * world_size for k in scales):
+        return (
+            f"the update is {scales[0]:.2f}x the single-process one, the world size: gradients are summed, "
+            "not averaged (divide by the world size before or after the reduce-scatter)",
+            differences[0],
+        )
+    if all(k > 1 + SCALE_TOLERANCE for k in scales):
+        return (
+            f"the update is {scales[0]:.2f}x the single-process one: a shard was stepped more than once. "
+            "Call the inner optimizer's step() once per step, on this rank's shard only",
+            differences[0],
+        )
     return None
 
 
