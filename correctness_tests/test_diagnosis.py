@@ -40,6 +40,9 @@ HINTS = {
     "missing": "never synchronized",
     "not_reduced": "not all-reduced",
     "value": "every gradient matched",
+    "never_stepped": "its shard was never stepped",
+    "not_gathered": "was not gathered back",
+    "stepped_twice": "stepped more than once",
 }
 
 
@@ -79,6 +82,34 @@ def test_a_wrong_class_fails_with_its_diagnosis(rank_group, cls, model_name, opt
     when = "before the first step, rank 1" if quantity == "initial value" else r"step 0, rank \d"
     where = rf"AssertionError: {when}, parameter {re.escape(repr(name))}: .*\({quantity}\)"
     assert re.search(where, message), message
+    assert hints_in(message) == {hint}, message
+
+
+SHARDED = "correctness_tests.wrong_sharded:"
+WRONG_SHARDED_CASES = [
+    # class, model, optimizer, a pattern of the parameter named first, the hint
+    ("StepsShardTwice", "frozen_mlp", "adamw", r"fc1\.weight", "stepped_twice"),
+    # rank 0 owns the largest tensor, fc1.weight, at every world size
+    ("FirstRankNeverSteps", "frozen_mlp", "adamw", r"fc1\.weight", "never_stepped"),
+    # each rank names a parameter another rank owns
+    ("NeverGathersBack", "frozen_mlp", "adamw", r"fc[12]\.weight", "not_gathered"),
+    # FSDP compares values only: with SGD, summed gradients make a world-size-times update
+    ("SumsShardedGradients", "frozen_mlp", "sgd", r"fc1\.weight", "summed"),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, model_name, optimizer_name, name, hint", WRONG_SHARDED_CASES, ids=[case[0] for case in WRONG_SHARDED_CASES]
+)
+def test_a_wrong_sharded_class_fails_with_its_diagnosis(rank_group, cls, model_name, optimizer_name, name, hint):
+    """A user's sharded optimizer (the course's shape, adapted by the registry) or FSDP class with one
+    mistake fails, and the message names the parameter and the mistake."""
+    if rank_group.world_size < 2 and hint in ("not_gathered", "summed"):
+        pytest.skip(f"{cls}'s mistake changes nothing with one rank: run with --world-size 2 or more")
+    with pytest.raises(RankError) as raised:
+        rank_group.run(train_against_reference, SHARDED + cls, None, model_name, optimizer_name, False)
+    message = str(raised.value)
+    assert re.search(rf"AssertionError: step 0, rank \d, parameter '{name}': .*\(value\)", message), message
     assert hints_in(message) == {hint}, message
 
 

@@ -106,6 +106,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._broadcast_updated()
         return loss
 
+    @torch.no_grad()
     def _broadcast_updated(self) -> None:
         """One broadcast per owning rank (and dtype, device): its parameters, flattened."""
         sends: dict[tuple[int, torch.dtype, torch.device], list[nn.Parameter]] = {}
