@@ -12,7 +12,8 @@ Per-round data is saved in the record itself (``round_seconds``), because pytest
 ``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
 
 Schema history: 2 added ``kind``, ``model`` (was ``model_size``), the rounds and the 95%
-intervals; version 1 records (the first release) are read with those fields missing.
+intervals; version 1 records (the first release) are read with those fields missing. 3 added
+memory per rank to steps (``parameters_bytes`` ... ``formula_bytes``); older records read them as None.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from pytest_benchmark.stats import Stats
 from pytest_benchmark.utils import get_commit_info
 
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
+from ddp.strategies.base import sharding_of
+from ddp.strategies.registry import resolve_strategy
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The test file and function whose results step and all-reduce rows stand for: comparisons
 # match benchmarks on their names, the same for a pytest run and a torchrun run.
 STEP_TEST = "perf_tests/test_step.py::test_step"
@@ -96,6 +99,20 @@ class StepRecord:
     overhead_ratio: float | None = None
     """Median over rounds of step / local step in the same round."""
     overhead_ratio_ci95: list[float] | None = None
+    parameters_bytes: list[int] | None = None
+    """Each rank's parameters, in bytes (``ddp.bench.memory``: distinct storages, a DTensor's shard)."""
+    gradients_bytes: list[int] | None = None
+    """Each rank's gradients right after synchronization (buckets in full), in bytes."""
+    optimizer_state_bytes: list[int] | None = None
+    """Each rank's optimizer state (its shard's, for ZeRO and FSDP), in bytes."""
+    memory_peak_bytes: list[int | None] | None = None
+    """Each rank's CUDA allocator peak over the step the memory was counted in; None on CPU."""
+    memory_formula: str | None = None
+    """Bytes a parameter on each rank by the strategy's ``Sharding``, e.g. ``4 + 4 + 8/N``; None for a
+    user's class that does not say what it shards."""
+    formula_bytes: dict[str, float] | None = None
+    """The formula for this model and world size: bytes per rank of ``parameters``, ``gradients``,
+    ``optimizer_state`` and their ``total`` (fp32 weights, AdamW; trainable parameters only)."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
@@ -183,6 +200,23 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
             overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
         )
     sizes = setup.bucket_sizes_bytes
+    world_size = len(measurement.setups[index])
+    memories = [rank_setup.memory for rank_setup in measurement.setups[index]]
+    memory = {}
+    if all(m is not None for m in memories):
+        memory = dict(
+            parameters_bytes=[m.parameters_bytes for m in memories],
+            gradients_bytes=[m.gradients_bytes for m in memories],
+            optimizer_state_bytes=[m.optimizer_state_bytes for m in memories],
+            memory_peak_bytes=[m.peak_bytes for m in memories],
+        )
+    sharding = sharding_of(resolve_strategy(config.strategy))
+    if sharding is not None:
+        per_parameter = sharding.bytes_per_parameter(world_size)
+        memory.update(
+            memory_formula=sharding.formula,
+            formula_bytes={kind: size * setup.num_parameters for kind, size in per_parameter.items()},
+        )
     return StepRecord(
         strategy=config.strategy, backend=backend, device=device, world_size=len(measurement.setups[index]),
         model=config.model, num_parameters=setup.num_parameters, batch_size=config.batch_size,
@@ -199,6 +233,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         target_precision=measurement.target_precision,
         reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
         **paired,
+        **memory,
     )
 
 

@@ -43,9 +43,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp.bench.memory import StateMemory, measure_memory
 from ddp.bench.workloads import Workload, build_workload, rank_batch
 from ddp.launcher import RankInfo, Withdrawn, rank_info
-from ddp.strategies.base import trainable_parameters
+from ddp.strategies.base import gather_full_params, make_optimizer, trainable_parameters
 from ddp.strategies.registry import make_ddp, takes_bucket_size
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
@@ -133,6 +134,8 @@ class StepSetup:
     step (see ``count_collectives``); None if neither is possible."""
     bytes_per_step: int
     """Gradient bytes this rank all-reduces per step (0 for ``local``)."""
+    memory: StateMemory | None = None
+    """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.memory``)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,7 @@ class Trainer:
         workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
         self.workload: Workload = workload
         module = workload.module
+        params = trainable_parameters(module)  # before wrapping: a sharding strategy takes them out of the module
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
         self.model = make_ddp(config.strategy, module, **options)
         if getattr(self.model, "module", None) is not module:
@@ -205,9 +209,8 @@ class Trainer:
             )
         if before_first_step is not None:
             before_first_step(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE)
+        self.optimizer = make_optimizer(self.model, torch.optim.AdamW, lr=LEARNING_RATE)
         self.inputs, self.targets = rank_batch(workload, config.seed, info.rank, info.world_size, info.device)
-        params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
         self.num_parameter_tensors = len(params)
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -234,6 +237,7 @@ class Trainer:
             bucket_sizes_bytes=list(sizes) if sizes is not None else None,
             allreduce_calls_per_step=None if calls is None else int(calls),
             bytes_per_step=self.gradient_bytes if self.config.strategy != "local" else 0,
+            memory=measure_memory(self),
         )
 
     def count_collectives(self) -> int | None:
@@ -401,7 +405,7 @@ def release() -> None:
 def parameters_of(config: StepConfig) -> list[torch.Tensor]:
     """The trained parameters of a configuration on this rank, on the CPU (for checks that two
     strategies trained alike)."""
-    return [p.detach().cpu() for p in rank_bench().trainer(config).model.module.parameters()]
+    return [p.cpu() for p in gather_full_params(rank_bench().trainer(config).model).values()]
 
 
 def first_out_of_memory(results: Sequence) -> OutOfMemory | None:
