@@ -249,3 +249,32 @@ def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
     assert {(p["strategy"], p["world_size"]) for p in json.loads(predictions.read_text())} == {
         ("local", 2), ("local", 8), ("flat", 2), ("flat", 8)
     }  # fmt: skip
+
+
+# --- sharded strategies in the cost model -----------------------------------------------------
+
+
+def test_sharded_strategies_move_the_bytes_their_collectives_need():
+    """Full sharding puts 3 x (n-1)/n x the gradient bytes on the wire (two all-gathers and a
+    reduce-scatter per unit), 1.5 times an all-reduce's 2 x (n-1)/n; ZeRO-1 adds one all-gather of
+    the parameters, exposed, to bucketed's step."""
+    link = Link("bandwidth only", latency_seconds=0.0, busbw_bytes_per_second=1e9)
+    gradients = gradients_in_backward_order("tiny", 32)
+    total_bytes = sum(g.size_bytes for g in gradients)
+    compute = Compute(1.0)
+    for world_size in (2, 8, 64):
+        share = (world_size - 1) / world_size
+        _, _, fsdp_comm, _ = predict_step("fsdp", None, compute, gradients, link, world_size)
+        assert fsdp_comm == pytest.approx(3 * share * total_bytes / 1e9)
+        bucketed = predict_step("bucketed", 1.0, compute, gradients, link, world_size)
+        zero1 = predict_step("sharded_optimizer", 1.0, compute, gradients, link, world_size)
+        assert zero1[0] - bucketed[0] == pytest.approx(share * total_bytes / 1e9)
+        prefetched = predict_step("torch_fsdp", None, compute, gradients, link, world_size)
+        assert prefetched[0] <= predict_step("fsdp", None, compute, gradients, link, world_size)[0]
+
+
+def test_sharded_strategies_cost_nothing_on_one_rank():
+    gradients = gradients_in_backward_order("tiny", 32)
+    for strategy in ("sharded_optimizer", "zero", "fsdp", "torch_fsdp"):
+        bucket = 1.0 if strategy in ("sharded_optimizer", "zero") else None
+        assert predict_step(strategy, bucket, Compute(0.5), gradients, LINKS["ib-400g"], 1)[:3] == (0.5, 0.0, 0.0)

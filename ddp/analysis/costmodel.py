@@ -42,6 +42,18 @@ NCCL communicator, or gloo's one pair of connections per rank pair):
   ready and its predecessors were launched. (PyTorch's DDP plans a 1 MiB first bucket and then
   re-plans by observed order; the same plan for both is an approximation.)
 
+- ``sharded_optimizer`` and ``zero`` (ZeRO-1): the gradients as ``bucketed``, then, after the
+  optimizer (which steps 1/N of the parameters), the updated parameters all-gathered: all of it
+  exposed. Its cost is ``t_ag(b, n) = alpha (n-1) + b (n-1)/n / busbw``, half an all-reduce's bytes.
+- ``fsdp`` and ``torch_fsdp`` (full sharding): the model's units (each Transformer block, then the
+  root: embeddings, final norm, head) are all-gathered before their forward and again before their
+  backward, and their gradients reduce-scattered (``t_rs = t_ag``) when their backward ends: 3 x
+  (n-1)/n x 4 bytes a parameter on the wire, 1.5 times an all-reduce's. ``fsdp`` gathers when the
+  unit starts (the gather is exposed, and waits for reduce-scatters queued before it);
+  ``torch_fsdp`` prefetches the next unit's gather while the current one computes
+  (``prefetches_next_unit`` on the class). Forward is 1/3 of the non-optimizer step, split over the
+  units in proportion to their backward FLOPs; a unit's backward 2/3 in the same proportion.
+
 ``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
 end minus the end of backward); ``step_seconds`` = compute + exposed.
 
@@ -69,7 +81,8 @@ import numpy as np
 from ddp.bench.records import Run, RunFileError
 from ddp.model import build_model
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
-from ddp.strategies.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES
+from ddp.strategies.base import REPLICATED, sharding_of
+from ddp.strategies.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES, resolve_strategy
 
 ALGORITHMS = ("ring", "tree")
 
@@ -88,6 +101,14 @@ class Link:
 
     def latency_steps(self, world_size: int) -> int:
         return latency_steps(world_size, self.algorithm)
+
+    def allgather_seconds(self, size_bytes: float, world_size: int) -> float:
+        """Seconds for an all-gather (or a reduce-scatter) whose whole result is ``size_bytes``:
+        a ring's n-1 steps, each moving 1/n of it (0 on one rank)."""
+        if world_size <= 1:
+            return 0.0
+        bus_bytes = size_bytes * (world_size - 1) / world_size
+        return self.latency_seconds * (world_size - 1) + bus_bytes / self.busbw_bytes_per_second
 
     def allreduce_seconds(self, size_bytes: float, world_size: int) -> float:
         """Seconds for one all-reduce of ``size_bytes`` on ``world_size`` ranks (0 on one rank)."""
@@ -281,6 +302,13 @@ def predict_step(
     ready = ready_times(gradients, backward)
     if strategy == "local" or world_size <= 1:
         return compute.step_seconds, 0.0, 0.0, 0
+    sharding = sharding_of(resolve_strategy(strategy))
+    if sharding is not None and sharding.parameters:
+        prefetch = bool(getattr(resolve_strategy(strategy), "prefetches_next_unit", False))
+        return fully_sharded_step(compute, gradients, link, world_size, prefetch, overlap_slowdown)
+    parameter_gather = 0.0
+    if sharding not in (None, REPLICATED):  # ZeRO-1: parameters all-gathered after the optimizer
+        parameter_gather = link.allgather_seconds(sum(g.size_bytes for g in gradients), world_size)
     if strategy == "naive":
         launches = [(backward, link.allreduce_seconds(g.size_bytes, world_size)) for g in gradients]
     elif strategy == "flat":
@@ -294,7 +322,71 @@ def predict_step(
     comm = sum(duration for _, duration in launches)
     exposed = max(0.0, channel_end(launches) - backward)
     hidden = comm - exposed
-    return compute.step_seconds + exposed + overlap_slowdown * hidden, exposed, comm, len(launches)
+    step = compute.step_seconds + exposed + overlap_slowdown * hidden + parameter_gather
+    if parameter_gather:  # each rank steps 1/N of the parameters
+        step -= compute.step_seconds * compute.optimizer_fraction * (1.0 - 1.0 / world_size)
+    calls = len(launches) + (world_size if parameter_gather else 0)
+    return step, exposed + parameter_gather, comm + parameter_gather, calls
+
+
+def units_of(gradients: list[Gradient]) -> list[tuple[float, float]]:
+    """``(bytes, backward FLOPs per token)`` of each FSDP unit in forward order: the root first
+    (everything outside ``blocks.<i>``), then the blocks."""
+    units: dict[str, list[float]] = {"": [0.0, 0.0]}
+    for gradient in reversed(gradients):  # forward (registration) order
+        parts = gradient.name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "blocks" and len(parts) > 2 else ""
+        unit = units.setdefault(key, [0.0, 0.0])
+        unit[0] += gradient.size_bytes
+        unit[1] += gradient.backward_flops_per_token
+    return [(size, flops) for size, flops in units.values()]
+
+
+def fully_sharded_step(
+    compute: Compute, gradients: list[Gradient], link: Link, world_size: int, prefetch: bool, overlap_slowdown: float
+) -> tuple[float, float, float, int]:
+    """One FSDP step on one serial channel (module docstring): gathers before each unit's forward
+    and backward, a reduce-scatter after each unit's backward; ``prefetch`` issues the next unit's
+    gather when the current unit starts computing."""
+    units = units_of(gradients)
+    total_flops = sum(flops for _, flops in units) or 1.0
+    forward_seconds = compute.backward_seconds / 2.0
+    channel_free = 0.0
+    comm = 0.0
+
+    def transfer(ready: float, duration: float) -> float:
+        nonlocal channel_free, comm
+        channel_free = max(channel_free, ready) + duration
+        comm += duration
+        return channel_free
+
+    def run(order: list[int], seconds_of, reduce_after: bool, start: float) -> float:
+        now = start
+        gathered = transfer(now, link.allgather_seconds(units[order[0]][0], world_size))
+        for position, index in enumerate(order):
+            now = max(now, gathered)  # a unit computes once its parameters are here
+            upcoming = order[position + 1] if position + 1 < len(order) else None
+            if prefetch and upcoming is not None:
+                gathered = transfer(now, link.allgather_seconds(units[upcoming][0], world_size))
+            now += seconds_of(index)
+            if reduce_after and index != 0:  # the root's gradients are complete only at the end
+                transfer(now, link.allgather_seconds(units[index][0], world_size))
+            if not prefetch and upcoming is not None:
+                gathered = transfer(now, link.allgather_seconds(units[upcoming][0], world_size))
+        if reduce_after:
+            transfer(now, link.allgather_seconds(units[0][0], world_size))
+        return now
+
+    forward_end = run(list(range(len(units))), lambda i: forward_seconds * units[i][1] / total_flops, False, 0.0)
+    backward_order = [0] + list(range(len(units) - 1, 0, -1))  # the root's head first, its embedding's gradient last
+    backward_end = run(backward_order, lambda i: compute.backward_seconds * units[i][1] / total_flops, True, forward_end)
+    compute_seconds = forward_seconds + compute.backward_seconds
+    optimizer_seconds = compute.step_seconds - compute_seconds
+    end = max(backward_end, channel_free)
+    exposed = end - compute_seconds
+    hidden = comm - exposed
+    step = end + optimizer_seconds / world_size + overlap_slowdown * max(0.0, hidden)
+    return step, exposed, comm, 3 * len(units)
 
 
 @dataclass(frozen=True)

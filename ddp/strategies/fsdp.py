@@ -87,6 +87,7 @@ class FullyShardedDP(Strategy):
     after; gradients reduce-scattered to the shards; optional ``compute_dtype`` over fp32 shards."""
 
     sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
+    prefetches_next_unit = False  # gathers when a unit starts (read by the cost model)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()
