@@ -32,8 +32,10 @@ from ddp.analysis.figures import (
     machine_summary,
     overheads_over_local,
     resolved_apart,
+    sorted_steps,
     winners,
 )
+from ddp.analysis.sharding import FIT_WORLD_SIZES, H100_BYTES, LEVELS, MEASURED_HEADERS, fit_rows, measured_memory_rows
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import BUCKETED_STRATEGIES
@@ -128,6 +130,79 @@ def overhead_section(run: Run) -> list[str]:
         _table(rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"]),
         "",
     ]
+
+
+def memory_section(run: Run) -> list[str]:
+    rows = measured_memory_rows(run.steps)
+    if not rows:
+        return []
+    return [
+        "## Memory per rank",
+        "",
+        "The state each strategy holds on its most loaded rank, counted as distinct tensor storages after "
+        "gradients are synchronized (`ddp.bench.memory`; the same count on CPU and CUDA), beside the formula of "
+        "what it shards (fp32 weights, gradients, AdamW's two moments: replicated 4 + 4 + 8 bytes a parameter, "
+        "ZeRO-1 4 + 4 + 8/N, full sharding 16/N). Activations and communication buffers are not state: on "
+        "CUDA the allocator's peak over the same step shows them.",
+        "",
+        _table(rows, MEASURED_HEADERS),
+        "",
+    ]
+
+
+def sharding_section(run: Run) -> list[str]:
+    """Which model fits at which world size, and what the run measured sharding to cost."""
+    sharded = [s for s in run.steps if s.memory_formula not in (None, "4 + 4 + 8")]
+    if not sharded:
+        return []
+    gb = 1e9
+    capacity = [
+        [level] + [f"{H100_BYTES / (sharding.bytes_per_parameter(n)['total'] * 1e9):.1f}" for n in FIT_WORLD_SIZES]
+        for level, sharding in LEVELS.items()
+    ]
+    fits = [
+        [row.model, f"{row.num_parameters / 1e9:.2f}", row.level, row.formula]
+        + [f"{row.bytes_per_rank[n] / gb:.1f}" for n in FIT_WORLD_SIZES]
+        for row in fit_rows()
+        if row.num_parameters >= 10**8
+    ]
+    lines = [
+        "## Sharding: what fits, and what it costs",
+        "",
+        "Largest model (billions of parameters) whose training state fits one 80 GB GPU, by world size, "
+        "before activations:",
+        "",
+        _table(capacity, ["state"] + [f"N={n}" for n in FIT_WORLD_SIZES]),
+        "",
+        "State per rank (GB) of the suite's model sizes:",
+        "",
+        _table(fits, ["model", "parameters (B)", "state", "bytes a parameter"] + [f"N={n}" for n in FIT_WORLD_SIZES]),
+        "",
+    ]
+    # against bucketed where the run has it (sharded_optimizer and fsdp reuse its machinery), else PyTorch's DDP
+    replicated = {s.config: s for s in sorted_steps(run.steps)[::-1] if s.strategy in ("bucketed", "torch")}
+    costs = []
+    for step in sorted_steps(sharded):
+        reference = replicated.get(step.config)
+        if reference is not None and step.parameters_bytes and reference.parameters_bytes:
+            held = sum(step.parameters_bytes + step.gradients_bytes + step.optimizer_state_bytes)
+            held_reference = sum(reference.parameters_bytes + reference.gradients_bytes + reference.optimizer_state_bytes)
+            costs.append([config_label(step.config, False), step.label, reference.label,
+                          f"{step.step_seconds / reference.step_seconds:.2f}", f"{held / held_reference:.2f}"])  # fmt: skip
+    if costs:
+        lines += [
+            f"Measured here ({run.steps[0].world_size} ranks): step time and state held, each against replicated DDP "
+            "(time: ratio of medians; state: summed over ranks):",
+            "",
+            _table(costs, ["config", "strategy", "against", "step time ratio", "state ratio"]),
+            "",
+            "At 8 to 512 ranks: `python -m ddp simulate --from RUN.json --strategies bucketed,sharded_optimizer,fsdp,torch_fsdp "
+            "--world-sizes 8,64,512 --link ib-400g` (ZeRO-1 adds an exposed all-gather of the parameters, half an "
+            "all-reduce's bytes; full sharding moves 1.5 times an all-reduce's bytes, in per-unit pieces that "
+            "prefetching can hide).",
+            "",
+        ]
+    return lines
 
 
 def bucket_section(run: Run) -> list[str]:
@@ -406,6 +481,8 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
     if run.steps:
         lines += step_section(run)
         lines += overhead_section(run)
+        lines += memory_section(run)
+        lines += sharding_section(run)
         lines += bucket_section(run)
     else:
         lines += ["No step benchmarks in this run (run perf_tests/test_step.py for the step tables).", ""]

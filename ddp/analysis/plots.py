@@ -68,7 +68,7 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
                     [s.step_seconds * 1e3 for s in line],
                     yerr=_yerr_ms(line),
                     capsize=3,
-                    linestyle=_LINE_STYLES[strategy],
+                    linestyle=_LINE_STYLES.get(strategy, "-."),
                     marker="o",
                     color=colors[batch],
                     label=f"{strategy}, batch {batch}",

@@ -1,0 +1,84 @@
+"""What sharding buys and costs: memory per rank by formula for every model size and world size,
+and the measured memory of a run's strategies beside their formulas.
+
+The formula is the strategy's ``Sharding`` (``ddp.strategies.base``): bytes a parameter per rank
+for fp32 weights, gradients and AdamW state, before activations, communication buffers and the
+gathered FSDP unit. Whether a model fits is read against a device's memory (an H100's 80 GB by
+default), so "fits" here is necessary, not sufficient: activations come on top (on one H100 an xl
+step at batch 2 x seq 128 peaks 6 GiB above its 32 GB of state, ``../shared/gpu-runs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddp.bench.records import StepRecord
+from ddp.model import MODEL_SIZES, build_model, num_parameters
+from ddp.strategies.base import Sharding
+
+H100_BYTES = 80 * 10**9  # an H100 SXM's 80 GB (the GPU the suite's GPU evidence comes from)
+LEVELS: dict[str, Sharding] = {
+    "replicated (DDP)": Sharding(),
+    "ZeRO-1 (sharded optimizer)": Sharding(optimizer_state=True),
+    "full sharding (FSDP)": Sharding(parameters=True, gradients=True, optimizer_state=True),
+}
+FIT_WORLD_SIZES = (1, 2, 8, 64, 512)
+
+
+def model_parameters(size: str) -> int:
+    """Trainable parameters of a named LM size, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return num_parameters(build_model(size))
+
+
+@dataclass(frozen=True)
+class FitRow:
+    model: str
+    num_parameters: int
+    level: str
+    formula: str
+    bytes_per_rank: dict[int, float]
+    """World size -> bytes of state per rank by the formula."""
+
+    def smallest_world_that_fits(self, device_bytes: float) -> int | None:
+        return next((n for n, size in sorted(self.bytes_per_rank.items()) if size <= device_bytes), None)
+
+
+def fit_rows(models: tuple[str, ...] = tuple(MODEL_SIZES), world_sizes: tuple[int, ...] = FIT_WORLD_SIZES) -> list[FitRow]:
+    """For each model size and level of sharding, the state a rank holds at each world size."""
+    rows = []
+    for model in models:
+        parameters = model_parameters(model)
+        for level, sharding in LEVELS.items():
+            per_rank = {n: sharding.bytes_per_parameter(n)["total"] * parameters for n in world_sizes}
+            rows.append(FitRow(model, parameters, level, sharding.formula, per_rank))
+    return rows
+
+
+def measured_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
+    """One row per step record that counted memory: the largest rank's figures (MiB) and the formula's."""
+    mib = 2**20
+    rows = []
+    for step in steps:
+        if step.parameters_bytes is None:
+            continue
+        largest = max(range(len(step.parameters_bytes)), key=lambda r: step.parameters_bytes[r] + step.gradients_bytes[r] + step.optimizer_state_bytes[r])
+        measured = [step.parameters_bytes[largest], step.gradients_bytes[largest], step.optimizer_state_bytes[largest]]
+        formula = step.formula_bytes or {}
+        peak = (step.memory_peak_bytes or [None])[largest]
+        rows.append([
+            step.label, step.world_size,
+            *(f"{value / mib:.2f}" for value in measured), f"{sum(measured) / mib:.2f}",
+            step.memory_formula or "not stated",
+            f"{formula['total'] / mib:.2f}" if formula else "",
+            "" if peak is None else f"{peak / mib:.1f}",
+        ])  # fmt: skip
+    return rows
+
+
+MEASURED_HEADERS = [
+    "strategy", "ranks", "parameters (MiB)", "gradients (MiB)", "optimizer state (MiB)", "total (MiB)",
+    "formula (B/param)", "formula total (MiB)", "CUDA peak (MiB)",
+]  # fmt: skip
