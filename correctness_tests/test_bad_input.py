@@ -104,3 +104,41 @@ def test_nccl_without_enough_gpus_says_what_to_do():
         pytest.skip("this machine has GPUs enough for 2 NCCL ranks")
     with pytest.raises(RuntimeError, match="nccl needs one GPU per rank: 2 ranks, .* found; use --backend gloo"):
         RankGroup(2, "nccl")
+
+
+def test_an_optimizer_class_not_of_the_sharded_shape():
+    """An Optimizer subclass is taken for a sharded optimizer, (params, optimizer_cls, **kwargs): one that is
+    not is refused in the parent, as a command-line option too."""
+    from ddp.bench.options import OptionError, strategy_names
+
+    with pytest.raises(ValueError, match=r"cannot be built as SGD\(params, optimizer_cls, \*\*kwargs\)"):
+        ddp.make_ddp("torch.optim:SGD", nn.Linear(2, 2))
+    with pytest.raises(OptionError, match=r"^strategy 'torch.optim:AdamW' is an optimizer class that cannot be built"):
+        strategy_names("bucketed,torch.optim:AdamW")
+
+
+@pytest.mark.parametrize("compute_dtype", ["int8", "float33", torch.int32, 3])
+def test_fsdp_compute_dtype_must_be_a_floating_dtype(compute_dtype):
+    from ddp.strategies.fsdp import check_compute_dtype
+
+    with pytest.raises(ValueError, match="compute_dtype must be a floating torch dtype such as torch.bfloat16"):
+        check_compute_dtype(compute_dtype)
+    assert check_compute_dtype("bfloat16") is torch.bfloat16 and check_compute_dtype(None) is None
+
+
+class ScalarWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def wrap_torch_fsdp_around_a_scalar_parameter() -> None:
+    ddp.make_ddp("torch_fsdp", ScalarWeight())
+
+
+def test_torch_fsdp_names_a_scalar_parameter(rank_group):
+    with pytest.raises(Exception, match=r"fully_shard cannot shard a 0-dimensional parameter \(scale\)"):
+        rank_group.run(wrap_torch_fsdp_around_a_scalar_parameter)

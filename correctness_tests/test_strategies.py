@@ -257,3 +257,66 @@ def test_user_class_by_import_path(rank_group, spec):
     """``make_ddp`` takes "package.module:ClassName": a user's own DDP, FSDP or sharded optimizer
     runs the same tests."""
     rank_group.run(train_against_reference, spec, None, "frozen_mlp", "adamw", True)
+
+
+BF16_STEPS = 3
+BF16_LR = 0.1
+
+
+def train_fsdp_in_bf16(model_name: str) -> dict[str, float]:
+    """Runs on every rank: ``fsdp`` with ``compute_dtype=torch.bfloat16`` against the same recipe in one
+    process on the whole batch (a bf16 copy of the fp32 weights computes, its gradients become the
+    fp32 masters', plain SGD steps them), and against fp32 training. Returns the largest differences
+    and the tolerance derived from the run (see the test)."""
+    info = rank_info()
+    case = MODEL_CASES[model_name]
+    torch.manual_seed(0)
+    reference = case.build().to(info.device)
+    fp32 = copy.deepcopy(reference)
+    model = ddp.make_ddp("fsdp", copy.deepcopy(reference), compute_dtype=torch.bfloat16)
+    assert all(shard.dtype == torch.float32 for shard in model.shards), "master shards must stay fp32"
+    optimizers = [torch.optim.SGD(m.parameters(), lr=BF16_LR) for m in (reference, fp32)]
+    optimizer = make_optimizer(model, torch.optim.SGD, lr=BF16_LR)
+    generator = torch.Generator().manual_seed(1234)
+    rows = slice(info.rank * ROWS_PER_RANK, (info.rank + 1) * ROWS_PER_RANK)
+    tolerance = 0.0
+    for _ in range(BF16_STEPS):
+        inputs, targets = case.batch(ROWS_PER_RANK * info.world_size, generator)
+        inputs, targets = inputs.to(info.device), targets.to(info.device)
+        compute = copy.deepcopy(reference)
+        for param in compute.parameters():  # weights in bf16; buffers stay as they are, as fsdp leaves them
+            param.data = param.data.to(torch.bfloat16)
+        cast = inputs.to(torch.bfloat16) if inputs.is_floating_point() else inputs
+        case.loss(compute(cast).float(), targets).backward()
+        for master, low in zip(reference.parameters(), compute.parameters()):
+            master.grad = low.grad.float()
+        # Each rank's bf16 gradient of its rows is rounded once more than the whole batch's (2^-8
+        # relative, bf16's 8-bit mantissa), and SGD moves a weight by lr x gradient: per step, at
+        # most lr x 2^-8 x |g| apart, twice that for the halves' roundings adding up; over steps,
+        # differences in the masters can round a bf16 weight to the neighbouring value, so the
+        # bound adds up step by step.
+        tolerance += 2 * BF16_LR * 2**-8 * max(p.grad.abs().max().item() for p in reference.parameters())
+        optimizers[0].step()
+        optimizers[0].zero_grad()
+        optimizers[1].zero_grad()
+        case.loss(fp32(inputs), targets).backward()
+        optimizers[1].step()
+        optimizer.zero_grad()
+        case.loss(model(inputs[rows]), targets[rows]).backward()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+    full = gather_full_params(model)
+    expected, in_fp32 = dict(reference.named_parameters()), dict(fp32.named_parameters())
+    return {
+        "to_bf16_reference": max((full[n] - expected[n]).abs().max().item() for n in full),
+        "to_fp32": max((full[n] - in_fp32[n]).abs().max().item() for n in full),
+        "tolerance": tolerance,
+    }
+
+
+def test_fsdp_computes_in_bf16_over_fp32_masters(rank_group):
+    """``compute_dtype``: within a tolerance derived from bf16's rounding of the recipe run in one
+    process, and measurably not fp32 training (else the option did nothing)."""
+    for result in rank_group.run(train_fsdp_in_bf16, "tied_lm"):
+        assert result["to_bf16_reference"] <= result["tolerance"], result
+        assert result["to_fp32"] > result["to_bf16_reference"], result
