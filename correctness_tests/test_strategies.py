@@ -250,13 +250,17 @@ def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, 
         "ddp.strategies.fsdp:FullyShardedDP",
         # an optimizer class (params, optimizer_cls, **kwargs): the registry adapts it to a strategy
         "ddp.strategies.sharded_optimizer:ShardedOptimizer",
+        # written from scratch in a course's adapter shapes (no ddp-bench code)
+        "examples.course_sharding:FSDP",
+        "examples.course_sharding:ShardedOptimizer",
     ],
-    ids=["ddp", "fsdp", "sharded_optimizer"],
+    ids=["ddp", "fsdp", "sharded_optimizer", "course_fsdp", "course_sharded_optimizer"],
 )
-def test_user_class_by_import_path(rank_group, spec):
+@pytest.mark.parametrize("model_name", ["frozen_mlp", "tied_lm"])
+def test_user_class_by_import_path(rank_group, spec, model_name):
     """``make_ddp`` takes "package.module:ClassName": a user's own DDP, FSDP or sharded optimizer
     runs the same tests."""
-    rank_group.run(train_against_reference, spec, None, "frozen_mlp", "adamw", True)
+    rank_group.run(train_against_reference, spec, None, model_name, "adamw", supports_no_sync(spec))
 
 
 BF16_STEPS = 3

@@ -256,10 +256,15 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
         start = time.perf_counter()
+        self.last_gradient_seconds = None
         with phase("forward"):
             loss = self.workload.loss(self.model(self.inputs), self.targets)
         with phase("backward"):
             loss.backward()
+        if self.last_gradient_seconds is None:
+            # no hook fired: a sharding strategy replaced the module's parameters (fsdp's views of a
+            # gathered unit, fully_shard's DTensors); measure from the end of backward instead
+            self._on_gradient(None)
         with phase("gradient_sync"):
             self.model.finish_gradient_synchronization()
             if self.cuda:
