@@ -32,7 +32,7 @@ import statistics
 from ddp.bench.measure import RoundPolicy, timed_rounds
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
-from ddp.bench.trainer import rank_bench, release
+from ddp.bench.rank_state import rank_bench, release
 from ddp.launcher import rank_info
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 

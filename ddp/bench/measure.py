@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ddp.bench.stats import relative_half_width
-from ddp.bench.trainer import OutOfMemory, StepConfig, StepSetup, StepTiming, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.trainer import StepSetup, StepTiming
 
 
 @dataclass(frozen=True)

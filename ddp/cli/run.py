@@ -33,7 +33,8 @@ from ddp.bench.machine import device_name, software_info
 from ddp.bench.measure import GridMeasurer, InProcessRanks, MeasuredOutOfMemory, RoundPolicy, free
 from ddp.bench.options import LaunchOptions, add_grid_options, grid_options
 from ddp.bench.records import ALLREDUCE_TEST, STEP_TEST, benchmark_entry, run_document, step_record, write_new
-from ddp.bench.trainer import grid_configs, oom_reason
+from ddp.bench.config import grid_configs
+from ddp.bench.rank_state import oom_reason
 from ddp.cli import UsageError
 from ddp.launcher import BACKENDS, RankInfo, set_rank_info, share_cores
 

@@ -117,6 +117,7 @@ class FullyShardedDP(Strategy):
             owners = units_of[key]
             members[owners.pop() if len(owners) == 1 else ""].append(key)
         self.units: list[Unit] = []
+        self._hook_handles = []
         self._param_index: dict[str, tuple[Unit, int]] = {}
         for unit_name, unit_module in plan_units(module):
             keys = members[unit_name]
@@ -149,10 +150,18 @@ class FullyShardedDP(Strategy):
             for child, attribute in param_slots:
                 del child._parameters[attribute]
                 setattr(child, attribute, torch.empty(0, dtype=dtype, device=device))
-        unit_module.register_forward_pre_hook(lambda *_: self._gather_for_forward(unit))
-        unit_module.register_forward_hook(lambda _module, _inputs, output: self._after_forward(unit, output))
-        full.register_post_accumulate_grad_hook(lambda _full: self._reduce_scatter(unit))
+        self._hook_handles += [
+            unit_module.register_forward_pre_hook(lambda *_: self._gather_for_forward(unit)),
+            unit_module.register_forward_hook(lambda _module, _inputs, output: self._after_forward(unit, output)),
+            full.register_post_accumulate_grad_hook(lambda _full: self._reduce_scatter(unit)),
+        ]
         return unit
+
+    def close(self) -> None:
+        """Remove the hooks on the module and on the gathered buffers: they refer back to this strategy."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
 
     @torch.no_grad()
     def _all_gather_into_full(self, unit: Unit) -> None:
