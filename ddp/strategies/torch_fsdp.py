@@ -55,6 +55,25 @@ class TorchFSDP(Strategy):
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: fully_shard waited for its reduce-scatters at the end of backward."""
 
+    def close(self) -> None:
+        """Forget what DTensor caches for the life of the process, keyed by this strategy's
+        DeviceMesh (sharding decisions, redistribution plans, mesh topology): each cache holds the
+        mesh and its rank tensor otherwise. Private PyTorch functions, each skipped if absent."""
+        from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
+        caches = (
+            getattr(_redistribute, "_gen_transform_infos", None),
+            getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None),
+            getattr(getattr(_sharding_prop, "ShardingPropagator", None), "_propagate_tensor_meta_cached", None),
+        )
+        for cached in caches:
+            if hasattr(cached, "cache_clear"):
+                cached.cache_clear()
+        if hasattr(_redistribute, "clear_redistribute_planner_cache"):
+            _redistribute.clear_redistribute_planner_cache()
+
     @torch.no_grad()
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         return {
