@@ -13,13 +13,13 @@ from ddp.analysis.costmodel import (
     Compute,
     Gradient,
     Link,
-    bucket_launches,
     calibrate,
     channel_end,
     fit_link,
     gradients_in_backward_order,
     predict_grid,
     predict_step,
+    strategy_launches,
     ready_times,
     validation_rows,
 )
@@ -91,7 +91,7 @@ def test_bucket_schedule_exposed_time_by_hand() -> None:
     # Buckets of 2 MB: [a, b] ready at 2 s, 2 s long -> ends at 4 s (+ 2 flags); [c] starts after
     # it and ends at 6 s (+ all 3 flags): 2 s exposed after backward.
     assert plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], 2.0) == [[0, 1], [2]]
-    launches = bucket_launches(gradients, ready_times(gradients, 4.0), 2.0, link, 2)
+    launches = strategy_launches("bucketed", gradients, ready_times(gradients, 4.0), 0.0, 2.0, link, 2)
     assert [r for r, _ in launches] == pytest.approx([2.0, 4.0])
     assert [d for _, d in launches] == pytest.approx([2.0 + 2 * flag_seconds, 2.0 + flag_seconds])
     step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)
@@ -118,7 +118,7 @@ def test_buckets_follow_plan_buckets() -> None:
     sizes, kinds = [g.size_bytes for g in gradients], [g.element_size for g in gradients]
     # tiny: 259,392 parameters, 1 MB of float32 gradients: one bucket at 1 MB, nine at 0.1 MB
     # (ddp/strategies/bucketed.py reports the same counts).
-    assert len(bucket_launches(gradients, ready, 1.0, link, 2)) == len(plan_buckets(sizes, kinds, 1.0)) == 1
+    assert len(strategy_launches("bucketed", gradients, ready, 0.0, 1.0, link, 2)) == len(plan_buckets(sizes, kinds, 1.0)) == 1
     assert len(plan_buckets(sizes, kinds, 0.1)) == 9
     assert sum(g.size_bytes for g in gradients) == 259_392 * 4
     assert gradients[0].name == "lm_head.weight" and gradients[-1].name == "token_embedding.weight"
@@ -128,7 +128,7 @@ def test_buckets_follow_plan_buckets() -> None:
         (max(ready[i] for i in bucket), link.allreduce_seconds(sum(sizes[i] for i in bucket) + 4 * len(bucket), 2))
         for bucket in plan_buckets(sizes, kinds, 0.1)
     ]
-    launches = bucket_launches(gradients, ready, 0.1, link, 2)
+    launches = strategy_launches("bucketed", gradients, ready, 0.0, 0.1, link, 2)
     assert [x for launch in launches for x in launch] == pytest.approx([x for launch in expected for x in launch])
 
 
@@ -140,7 +140,7 @@ def test_buckets_never_mix_element_sizes() -> None:
     assert [buffer_bytes(100, 1, 4), buffer_bytes(100, 1, 2)] == [104, 102]
     link = Link("byte per second", latency_seconds=0.0, busbw_bytes_per_second=1.0)
     # 2 ranks: t = bytes x 2 x 1/2 / busbw = bytes seconds
-    launches = bucket_launches(gradients, [1.0, 2.0, 3.0], 1.0, link, 2)
+    launches = strategy_launches("bucketed", gradients, [1.0, 2.0, 3.0], 0.0, 1.0, link, 2)
     assert [x for launch in launches for x in launch] == pytest.approx([1.0, 104.0, 2.0, 102.0, 3.0, 104.0])
 
 

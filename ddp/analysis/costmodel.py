@@ -32,15 +32,11 @@ counts), attention's own products (8 x d_model x seq_len per token per layer in 
 charged just before the block's q/k/v weights, and embedding and RMSNorm weights cost nothing.
 
 **Strategies.** One communication channel, all-reduces serialized in launch order (as on one
-NCCL communicator, or gloo's one pair of connections per rank pair):
-
-- ``naive``: after backward, one all-reduce per parameter, one after the other;
-- ``flat``: after backward, one all-reduce of all gradient bytes;
-- ``overlap``: one all-reduce per parameter, launched when its gradient is ready;
-- ``bucketed`` and ``torch``: the buckets of ``ddp.strategies.bucketed.plan_buckets`` (the same rule, on
-  the model's parameters built on the meta device), each launched when its last gradient is
-  ready and its predecessors were launched. (PyTorch's DDP plans a 1 MiB first bucket and then
-  re-plans by observed order; the same plan for both is an approximation.)
+NCCL communicator, or gloo's one pair of connections per rank pair). What each strategy launches
+and when is its own ``communication_schedule`` (``ddp.strategies.base.Strategy``, one per
+strategy file: ``naive`` after backward one per parameter, ``overlap`` one per parameter as it is
+ready, ``bucketed`` and ``torch`` the buckets of ``plan_buckets`` on the model's parameters built
+on the meta device, ...); a strategy that gives none is not modelled.
 
 ``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
 end minus the end of backward); ``step_seconds`` = compute + exposed.
@@ -68,8 +64,7 @@ import numpy as np
 
 from ddp.bench.records import Run, RunFileError
 from ddp.model import build_model
-from ddp.strategies.bucketed import buffer_bytes, plan_buckets
-from ddp.strategies.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES
+from ddp.strategies.registry import traits
 
 ALGORITHMS = ("ring", "tree")
 
@@ -228,17 +223,19 @@ def channel_end(launches: list[tuple[float, float]]) -> float:
     return end
 
 
-def bucket_launches(
-    gradients: list[Gradient], ready: list[float], bucket_size_mb: float, link: Link, world_size: int
+class NotModelled(ValueError):
+    """A strategy whose class gives no cost schedule (``Strategy.communication_schedule``)."""
+
+
+def strategy_launches(
+    strategy: str, gradients: list[Gradient], ready: list[float], backward_seconds: float, bucket_size_mb: float | None,
+    link: Link, world_size: int,
 ) -> list[tuple[float, float]]:
-    """``(ready, duration)`` of each bucket of ``plan_buckets``' plan, in launch order."""
-    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
-    launches = []
-    for bucket in plan:
-        gradient_bytes = sum(gradients[i].size_bytes for i in bucket)
-        size_bytes = buffer_bytes(gradient_bytes, len(bucket), gradients[bucket[0]].element_size)
-        launches.append((max(ready[i] for i in bucket), link.allreduce_seconds(size_bytes, world_size)))
-    return launches
+    """``(ready, duration)`` of each all-reduce of the strategy's ``communication_schedule``, in launch order."""
+    schedule = traits(strategy).communication_schedule(gradients, ready, backward_seconds, bucket_size_mb)
+    if schedule is None:
+        raise NotModelled(f"strategy {strategy!r} gives no communication_schedule: the cost model cannot predict it")
+    return [(t.ready_seconds, link.allreduce_seconds(t.size_bytes, world_size)) for t in schedule]
 
 
 @dataclass(frozen=True)
@@ -279,18 +276,9 @@ def predict_step(
     """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step."""
     backward = compute.backward_seconds
     ready = ready_times(gradients, backward)
-    if strategy == "local" or world_size <= 1:
+    if not traits(strategy).communicates or world_size <= 1:
         return compute.step_seconds, 0.0, 0.0, 0
-    if strategy == "naive":
-        launches = [(backward, link.allreduce_seconds(g.size_bytes, world_size)) for g in gradients]
-    elif strategy == "flat":
-        launches = [(backward, link.allreduce_seconds(sum(g.size_bytes for g in gradients), world_size))]
-    elif strategy == "overlap":
-        launches = [(r, link.allreduce_seconds(g.size_bytes, world_size)) for r, g in zip(ready, gradients)]
-    elif strategy in BUCKETED_STRATEGIES:
-        launches = bucket_launches(gradients, ready, bucket_size_mb, link, world_size)
-    else:
-        raise ValueError(f"no model of strategy {strategy!r}; simulate knows local, {', '.join(DDP_STRATEGIES)}")
+    launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
     comm = sum(duration for _, duration in launches)
     exposed = max(0.0, channel_end(launches) - backward)
     hidden = comm - exposed
@@ -352,14 +340,18 @@ def predict_grid(
     link: Link,
     overlap_slowdown: float,
 ) -> list[Prediction]:
+    """Every strategy at every world size and shape; a strategy with no cost schedule is left out."""
     predictions = []
     for (batch_size, seq_len), compute in sorted(computes.items()):
         gradients = gradients_of(model_size, seq_len)
         for world_size in world_sizes:
             for strategy, bucket_size_mb in strategies:
-                step, exposed, comm, calls = predict_step(
-                    strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
-                )
+                try:
+                    step, exposed, comm, calls = predict_step(
+                        strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
+                    )
+                except NotModelled:
+                    continue  # the caller names the strategies absent from the predictions
                 predictions.append(
                     Prediction(strategy, bucket_size_mb, batch_size, seq_len, world_size, step, exposed, comm, calls)
                 )

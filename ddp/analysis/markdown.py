@@ -21,10 +21,9 @@ from ddp.analysis import plots
 from ddp.analysis.compare import compare
 from ddp.analysis.figures import (
     BucketPlan,
-    STRATEGY_ORDER,
-    TORCH_FIRST_BUCKET_BYTES,
     Win,
     _strategy_rank,
+    strategy_rank,
     bucket_plans,
     config_label,
     configs,
@@ -36,7 +35,7 @@ from ddp.analysis.figures import (
 )
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import BUCKETED_STRATEGIES
+from ddp.strategies.registry import traits
 
 TABLE_FORMAT = "github"
 
@@ -131,7 +130,7 @@ def overhead_section(run: Run) -> list[str]:
 
 
 def bucket_section(run: Run) -> list[str]:
-    steps = [s for s in run.steps if s.strategy in BUCKETED_STRATEGIES and s.bucket_size_mb is not None]
+    steps = [s for s in run.steps if s.bucket_size_mb is not None]
     if not steps:
         return []
     plans = {(p.strategy, p.bucket_size_mb): p for p in bucket_plans(steps)}
@@ -139,7 +138,7 @@ def bucket_section(run: Run) -> list[str]:
     with_model = len({k[0] for k in keys}) > 1
     by = {(s.strategy, s.bucket_size_mb, s.config): s for s in steps}
     rows = []
-    for strategy, cap in sorted({(s.strategy, s.bucket_size_mb) for s in steps}, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1])):
+    for strategy, cap in sorted({(s.strategy, s.bucket_size_mb) for s in steps}, key=lambda k: strategy_rank(*k)):
         plan = plans.get((strategy, cap))
         row = [strategy, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
         row += [_ms(by[(strategy, cap, k)].step_seconds) if (strategy, cap, k) in by else "" for k in keys]
@@ -225,17 +224,14 @@ def _times(faster: StepRecord, slower: StepRecord) -> str:
 def winner_sentence(win: Win, with_model: bool) -> str:
     w = win.winner
     text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {_ms(w.step_seconds)} ms"
-    margins = []
-    if win.torch is not None and win.torch.strategy != w.strategy:
-        margins.append(_times(w, win.torch))
-    elif win.runner_up is not None:
-        margins.append(_times(w, win.runner_up))
-    if win.naive is not None and win.naive.strategy != w.strategy:
-        margins.append(_times(w, win.naive))
+    # the runner-up and every reference strategy, nearest first
+    against = {r.strategy: r for r in [win.runner_up, *win.references] if r is not None and r.strategy != w.strategy}
+    margins = [_times(w, other) for other in sorted(against.values(), key=lambda s: s.step_seconds)]
     return text + (": " + "; ".join(margins) if margins else "") + "."
 
 
 def plan_sentence(plan: BucketPlan) -> str:
+    described = traits(plan.strategy)
     text = (
         f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MB: **{plan.num_buckets} bucket(s)** for "
         f"{_mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
@@ -244,26 +240,27 @@ def plan_sentence(plan: BucketPlan) -> str:
         sizes = [float(_mib(size)) for size in plan.bucket_sizes_bytes]
         listed = ", ".join(f"{s:g}" for s in sizes[:12]) + (f", ... ({len(sizes) - 12} more)" if len(sizes) > 12 else "")
         text += f"; sizes in launch order, MiB: {listed}"
-        if plan.oversized_buckets and plan.strategy == "torch":
+        if plan.oversized_buckets and described.closes_bucket_after_cap:
             text += (
-                f"; {plan.oversized_buckets} bucket(s) exceed the cap (PyTorch closes a bucket once it has "
+                f"; {plan.oversized_buckets} bucket(s) exceed the cap ({plan.strategy} closes a bucket once it has "
                 "reached the cap, not before the tensor that would overflow it)"
             )
         elif plan.oversized_buckets:
             text += f"; {plan.oversized_buckets} bucket(s) hold a single tensor larger than the cap"
-    torch_first = plan.strategy == "torch" and plan.bucket_size_mb * BYTES_PER_MB < TORCH_FIRST_BUCKET_BYTES
+    first = described.first_bucket_bytes
+    large_first = first is not None and plan.bucket_size_mb * BYTES_PER_MB < first
     if plan.num_buckets < plan.total_over_cap:
-        if torch_first and plan.total_bytes <= TORCH_FIRST_BUCKET_BYTES:
+        if large_first and plan.total_bytes <= first:
             text += (
-                ". Fewer than total / cap: every gradient fits in PyTorch's first bucket, which DDP fills up "
-                "to 1 MiB whatever bucket_cap_mb says"
+                f". Fewer than total / cap: every gradient fits in {plan.strategy}'s first bucket, which it fills up "
+                f"to {_mib(first)} MiB whatever the cap says"
             )
         else:
             text += ". Fewer than total / cap: some buckets hold more than the cap"
-            if plan.strategy != "torch":
+            if not described.closes_bucket_after_cap:
                 text += ", a tensor larger than the cap in a bucket of its own"
-            if torch_first:
-                text += " (and PyTorch's first bucket, filled up to 1 MiB whatever bucket_cap_mb says)"
+            if large_first:
+                text += f" (and {plan.strategy}'s first bucket, filled up to {_mib(first)} MiB whatever the cap says)"
     elif plan.num_buckets > plan.total_over_cap:
         text += ". More than total / cap: a bucket is closed as soon as the next tensor would overflow it, so buckets are rarely full"
     return text + "."

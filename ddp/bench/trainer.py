@@ -46,12 +46,9 @@ from torch import nn
 from ddp.bench.workloads import Workload, build_workload, rank_batch
 from ddp.launcher import RankInfo, Withdrawn, rank_info
 from ddp.strategies.base import trainable_parameters
-from ddp.strategies.registry import make_ddp, takes_bucket_size
+from ddp.strategies.registry import make_ddp, takes_bucket_size, traits
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
-FRESH_BUILD_WARMUP_STEPS = 3  # see RankBench.prepare
-# Strategies whose plan is final after their first step: one warm-up step of a fresh build will do.
-SETTLED_AFTER_ONE_STEP = ("local", "naive", "flat", "overlap")
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 
 
@@ -233,7 +230,7 @@ class Trainer:
             num_parameter_tensors=self.num_parameter_tensors,
             bucket_sizes_bytes=list(sizes) if sizes is not None else None,
             allreduce_calls_per_step=None if calls is None else int(calls),
-            bytes_per_step=self.gradient_bytes if self.config.strategy != "local" else 0,
+            bytes_per_step=self.gradient_bytes if traits(self.config.strategy).communicates else 0,
         )
 
     def count_collectives(self) -> int | None:
@@ -301,10 +298,11 @@ class RankBench:
         twin of the next strategy at the same batch and sequence length is the same) and run
         ``warmup_steps`` untimed steps of each.
 
-        A fresh build runs at least ``FRESH_BUILD_WARMUP_STEPS`` (one for ``SETTLED_AFTER_ONE_STEP``):
-        ``bucketed`` re-plans its buckets after its first step, and PyTorch's DDP reduces everything
-        in one bucket in its first step, rebuilds its buckets in the second and records the new plan
-        (which ``StepSetup`` reports) in the third; a user's class may do the same.
+        A fresh build runs at least the steps after which its strategy says its plan settles
+        (``Strategy.settles_after_steps``): ``bucketed`` re-plans its buckets after its first step,
+        and PyTorch's DDP reduces everything in one bucket in its first step, rebuilds its buckets in
+        the second and records the new plan (which ``StepSetup`` reports) in the third; a user's
+        class that does not say gets the safe default.
         """
         info = rank_info()
         try:
@@ -313,7 +311,7 @@ class RankBench:
             fresh = [config for config in configs if config not in kept]
             self.trainers = {config: kept.get(config) or Trainer(config, info) for config in configs}
             for config in configs:
-                fresh_steps = 1 if config.strategy in SETTLED_AFTER_ONE_STEP else FRESH_BUILD_WARMUP_STEPS
+                fresh_steps = traits(config.strategy).settles_after_steps
                 steps = max(fresh_steps, warmup_steps) if config in fresh else warmup_steps
                 for _ in range(steps):
                     self.trainers[config].step()

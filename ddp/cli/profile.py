@@ -15,19 +15,19 @@ from ddp.bench.options import (
     strategy_names,
 )
 from ddp.bench.profiling import ProfileConfig
-from ddp.bench.trainer import FRESH_BUILD_WARMUP_STEPS, StepConfig
+from ddp.bench.trainer import StepConfig
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
-from ddp.strategies.registry import takes_bucket_size
+from ddp.strategies.registry import takes_bucket_size, traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True, type=argument_type(strategy_names, "strategy"),
                         help="one strategy or a comma list: names or package.module:ClassName")
     add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
-    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=FRESH_BUILD_WARMUP_STEPS,
-                        help="untraced steps before profiling; PyTorch's DDP rebuilds its buckets in its second "
-                        f"(default: {FRESH_BUILD_WARMUP_STEPS})")
+    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=None,
+                        help="untraced steps before profiling (default: the steps after which the strategy's plan "
+                        "settles, e.g. 3 for torch, whose DDP rebuilds its buckets in its second step)")
     parser.add_argument("--steps", type=argument_type(positive_int, "steps"), default=2, help="profiled steps (default: 2)")
     add_launch_options(parser.add_argument)
     parser.add_argument("--out", required=True, type=Path, help="folder for traces, summary.json and timelines")
@@ -52,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
     configs = [
         ProfileConfig(
             StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None),
-            warmup_steps=args.warmup_steps, steps=args.steps, out_dir=str(args.out.resolve()),
+            warmup_steps=traits(name).settles_after_steps if args.warmup_steps is None else args.warmup_steps,
+            steps=args.steps, out_dir=str(args.out.resolve()),
         )
         for name in args.strategy
     ]

@@ -23,7 +23,7 @@ from ddp.bench.options import argument_type, positive_float, positive_int, posit
 from ddp.bench.records import load_run
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
-from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
+from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,8 +84,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.run} benchmarks model {run.model!r}: simulate models the built-in LM sizes only")
         model_size = run.model
         computes = {shape: Compute(seconds, args.optimizer_fraction) for shape, seconds in run.local_seconds.items()}
-        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps if s.strategy in ("local", *DDP_STRATEGIES)},
-                            key=lambda s: (s[0], s[1] or 0))
+        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps}, key=lambda s: (s[0], s[1] or 0))
         cpu_gloo = run.backend == "gloo" and run.device == "cpu"
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
     else:
@@ -93,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("without --from, give --link, --model-size, --local-step-ms, --batch-size and --seq-len")
         run, model_size, cpu_gloo, samples = None, args.model_size, False, []
         computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
-        strategies = _strategy_grid([s for s in args.strategies if s in DDP_STRATEGIES], args.bucket_sizes)
+        strategies = _strategy_grid([s for s in args.strategies if traits(s).communicates], args.bucket_sizes)
 
     if args.link is not None:
         preset = LINKS[args.link]
@@ -111,6 +110,9 @@ def main(args: argparse.Namespace) -> int:
 
     world_sizes = sorted(set(args.world_sizes) | ({run.world_size} if run else set()))
     predictions = predict_grid(model_size, computes, strategies, world_sizes, link, slowdown)
+    not_modelled = sorted({name for name, _ in strategies} - {p.strategy for p in predictions})
+    if not_modelled:
+        print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
         [[p.world_size, p.batch_size, p.seq_len, _label(p.strategy, p.bucket_size_mb), p.num_allreduces,
           _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],

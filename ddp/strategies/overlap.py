@@ -9,12 +9,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.base import DataParallel, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
+
+    settles_after_steps = 1  # its launch order is fixed at construction
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """One all-reduce per parameter, launched when its gradient is ready."""
+        return [Transfer(ready, g.size_bytes) for ready, g in zip(ready_seconds, gradients, strict=True)]
 
     def __init__(self, module, *, process_group=None) -> None:
         super().__init__(module, process_group=process_group)
@@ -24,7 +31,7 @@ class OverlapDDP(DataParallel):
         self._order = list(reversed(self.parameters_to_sync))
         self._position = {id(p): i for i, p in enumerate(self._order)}
         self._names = {id(p): name for name, p in module.named_parameters()}
-        self._op = average_op(process_group)
+        self._op = dist.ReduceOp.AVG  # the division by world size folded into the collective
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self._order]
 
