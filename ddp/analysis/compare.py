@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tabulate import tabulate
-
 from ddp.analysis.figures import machine_differences
+from ddp.analysis.tables import ms, ratio_interval
+from ddp.analysis.tables import table as render
 from ddp.bench.records import Run
 from ddp.bench.stats import Verdict, ratio_of_medians_ci, verdict
 
@@ -118,16 +118,12 @@ def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
     return {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
 
 
-def table(rows: list[BenchmarkComparison]) -> str:
-    """The comparison as a text table: what ``ddp compare`` and the pytest gate print."""
-
-    def ms(seconds):
-        return "absent" if seconds is None else f"{seconds * 1e3:.2f}"
-
+def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
+    """The comparison as a table: what ``ddp compare``, the pytest gate (text) and the report
+    (``github``) show."""
     body = [
-        [r.name, ms(r.old_seconds), ms(r.new_seconds), "" if r.ratio is None else f"{r.ratio:.3f}",
-         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
+        [r.name, ms(r.old_seconds, missing="absent"), ms(r.new_seconds, missing="absent"),
+         "" if r.ratio is None else f"{r.ratio:.3f}", ratio_interval(r.ratio_ci95), r.verdict, r.basis]
         for r in rows
     ]
-    headers = ["benchmark", "old ms", "new ms", "new / old", "95% interval", "verdict", "basis"]
-    return tabulate(body, headers=headers, disable_numparse=True)
+    return render(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"], tablefmt)

@@ -63,7 +63,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddp.bench.records import Run, RunFileError
-from ddp.model import build_model
+from ddp.bench.workloads import build_workload
+from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.registry import traits
 
 ALGORITHMS = ("ring", "tree")
@@ -415,3 +416,11 @@ def recommend_bucket_sizes(
             }
         )
     return rows
+
+
+def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
+           overlap_slowdown: float) -> list[dict]:
+    """The best bucketed cap per world size for a workload by name: the built-in LM by its size,
+    any other model from its parameters (built once on the CPU; no rank is involved)."""
+    subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
+    return recommend_bucket_sizes(subject, {(batch_size, seq_len): Compute(local_seconds)}, world_sizes, link, overlap_slowdown)

@@ -15,10 +15,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from tabulate import tabulate
-
 from ddp.analysis import plots
 from ddp.analysis.compare import compare
+from ddp.analysis.compare import table as comparison_table
 from ddp.analysis.figures import (
     BucketPlan,
     Win,
@@ -33,31 +32,17 @@ from ddp.analysis.figures import (
     resolved_apart,
     winners,
 )
+from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import traits
 
 TABLE_FORMAT = "github"
-
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1e3:.2f}"
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / BYTES_PER_MB:.3g}"
-
-
-def _pct(fraction: float) -> str:
-    return f"{fraction:.1%}"
-
-
-def _interval_ms(interval: list[float] | None) -> str:
-    return "" if not interval else f"[{_ms(interval[0])}, {_ms(interval[1])}]"
+_ms, _mib, _pct, _interval_ms = ms, mib, pct, interval_ms
 
 
 def _table(rows: list, headers: list[str]) -> str:
-    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT, disable_numparse=True)
+    return table(rows, headers, TABLE_FORMAT)
 
 
 def header_section(run: Run) -> list[str]:
@@ -178,24 +163,28 @@ def allreduce_section(run: Run) -> list[str]:
 def race_section(run: Run) -> list[str]:
     if not run.races:
         return []
-    rows = []
-    for r in run.races:
-        times = r.median_step_seconds
-        low, high = r.ratio_bucketed_over_torch_ci95
-        rows.append(
-            [r.model, f"{r.bucket_size_mb:g}", _ms(times.get("local")), _ms(times.get("bucketed")), _ms(times.get("torch")),
-             f"{r.ratio_bucketed_over_torch:.3f} [{low:.3f}, {high:.3f}]", "yes" if high < 1 or low > 1 else "not resolved"]
-        )
-    return [
-        "## Bucketed against PyTorch's DDP (alternating rounds)",
+    lines = [
+        "## Races (alternating rounds)",
         "",
-        "Both wrap the same model on the same ranks, one step of each per round in rotating order, so "
-        "drift in the machine falls on both alike. bucketed / torch (median of the per-round ratios, 95% interval) "
-        "below 1 means bucketed is faster.",
-        "",
-        _table(rows, ["model", "bucket cap (MB)", "local (ms)", "bucketed (ms)", "torch (ms)", "bucketed / torch", "resolved"]),
+        "The contenders wrap the same model on the same ranks, one step of each per round in rotating order, so "
+        "drift in the machine falls on all alike. Each contender's step / the reference's (median of the per-round "
+        "ratios, 95% interval) below 1 means it is faster.",
         "",
     ]
+    for r in run.races:
+        rows = [
+            [name, _ms(r.median_step_seconds[name]), _interval_ms(r.median_step_seconds_ci95[name]),
+             "reference" if name == r.reference else (
+                 f"{r.ratio_over_reference[name]:.3f} {ratio_interval(r.ratio_over_reference_ci95[name])}"
+                 if name in r.ratio_over_reference else ""),
+             "" if name not in r.ratio_over_reference else (
+                 "yes" if r.ratio_over_reference_ci95[name][1] < 1 or r.ratio_over_reference_ci95[name][0] > 1 else "not resolved")]
+            for name in r.contenders
+        ]
+        cap = "" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MB"
+        lines += [f"Model {r.model}{cap}, {r.world_size} ranks:", "",
+                  _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference} [95%]", "resolved"]), ""]
+    return lines
 
 
 def others_section(run: Run) -> list[str]:
@@ -375,17 +364,12 @@ def comparison_section(old: Run, new: Run) -> list[str]:
     verdicts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows if r.ratio_ci95)}
     if verdicts:
         summary += " Against a threshold of " + f"{COMPARISON_THRESHOLD:.0%}: " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + "."
-    body = [
-        [r.name, _ms(r.old_seconds) or "absent", _ms(r.new_seconds) or "absent", "" if r.ratio is None else f"{r.ratio:.3f}",
-         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
-        for r in rows
-    ]
     lines += [
         "Matched by benchmark name, as `ddp compare` does: new / old below 1 means the new run is faster, with a "
         "95% interval over both runs' rounds, taken on each round's step / local where both runs interleaved them "
         "(basis). " + summary,
         "",
-        _table(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"]),
+        comparison_table(rows, TABLE_FORMAT),
         "",
     ]
     return lines

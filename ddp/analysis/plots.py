@@ -26,7 +26,7 @@ from matplotlib import ticker  # noqa: E402
 
 from ddp.analysis.costmodel import Prediction  # noqa: E402
 from ddp.analysis.figures import config_label, configs, sorted_steps  # noqa: E402
-from ddp.bench.records import Run  # noqa: E402
+from ddp.bench.records import Run, strategy_label  # noqa: E402
 from ddp.strategies.bucketed import BYTES_PER_MB  # noqa: E402
 from ddp.strategies.registry import traits  # noqa: E402
 
@@ -162,7 +162,7 @@ def plot_scaling(predictions: list[Prediction], path: Path, title: str) -> None:
         lines = defaultdict(list)
         for p in predictions:
             if (p.batch_size, p.seq_len) == (batch_size, seq_len):
-                lines[p.strategy if p.bucket_size_mb is None else f"{p.strategy} {p.bucket_size_mb:g} MB"].append((p.world_size, p.step_seconds * 1e3))
+                lines[strategy_label(p.strategy, p.bucket_size_mb)].append((p.world_size, p.step_seconds * 1e3))
         for label, points in sorted(lines.items()):
             points.sort()
             axis.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)

@@ -60,7 +60,8 @@ def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float
     measurement = measure(ranks, configs, policy)
     if isinstance(measurement, MeasuredOutOfMemory):
         raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))
-    record = race_record(measurement, ranks.backend)
+    reference = [c.strategy for c in configs if traits(c.strategy).communicates][-1]
+    record = race_record(measurement, ranks.backend, reference)
     weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in configs if traits(c.strategy).communicates}
     reference = weights[record.reference]
     for name, actual in weights.items():

@@ -19,8 +19,9 @@ from ddp.analysis.costmodel import (
     ALGORITHMS, CANDIDATE_BUCKET_SIZES_MB, GB, LINKS, Compute, Link, calibrate, fit_link, predict_grid,
     default_overlap_slowdown, recommend_bucket_sizes, validation_rows,
 )
-from ddp.bench.options import argument_type, positive_float, positive_int, positive_ints, positive_floats, strategy_names
-from ddp.bench.records import load_run
+from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
+from ddp.analysis.tables import ms
+from ddp.bench.records import load_run, strategy_label
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
@@ -44,14 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the scaling plot (PNG) here")
     parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
-    by_hand.add_argument("--model-size", choices=sorted(MODEL_SIZES), default=None)
+    bind(by_hand.add_argument, tuple(option(flag) for flag in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")),
+         {"strategies": DDP_STRATEGIES, "bucket_sizes_mb": (1.0, 10.0, 100.0, 1000.0)})
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms")
-    by_hand.add_argument("--batch-size", type=argument_type(positive_int, "batch_size"), default=None)
-    by_hand.add_argument("--seq-len", type=argument_type(positive_int, "seq_len"), default=None)
-    by_hand.add_argument("--strategies", type=argument_type(strategy_names, "strategies"), default=DDP_STRATEGIES)
-    by_hand.add_argument("--bucket-sizes", type=argument_type(lambda t: positive_floats(t, "bucket sizes in MiB"), "bucket_sizes"),
-                         default=(1.0, 10.0, 100.0, 1000.0), help="MiB")
 
 
 def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
@@ -61,11 +58,7 @@ def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}"
-
-
-def _label(strategy: str, bucket_size_mb: float | None) -> str:
-    return f"{strategy} {bucket_size_mb:g} MB" if bucket_size_mb is not None else strategy
+    return ms(seconds, 1)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
     if args.overlap_slowdown is not None and args.overlap_slowdown < 0:
         raise UsageError(f"--overlap-slowdown must be 0 or more, got {args.overlap_slowdown}")
-    by_hand = {"--model-size": args.model_size, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
+    by_hand = {"--model-size": args.model, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
                "--seq-len": args.seq_len}
     if args.run is not None and any(value is not None for value in by_hand.values()):
         given = ", ".join(flag for flag, value in by_hand.items() if value is not None)
@@ -88,11 +81,11 @@ def main(args: argparse.Namespace) -> int:
         cpu_gloo = run.backend == "gloo" and run.device == "cpu"
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
     else:
-        if args.link is None or None in (args.model_size, args.local_step_ms, args.batch_size, args.seq_len):
+        if args.link is None or None in (args.model, args.local_step_ms, args.batch_size, args.seq_len):
             raise UsageError("without --from, give --link, --model-size, --local-step-ms, --batch-size and --seq-len")
-        run, model_size, cpu_gloo, samples = None, args.model_size, False, []
+        run, model_size, cpu_gloo, samples = None, args.model, False, []
         computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
-        strategies = _strategy_grid([s for s in args.strategies if traits(s).communicates], args.bucket_sizes)
+        strategies = _strategy_grid([s for s in args.strategies if traits(s).communicates], args.bucket_sizes_mb)
 
     if args.link is not None:
         preset = LINKS[args.link]
@@ -114,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
     if not_modelled:
         print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
-        [[p.world_size, p.batch_size, p.seq_len, _label(p.strategy, p.bucket_size_mb), p.num_allreduces,
+        [[p.world_size, p.batch_size, p.seq_len, strategy_label(p.strategy, p.bucket_size_mb), p.num_allreduces,
           _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],
         headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
     ))
@@ -150,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
 
 def validation_table(rows: list[dict]) -> str:
     return tabulate(
-        [[r["batch_size"], r["seq_len"], _label(r["strategy"], r["bucket_size_mb"]), _ms(r["measured_step_seconds"]),
+        [[r["batch_size"], r["seq_len"], strategy_label(r["strategy"], r["bucket_size_mb"]), _ms(r["measured_step_seconds"]),
           _ms(r["predicted_step_seconds"]), f"{r['error']:+.1%}", _ms(r["measured_comm_wait_seconds"]),
           _ms(r["predicted_exposed_comm_seconds"])] for r in rows],
         headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
