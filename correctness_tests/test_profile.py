@@ -19,8 +19,8 @@ from ddp.analysis.overlap import (
     strategy_summary,
     union_intervals,
 )
-from ddp.analysis.profiles import profile_strategies
-from ddp.bench.profiling import ProfileConfig
+from ddp.analysis.profiles import write_profiles
+from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.trainer import StepConfig
 
 
@@ -286,7 +286,8 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
         ProfileConfig(StepConfig(name, "tiny", batch_size=2, seq_len=16), warmup_steps=1, steps=2, out_dir=str(tmp_path))
         for name in ("naive", "overlap")
     ]
-    summary = profile_strategies(rank_group, configs, tmp_path)
+    group = rank_group
+    summary = write_profiles(group.world_size, group.backend, group.device, configs, profile_on(group, configs), tmp_path)
 
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert all(summary["strategies"][name]["comm_source"] == "collective_records" for name in ("naive", "overlap"))

@@ -80,11 +80,6 @@ def choose_backend(backend: str, world_size: int) -> tuple[str, str]:
     return "gloo", "auto: no GPU"
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
-    """The backend ``choose_backend`` picks."""
-    return choose_backend(backend, world_size)[0]
-
-
 def unavailable_reason(backend: str, world_size: int, device: str) -> str | None:
     """Why this configuration cannot run here, phrased as what to do; None when it can."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -254,7 +249,7 @@ class RankGroup:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.world_size = world_size
-        self.backend = resolve_backend(backend, world_size)
+        self.backend = choose_backend(backend, world_size)[0]
         self.device = device or default_device(self.backend)
         reason = unavailable_reason(self.backend, world_size, self.device)
         if reason:

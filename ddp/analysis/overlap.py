@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ddp.bench.trainer import PHASES  # the step's phases, named where the step is defined
+from ddp.bench.records import PHASES  # the step's phases, named once
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000

@@ -1,5 +1,6 @@
-"""The parent side of ``ddp profile``: from the ranks' step records and traces to ``summary.json``,
-per-strategy timelines (JSON and PNG) and the combined timeline."""
+"""The parent side of ``ddp profile``: from the ranks' step records and the traces they saved
+(``ddp.bench.profiling.profile_on`` runs the ranks) to ``summary.json``, per-strategy timelines
+(JSON and PNG) and the combined timeline. Reads files and records only: no rank runs here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, cuda_steps_from_trace, strategy_summary, timeline_record
-from ddp.bench.profiling import ProfileConfig, file_stem, profile_rank
+from ddp.bench.records import file_stem
 
 
 def read_traces(rank_records: list[dict]) -> list[dict]:
@@ -28,7 +29,7 @@ def read_traces(rank_records: list[dict]) -> list[dict]:
     return records
 
 
-def write_profile(config: ProfileConfig, rank_records: list[dict], out_dir: Path) -> tuple[dict, dict]:
+def write_profile(config, rank_records: list[dict], out_dir: Path) -> tuple[dict, dict]:
     """Figures and timeline of one strategy; returns (its summary entry, its timeline record)."""
     records = read_traces(rank_records)
     entry = strategy_summary(records)
@@ -42,13 +43,14 @@ def write_profile(config: ProfileConfig, rank_records: list[dict], out_dir: Path
     return entry, record
 
 
-def profile_strategies(ranks, configs: list[ProfileConfig], out_dir: Path) -> dict:
-    """Profile each configuration on ``ranks`` (a ``RankGroup``); write summary.json and the
+def write_profiles(world_size: int, backend: str, device: str, configs: list, rank_records: list[list[dict]],
+                   out_dir: Path) -> dict:
+    """From each configuration's (a ``ddp.bench.profiling.ProfileConfig``) per-rank records (``profile_on``), write summary.json and the
     timelines into ``out_dir``; return the summary."""
-    summary: dict = {"world_size": ranks.world_size, "backend": ranks.backend, "device": ranks.device, "strategies": {}}
+    summary: dict = {"world_size": world_size, "backend": backend, "device": device, "strategies": {}}
     timelines = []
-    for config in configs:
-        entry, record = write_profile(config, ranks.run(profile_rank, config), out_dir)
+    for config, records in zip(configs, rank_records, strict=True):
+        entry, record = write_profile(config, records, out_dir)
         summary["strategies"][config.step.strategy] = entry
         timelines.append(record)
     return write_summary(summary, timelines, out_dir)

@@ -153,11 +153,18 @@ class Option:
     def bind(self, add: Callable, default: object = None, default_text: str | None = None) -> None:
         """Add this option to a parser (``add`` is ``parser.add_argument`` or pytest's ``addoption``)."""
         shown = default_text if default_text is not None else _show(default)
-        kwargs = {"choices": self.choices} if self.choices else {"type": argument_type(self.parse, self.dest)}
+        if self.choices:
+            kwargs = {"choices": self.choices}
+        else:
+            parse = argument_type(self.parse, self.dest)
+            parse.option = self  # which definition a bound flag came from (tests read it)
+            kwargs = {"type": parse, "metavar": self.flag.lstrip("-").upper().replace("-", "_")}
         add(self.flag, *self.aliases, dest=self.dest, default=default, help=f"{self.help} (default: {shown})", **kwargs)
 
 
 def _show(value: object) -> str:
+    if value is None:
+        return "not given"
     if isinstance(value, tuple):
         return ",".join(_show(v) for v in value)
     if isinstance(value, float):

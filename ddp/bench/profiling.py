@@ -9,8 +9,8 @@ the work's future on its own thread, which stamps the completion); for ``torch``
 launches the all-reduce through it too, so PyTorch's reducer is measured the same way.
 ``backward_compute_end`` is the trainer's last-gradient time.
 
-Each rank writes its Chrome/Perfetto trace and returns its step records; the parent turns them into
-figures (``ddp.analysis.overlap``).
+Each rank writes its Chrome/Perfetto trace and returns its step records (``profile_on`` runs them);
+the parent turns them into figures (``ddp.analysis.profiles``, ``ddp.analysis.overlap``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddp.bench.records import file_stem
 from ddp.bench.trainer import StepConfig, StepObserver, Trainer
 from ddp.launcher import rank_info
 from ddp.strategies import tracing
@@ -95,11 +96,6 @@ def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
         time.sleep(0.001)
 
 
-def file_stem(strategy: str) -> str:
-    """A strategy's name as a file name: ``pkg.mod:Class`` -> ``pkg.mod-Class``."""
-    return strategy.replace(":", "-").replace("/", "-")
-
-
 def profile_rank(config: ProfileConfig) -> dict:
     """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
 
@@ -133,3 +129,9 @@ def profile_rank(config: ProfileConfig) -> dict:
     finally:
         trainer.close()
     return {"rank": info.rank, "device": str(info.device), "trace_file": str(trace_file), "steps": steps}
+
+
+def profile_on(ranks, configs: list[ProfileConfig]) -> list[list[dict]]:
+    """Profile each configuration on ``ranks`` (a ``RankGroup``): per configuration, each rank's
+    record (its steps and the trace file it wrote). ``ddp.analysis.profiles`` reads them."""
+    return [ranks.run(profile_rank, config) for config in configs]

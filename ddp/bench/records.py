@@ -37,12 +37,19 @@ SCHEMA_VERSION = 3
 # The test file and function whose results step and all-reduce rows stand for: comparisons
 # match benchmarks on their names, the same for a pytest run and a torchrun run.
 STEP_TEST = "perf_tests/test_step.py::test_step"
+# The phases of the one step (``ddp.bench.trainer``), as profiles record and readers name them.
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 ALLREDUCE_TEST = "perf_tests/test_allreduce.py::test_allreduce"
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
     """``bucketed 25 MB`` or ``naive``: a strategy as every table, plot and report names it."""
     return strategy if bucket_size_mb is None else f"{strategy} {bucket_size_mb:g} MB"
+
+
+def file_stem(strategy: str) -> str:
+    """A strategy's name as a file name (profiles' traces and timelines): ``pkg.mod:Class`` -> ``pkg.mod-Class``."""
+    return strategy.replace(":", "-").replace("/", "-")
 
 
 class RunFileError(Exception):

@@ -43,13 +43,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddp.bench.records import PHASES
 from ddp.bench.workloads import Workload, build_workload, rank_batch
 from ddp.launcher import RankInfo, Withdrawn, rank_info
 from ddp.strategies.base import trainable_parameters
 from ddp.strategies.registry import make_ddp, takes_bucket_size, traits
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
-PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 
 
 @dataclass(frozen=True)

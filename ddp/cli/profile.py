@@ -9,12 +9,12 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from ddp.analysis.profiles import profile_strategies
+from ddp.analysis.profiles import write_profiles
 from ddp.bench.options import (
     add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
     strategy_names,
 )
-from ddp.bench.profiling import ProfileConfig
+from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.trainer import StepConfig
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
@@ -59,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        summary = profile_strategies(group, configs, args.out)
+        rank_records = profile_on(group, configs)
+    summary = write_profiles(resolved.world_size, resolved.backend, resolved.device, configs, rank_records, args.out)
     print(summary_table(summary))
     print(f"\nwrote {args.out / 'summary.json'}, traces trace_<strategy>_rank<r>.json and timeline_<strategy>.png")
     return 0
