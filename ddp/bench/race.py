@@ -15,6 +15,7 @@ says where they differ; the callers (``ddp versus``, perf_tests) assert it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,10 @@ def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float
          contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
     """Race the contenders on ``ranks``; raises ``MemoryError`` (with the skip reason) if a rank ran out."""
     configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb)
+    # Every contender warms up as long as the slowest to settle, so that all have trained the same
+    # steps when their weights are compared.
+    settled = max(traits(c.strategy).settles_after_steps for c in configs)
+    policy = dataclasses.replace(policy, warmup_rounds=max(policy.warmup_rounds, settled))
     measurement = measure(ranks, configs, policy)
     if isinstance(measurement, MeasuredOutOfMemory):
         raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))

@@ -209,6 +209,7 @@ class Trainer:
         self.num_parameter_tensors = len(params)
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in params)
         self.last_gradient_seconds = 0.0  # perf_counter time of the last gradient computed
+        self.counted_collectives: int | None = None  # see count_collectives
         self._last_gradient_event = torch.cuda.Event(enable_timing=True) if self.cuda else None
         # A tensor hook runs when a gradient has been computed, before it is accumulated and so
         # before any strategy's post-accumulate hook (or DDP's reducer) launches communication.
@@ -223,7 +224,7 @@ class Trainer:
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
         calls = getattr(self.model, "num_allreduce_calls_per_step", None)
         if calls is None:
-            calls = self.count_collectives()
+            calls = self.counted_collectives if self.counted_collectives is not None else self.count_collectives()
         return StepSetup(
             rank=rank,
             num_parameters=self.num_parameters,
@@ -233,14 +234,22 @@ class Trainer:
             bytes_per_step=self.gradient_bytes if traits(self.config.strategy).communicates else 0,
         )
 
+    @property
+    def states_its_collectives(self) -> bool:
+        return getattr(self.model, "num_allreduce_calls_per_step", None) is not None
+
     def count_collectives(self) -> int | None:
         """Collectives one step launches, counted from the profiler's record of c10d's operators
-        during one untimed step: for a user's class that does not say."""
+        during one untimed step (``prepare`` makes it the last warm-up step, so that counting adds
+        no step: raced contenders must have trained alike): for a user's class that does not say."""
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities) as profiler:
             self.step()
         names = [event.name for event in profiler.events()]
-        return sum(1 for name in names if name.startswith("c10d::") and "barrier" not in name and "_coalesced" not in name)
+        self.counted_collectives = sum(
+            1 for name in names if name.startswith("c10d::") and "barrier" not in name and "_coalesced" not in name
+        )
+        return self.counted_collectives
 
     def step(self, observer: StepObserver = NO_OBSERVER) -> StepTiming:
         phase = observer.phase
@@ -313,8 +322,10 @@ class RankBench:
             for config in configs:
                 fresh_steps = traits(config.strategy).settles_after_steps
                 steps = max(fresh_steps, warmup_steps) if config in fresh else warmup_steps
-                for _ in range(steps):
-                    self.trainers[config].step()
+                trainer = self.trainers[config]
+                for index in range(steps):
+                    counting = index == steps - 1 and config in fresh and not trainer.states_its_collectives
+                    trainer.count_collectives() if counting else trainer.step()
             return [trainer.setup(info.rank) for trainer in self.trainers.values()]
         except Exception as error:
             if is_out_of_memory(error):
