@@ -23,7 +23,8 @@ from ddp.analysis.figures import (
     resolved_apart,
     winners,
 )
-from ddp.analysis.markdown import plan_sentence, render_markdown, write_report
+from ddp.analysis.commentary import plan_sentence
+from ddp.analysis.markdown import render_markdown, write_report
 from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, SCHEMA_VERSION, StepRecord, load_run, to_extra_info
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
 from ddp.cli import main as ddp_main

@@ -1,5 +1,6 @@
-"""``report.md``: tables and generated commentary from saved runs (``ddp.bench.records``), with
-the figures of ``ddp.analysis.figures`` and the plots of ``ddp.analysis.plots``.
+"""``report.md``: its sections and tables from saved runs (``ddp.bench.records``), with the
+figures of ``ddp.analysis.figures``, the commentary of ``ddp.analysis.commentary``, the comparison
+of ``ddp.analysis.compare`` and the plots of ``ddp.analysis.plots``.
 
 Nothing here reruns or parses printed output: every number comes from the JSON that
 ``--benchmark-json`` or ``--benchmark-save`` wrote. Time per step is the median round (one
@@ -12,30 +13,24 @@ reported in full and every earlier one is compared with it, benchmark by benchma
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 
 from ddp.analysis import plots
 from ddp.analysis.compare import compare
 from ddp.analysis.compare import table as comparison_table
+from ddp.analysis.commentary import commentary_section
 from ddp.analysis.figures import (
-    BucketPlan,
-    Win,
     _strategy_rank,
-    strategy_rank,
     bucket_plans,
     config_label,
     configs,
     machine_differences,
     machine_summary,
     overheads_over_local,
-    resolved_apart,
-    winners,
+    strategy_rank,
 )
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
-from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import traits
 
 TABLE_FORMAT = "github"
 _ms, _mib, _pct, _interval_ms = ms, mib, pct, interval_ms
@@ -43,6 +38,11 @@ _ms, _mib, _pct, _interval_ms = ms, mib, pct, interval_ms
 
 def _table(rows: list, headers: list[str]) -> str:
     return table(rows, headers, TABLE_FORMAT)
+
+
+def section(title: str, intro: str, rows: list, headers: list[str]) -> list[str]:
+    """A report section: its title, what its table shows, the table."""
+    return [f"## {title}", "", intro, "", _table(rows, headers), ""]
 
 
 def header_section(run: Run) -> list[str]:
@@ -102,16 +102,13 @@ def overhead_section(run: Run) -> list[str]:
          {None: "unpaired", True: "yes", False: "not resolved"}[o.resolved]]
         for o in overheads
     ]
-    return [
-        "## Overhead over `local`",
-        "",
+    return section(
+        "Overhead over `local`",
         "`local` trains each rank's batch with no communication at all: the price of data parallelism is the rest. "
         "Where the run interleaved each round with one of `local`, the overhead is the median over rounds of the "
         "difference within a round, with its 95% interval; 'not resolved' means the interval includes 0.",
-        "",
-        _table(rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"]),
-        "",
-    ]
+        rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"],
+    )
 
 
 def bucket_section(run: Run) -> list[str]:
@@ -129,15 +126,12 @@ def bucket_section(run: Run) -> list[str]:
         row += [_ms(by[(strategy, cap, k)].step_seconds) if (strategy, cap, k) in by else "" for k in keys]
         rows.append(row)
     headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{config_label(k, with_model)} (ms)" for k in keys]
-    return [
-        "## By bucket size",
-        "",
+    return section(
+        "By bucket size",
         "Median step time, ms, with the number of buckets each cap produced and the count that "
         "total gradient bytes / cap would suggest (see the commentary for why they differ).",
-        "",
-        _table(rows, headers),
-        "",
-    ]
+        rows, headers,
+    )
 
 
 def allreduce_section(run: Run) -> list[str]:
@@ -145,19 +139,16 @@ def allreduce_section(run: Run) -> list[str]:
         return []
     results = sorted(run.allreduces, key=lambda a: (a.backend, a.world_size, a.size_bytes))
     rows = [
-        [a.backend, a.world_size, _mib(a.size_bytes), f"{a.seconds * 1e3:.3f}", f"{a.algbw_gbps:.3f}",
+        [a.backend, a.world_size, _mib(a.size_bytes), _ms(a.seconds, 3), f"{a.algbw_gbps:.3f}",
          f"{a.busbw_gbps:.3f}", a.wrong]
         for a in results
     ]
-    return [
-        "## All-reduce",
-        "",
+    return section(
+        "All-reduce",
         "float32 sum, time of the slowest rank (median). algbw = size / time; busbw = algbw x 2(n-1)/n "
         "(as nccl-tests), comparable with link bandwidth whatever the number of ranks. GB/s = 10^9 bytes/s.",
-        "",
-        _table(rows, ["backend", "ranks", "size (MiB)", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"]),
-        "",
-    ]
+        rows, ["backend", "ranks", "size (MiB)", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+    )
 
 
 def race_section(run: Run) -> list[str]:
@@ -199,143 +190,6 @@ def others_section(run: Run) -> list[str]:
         _table(rows, ["benchmark", "group", "median (ms)"]),
         "",
     ]
-
-
-def _times(faster: StepRecord, slower: StepRecord) -> str:
-    if not resolved_apart(faster, slower):
-        return f"not resolved against {slower.label} ({_ms(slower.step_seconds)} ms: the 95% intervals overlap)"
-    return (
-        f"{slower.step_seconds / faster.step_seconds:.2f}x faster than {slower.label} "
-        f"({_ms(slower.step_seconds)} ms, {_ms(slower.step_seconds - faster.step_seconds)} ms less per step)"
-    )
-
-
-def winner_sentence(win: Win, with_model: bool) -> str:
-    w = win.winner
-    text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {_ms(w.step_seconds)} ms"
-    # the runner-up and every reference strategy, nearest first
-    against = {r.strategy: r for r in [win.runner_up, *win.references] if r is not None and r.strategy != w.strategy}
-    margins = [_times(w, other) for other in sorted(against.values(), key=lambda s: s.step_seconds)]
-    return text + (": " + "; ".join(margins) if margins else "") + "."
-
-
-def plan_sentence(plan: BucketPlan) -> str:
-    described = traits(plan.strategy)
-    text = (
-        f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MB: **{plan.num_buckets} bucket(s)** for "
-        f"{_mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
-    )
-    if plan.bucket_sizes_bytes is not None:
-        sizes = [float(_mib(size)) for size in plan.bucket_sizes_bytes]
-        listed = ", ".join(f"{s:g}" for s in sizes[:12]) + (f", ... ({len(sizes) - 12} more)" if len(sizes) > 12 else "")
-        text += f"; sizes in launch order, MiB: {listed}"
-        if plan.oversized_buckets and described.closes_bucket_after_cap:
-            text += (
-                f"; {plan.oversized_buckets} bucket(s) exceed the cap ({plan.strategy} closes a bucket once it has "
-                "reached the cap, not before the tensor that would overflow it)"
-            )
-        elif plan.oversized_buckets:
-            text += f"; {plan.oversized_buckets} bucket(s) hold a single tensor larger than the cap"
-    first = described.first_bucket_bytes
-    large_first = first is not None and plan.bucket_size_mb * BYTES_PER_MB < first
-    if plan.num_buckets < plan.total_over_cap:
-        if large_first and plan.total_bytes <= first:
-            text += (
-                f". Fewer than total / cap: every gradient fits in {plan.strategy}'s first bucket, which it fills up "
-                f"to {_mib(first)} MiB whatever the cap says"
-            )
-        else:
-            text += ". Fewer than total / cap: some buckets hold more than the cap"
-            if not described.closes_bucket_after_cap:
-                text += ", a tensor larger than the cap in a bucket of its own"
-            if large_first:
-                text += f" (and {plan.strategy}'s first bucket, filled up to {_mib(first)} MiB whatever the cap says)"
-    elif plan.num_buckets > plan.total_over_cap:
-        text += ". More than total / cap: a bucket is closed as soon as the next tensor would overflow it, so buckets are rarely full"
-    return text + "."
-
-
-def faster_than_local(steps: list[StepRecord]) -> list[StepRecord]:
-    """Data-parallel steps faster than ``local`` at their configuration: communication cannot make a
-    step faster, so each one is noise (or a machine busy with something else) larger than the difference."""
-    return [o.step for o in overheads_over_local(steps) if o.extra_seconds < 0]
-
-
-def median_spread(steps: list[StepRecord]) -> float | None:
-    """The median over benchmarks of the half-width of the median's 95% interval, relative to the median."""
-    spreads = sorted(
-        (s.step_seconds_ci95[1] - s.step_seconds_ci95[0]) / 2 / s.step_seconds
-        for s in steps if s.step_seconds_ci95 and s.step_seconds > 0
-    )
-    return spreads[len(spreads) // 2] if spreads else None
-
-
-def noise_sentence(steps: list[StepRecord]) -> str | None:
-    spread = median_spread(steps)
-    suspicious = faster_than_local(steps)
-    if not suspicious and (spread is None or spread < 0.03):
-        return None
-    parts = []
-    if spread is not None:
-        parts.append(f"the 95% intervals of the medians are +-{_pct(spread)} wide (median over benchmarks)")
-    if suspicious:
-        compared = len(overheads_over_local(steps))
-        parts.append(
-            f"{len(suspicious)} of {compared} data-parallel steps ran faster than `local`, which does no communication"
-        )
-    return (
-        "**Noise warning**: " + "; ".join(parts) + ". Differences of that order are not resolved by this run: "
-        "use more --rounds, larger steps (--batch-sizes, --seq-lens) or a machine nobody else is using."
-    )
-
-
-def commentary_section(run: Run) -> list[str]:
-    steps = run.steps
-    lines = ["## Commentary (generated from the numbers above)", ""]
-    noise = noise_sentence(steps)
-    if noise:
-        lines += [noise, ""]
-    wins = winners(steps)
-    with_model = len({w.config[0] for w in wins}) > 1
-    if wins:
-        counts = defaultdict(int)
-        for win in wins:
-            counts[win.winner.strategy] += 1
-        tally = ", ".join(f"{name} at {n} of {len(wins)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-        lines += [f"Fastest data-parallel strategy per configuration: {tally}.", ""]
-        lines += [f"- {winner_sentence(win, with_model)}" for win in wins]
-        lines.append("")
-    exposed = [s for s in steps if s.strategy != "local"]
-    if exposed:
-        worst = max(exposed, key=lambda s: s.comm_wait_seconds)
-        share = max(exposed, key=lambda s: s.comm_fraction)
-        text = (
-            f"Largest exposed communication: {worst.label} at {config_label(worst.config, with_model)} waits "
-            f"{_ms(worst.comm_wait_seconds)} ms per step for its gradients ({_pct(worst.comm_fraction)} of the step)"
-        )
-        if share is not worst:
-            text += (
-                f"; the largest share is {share.label} at "
-                f"{config_label(share.config, with_model)}: {_pct(share.comm_fraction)} ({_ms(share.comm_wait_seconds)} ms)"
-            )
-        local = [s.comm_wait_seconds for s in steps if s.strategy == "local"]
-        if local:
-            text += f". `local`, with nothing to wait for, measures up to {_ms(max(local))} ms: the floor of this figure"
-        lines += [text + ".", ""]
-    plans = bucket_plans(steps)
-    if plans:
-        lines += [
-            "Bucket plans. Buckets are filled in backward order and closed when the next tensor would "
-            "overflow the cap, and a tensor larger than the cap gets a bucket of its own, so the count is "
-            "not total / cap: it is at most the number of gradient tensors (when every tensor is at least "
-            "the cap, bucketing launches one all-reduce per tensor, like overlap) and can be far below total / cap.",
-            "",
-        ]
-        lines += [plan_sentence(plan) for plan in plans]
-        if all(plan.bucket_sizes_bytes is None for plan in plans):
-            lines.append("- (Per-bucket sizes are not in this run: its extra_info has no bucket_sizes_bytes.)")
-        lines.append("")
-    return lines
 
 
 # The threshold a report's comparison judges against, as `ddp compare`'s default.

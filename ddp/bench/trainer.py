@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.bench.records import PHASES
 from ddp.bench.workloads import Workload, build_workload, rank_batch
 from ddp.launcher import RankInfo, Withdrawn, rank_info
 from ddp.strategies.base import trainable_parameters
@@ -171,7 +170,7 @@ class OutOfMemory(Withdrawn):
 
 
 class StepObserver:
-    """What a tool attaches to the step: ``phase(name)`` wraps each of ``PHASES``. The default does nothing."""
+    """What a tool attaches to the step: ``phase(name)`` wraps each of ``ddp.bench.records.PHASES``. The default does nothing."""
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
