@@ -287,7 +287,7 @@ class RankGroup:
             self._conns.append(parent_conn)
         self.starts += 1
         try:
-            self._collect(None, timeout_seconds=120.0, what="starting the process group")
+            self._collect(timeout_seconds=120.0, what="starting the process group")
         except BaseException:
             self.kill()
             raise
@@ -305,14 +305,14 @@ class RankGroup:
         try:
             for conn in self._conns:
                 conn.send((fn, args, kwargs))
-            return self._collect(fn, timeout_seconds or self.timeout_seconds, what=_describe(fn))
+            return self._collect(timeout_seconds or self.timeout_seconds, what=_describe(fn))
         except BaseException:
             # Whatever went wrong (a rank's error, a hang, Ctrl-C), the ranks may be stuck in a
             # collective: replace them rather than reuse them.
             self.kill()
             raise
 
-    def _collect(self, fn, timeout_seconds: float, what: str) -> list[Any]:
+    def _collect(self, timeout_seconds: float, what: str) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         withdrawn: Withdrawn | None = None

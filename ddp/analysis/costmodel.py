@@ -13,12 +13,12 @@ ring all-reduce, the algorithm nccl-tests' busbw is defined for)::
                                                                           2 ceil(log2 n) for a tree
 
 ``alpha`` (seconds per step) and ``busbw`` (bytes/s) are fitted by least squares on the run's
-all-reduce microbenchmark rows (``extra_info`` ``size_bytes``, ``world_size``, ``stats.median``),
-or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
+all-reduce microbenchmark records (``AllReduceRecord``: ``size_bytes``, ``world_size``, and the
+median of ``round_seconds``, or their minimum with ``--statistic min``), or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
 term (NCCL's trees reach about the ring's bus bandwidth on large messages).
 
 **Compute.** A step without communication is the run's ``local`` row at the same batch and
-sequence length (its median step). Backward takes ``2/3`` of the part that is not optimizer
+sequence length (its median round, or its fastest with ``--statistic min``). Backward takes ``2/3`` of the part that is not optimizer
 (backward does two matmuls per forward matmul: the gradients of the input and of the weight),
 and ``--optimizer-fraction`` of the step is the optimizer (default 0: for the models here AdamW
 is a few per cent of a step, and it runs after gradient synchronization either way, so it only

@@ -259,11 +259,11 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line
+# Timelines
 
 
 def timeline_record(strategy: str, summary: dict, rank_records: list[dict]) -> dict:
-    """What ``ddp.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
+    """What ``ddp.analysis.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
     origin = min(r["steps"][0]["forward"][0] for r in rank_records)
 
     def shift(step: dict) -> dict:

@@ -68,21 +68,23 @@ class PhaseRecorder(StepObserver):
                 torch.cuda.nvtx.range_pop()
 
 
-def _recorded_allreduce_hook(process_group, bucket):
+def _recorded_allreduce_hook(model, bucket):
     """PyTorch's default DDP hook (sum, then divide by world size), launched through
-    ``ddp.strategies.tracing`` so that each bucket's launch and completion are recorded.
+    ``ddp.strategies.tracing`` with the model's ``collective_recorder``, so that each bucket's
+    launch and completion are recorded like any strategy's collectives.
 
     Unannotated on purpose: DDP accepts only the real classes as annotations, and this module's
     ``from __future__ import annotations`` would turn them into strings.
     """
-    world_size = dist.get_world_size(process_group)
-    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, process_group, f"bucket{bucket.index()}")
+    world_size = dist.get_world_size(model.process_group)
+    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, model.process_group, f"bucket{bucket.index()}",
+                                     model.collective_recorder)
     return work.get_future().then(lambda future: future.value()[0].div_(world_size))
 
 
 def _trace_torch_reducer(model) -> None:
-    if isinstance(model, TorchDDP):  # must precede the first forward
-        model.ddp.register_comm_hook(model.process_group, _recorded_allreduce_hook)
+    if isinstance(model, TorchDDP):  # must precede the first forward; the hook's state is the model itself
+        model.ddp.register_comm_hook(model, _recorded_allreduce_hook)
 
 
 def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
@@ -116,9 +118,13 @@ def profile_rank(config: ProfileConfig) -> dict:
         with torch.profiler.profile(activities=activities) as profiler:
             for _ in range(config.steps):
                 recorder = PhaseRecorder(on_cuda)
-                with tracing.recording() as collectives:
+                collectives = tracing.CollectiveRecorder()
+                trainer.model.collective_recorder = collectives
+                try:
                     trainer.step(recorder)
                     _wait_for_completion_stamps(collectives)
+                finally:
+                    trainer.model.collective_recorder = None
                 step = recorder.step
                 step["backward_compute_end"] = trainer.last_gradient_seconds
                 step["collectives"] = [asdict(span) for span in collectives.spans]

@@ -296,8 +296,6 @@ class Benchmark:
     name: str
     group: str | None
     median_seconds: float
-    min_seconds: float
-    iqr_seconds: float | None
     round_seconds: list[float] | None
     """The rounds, from the record or pytest-benchmark's ``stats.data``; None if neither was saved."""
     record: StepRecord | AllReduceRecord | RaceRecord | None
@@ -453,8 +451,6 @@ def run_from_data(path: Path, data: dict) -> Run:
         run.benchmarks.append(
             Benchmark(
                 name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
-                min_seconds=float(stats.get("min", stats["median"])),
-                iqr_seconds=None if stats.get("iqr") is None else float(stats["iqr"]),
                 round_seconds=rounds, record=record,
             )
         )

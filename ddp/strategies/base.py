@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import CollectiveRecorder, launch_all_reduce
 
 
 def require_process_group(strategy: str, process_group: dist.ProcessGroup | None) -> None:
@@ -111,6 +111,9 @@ class Strategy(nn.Module, abc.ABC):
     """
 
     module: nn.Module
+    collective_recorder: CollectiveRecorder | None = None
+    """Set on an instance while ``ddp profile`` records its collectives (``ddp.strategies.tracing``);
+    strategies pass it to every ``launch_all_reduce``."""
 
     communicates: bool = True
     """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
@@ -254,7 +257,7 @@ class DataParallel(Strategy):
             self._used_mask = self._ones_mask
         else:
             self._used_mask = torch.tensor(used_locally, dtype=torch.int32, device=device)
-        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask")
+        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask", self.collective_recorder)
 
     def used_somewhere(self) -> list[bool]:
         """After the mask's all-reduce completed: which parameters got a gradient on some rank."""

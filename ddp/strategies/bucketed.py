@@ -190,7 +190,9 @@ class BucketedDDP(DataParallel):
             self._launch_complete_buckets()
 
     def _launch(self, bucket: Bucket) -> None:
-        bucket.work = launch_all_reduce(bucket.buffer, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}")
+        bucket.work = launch_all_reduce(
+            bucket.buffer, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder
+        )
         self._next_to_launch += 1
 
     def _launch_complete_buckets(self) -> None:

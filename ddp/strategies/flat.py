@@ -49,7 +49,7 @@ class FlatDDP(DataParallel):
             flags_in = params[0].new_ones(len(params)) if all_used else torch.tensor(used, dtype=params[0].dtype, device=params[0].device)
             pieces.append(flags_in)
             flat = torch.cat(pieces)
-            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}").wait()
+            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}", self.collective_recorder).wait()
             flags = [1.0] * len(params) if all_used else flat[-len(params) :].tolist()
             offset = 0
             for param, used_somewhere in zip(params, flags):

@@ -42,4 +42,4 @@ class NaiveDDP(DataParallel):
                 continue  # no rank produced a gradient: leave it as single-process training would
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            launch_all_reduce(param.grad, op, self.process_group, f"param{index}").wait()
+            launch_all_reduce(param.grad, op, self.process_group, f"param{index}", self.collective_recorder).wait()

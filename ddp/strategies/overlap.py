@@ -57,7 +57,7 @@ class OverlapDDP(DataParallel):
         self._ready[position] = True
         while self._next_to_launch < len(self._order) and self._ready[self._next_to_launch]:
             grad = self._order[self._next_to_launch].grad
-            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}"))
+            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}", self.collective_recorder))
             self._next_to_launch += 1
 
     @torch.no_grad()
@@ -74,7 +74,7 @@ class OverlapDDP(DataParallel):
             else:
                 tensor = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
                 scratch[position] = tensor
-            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}"))
+            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}", self.collective_recorder))
         mask_work = self._all_reduce_used_mask(self._ready)
         for work in self._works:
             work.wait()
