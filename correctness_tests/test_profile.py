@@ -21,6 +21,7 @@ from ddp.analysis.overlap import (
 )
 from ddp.analysis.profiles import write_profiles
 from ddp.bench.profiling import ProfileConfig, profile_on
+from ddp.bench.records import load_profile_summary
 from ddp.bench.trainer import StepConfig
 
 
@@ -289,15 +290,15 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
     group = rank_group
     summary = write_profiles(group.world_size, group.backend, group.device, configs, profile_on(group, configs), tmp_path)
 
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    assert all(summary["strategies"][name]["comm_source"] == "collective_records" for name in ("naive", "overlap"))
-    naive, overlap = summary["strategies"]["naive"], summary["strategies"]["overlap"]
-    for rank in naive["ranks"]:
+    assert load_profile_summary(tmp_path / "summary.json") == summary
+    assert all(summary.strategies[name].comm_source == "collective_records" for name in ("naive", "overlap"))
+    naive, overlap = summary.strategies["naive"], summary.strategies["overlap"]
+    for rank in naive.ranks:
         # naive launches every collective after backward has returned
         assert rank["comm_seconds"] > 0
         assert rank["overlap_fraction"] == 0.0
         assert rank["exposed_comm_seconds"] == rank["comm_seconds"]
-    for rank in overlap["ranks"]:
+    for rank in overlap.ranks:
         # overlap launches from gradient hooks, before the last gradient is computed
         assert rank["overlap_fraction"] > 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from ddp.analysis.costmodel import (
     ready_times,
     validation_rows,
 )
-from ddp.bench.records import AllReduceRecord, StepRecord, load_run, to_extra_info
+from ddp.bench.records import AllReduceRecord, PredictionRecord, StepRecord, ValidationRecord, load_records, load_run, to_extra_info
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
 
@@ -194,15 +195,15 @@ def test_validation_reads_a_saved_run(tmp_path) -> None:
     computes = {shape: Compute(seconds) for shape, seconds in calibration.local_seconds.items()}
     predictions = predict_grid("tiny", computes, [("local", None), ("flat", None)], [2], link, 0.0)
     rows = validation_rows(calibration, predictions)
-    flat = next(r for r in rows if r["strategy"] == "flat")
+    flat = next(r for r in rows if r.strategy == "flat")
     # tiny's 1,037,568 gradient bytes at 1 GB/s on 2 ranks: 1.04 ms after a 10 ms step.
-    assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 259_392 * 4 / 1e9)
-    assert flat["measured_step_seconds"] == pytest.approx(0.012)  # the median of 12, 11, 13 ms
-    assert flat["error"] == pytest.approx(flat["predicted_step_seconds"] / 0.012 - 1)
-    assert math.isclose(next(r for r in rows if r["strategy"] == "local")["error"], 0.0, abs_tol=1e-12)
+    assert flat.predicted_step_seconds == pytest.approx(0.010 + 259_392 * 4 / 1e9)
+    assert flat.measured_step_seconds == pytest.approx(0.012)  # the median of 12, 11, 13 ms
+    assert flat.error == pytest.approx(flat.predicted_step_seconds / 0.012 - 1)
+    assert math.isclose(next(r for r in rows if r.strategy == "local").error, 0.0, abs_tol=1e-12)
     # --statistic min: flat is measured by its fastest round, 11 ms
-    fastest = next(r for r in validation_rows(calibrate(load_run(path), "min"), predictions) if r["strategy"] == "flat")
-    assert fastest["measured_step_seconds"] == pytest.approx(0.011)
+    fastest = next(r for r in validation_rows(calibrate(load_run(path), "min"), predictions) if r.strategy == "flat")
+    assert fastest.measured_step_seconds == pytest.approx(0.011)
 
 
 def _simulate_error(capsys, argv) -> str:
@@ -243,9 +244,16 @@ def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
     argv = ["simulate", "--from", str(path), "--world-sizes", "2,8", "--json", str(predictions), "--validation-json", str(validation)]
     assert ddp_main(argv) == 0
     assert "busbw 1.000 GB/s" in capsys.readouterr().out
-    flat = next(r for r in json.loads(validation.read_text()) if r["strategy"] == "flat")
+    flat = next(r for r in load_records(validation, ValidationRecord) if r.strategy == "flat")
     # the fitted link all-reduces flat's one buffer of tiny's 1,037,568 gradient bytes in 20 us + 1.04 ms
-    assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
-    assert {(p["strategy"], p["world_size"]) for p in json.loads(predictions.read_text())} == {
-        ("local", 2), ("local", 8), ("flat", 2), ("flat", 8)
+    assert flat.predicted_step_seconds == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
+    assert {(p.strategy, p.world_size, p.kind) for p in load_records(predictions, PredictionRecord)} == {
+        ("local", 2, "prediction"), ("local", 8, "prediction"), ("flat", 2, "prediction"), ("flat", 8, "prediction")
     }  # fmt: skip
+
+
+def test_predictions_saved_before_their_schema_still_load() -> None:
+    old = Path(__file__).parents[1] / "docs" / "images" / "simulate_predictions.json"  # written without kind
+    predictions = load_records(old, PredictionRecord)
+    assert predictions and all(p.kind == "prediction" and p.comm_seconds is None for p in predictions)
+    assert predictions[0].label == "bucketed 1 MB" and predictions[0].step_seconds == pytest.approx(0.30063862844539624)

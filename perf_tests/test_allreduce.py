@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.records import allreduce_group, to_extra_info
+from ddp.bench.records import allreduce_group_name, to_extra_info
 from ddp.bench.timing import record_rounds
 
 
@@ -25,7 +25,7 @@ def allreduce_records(grid) -> dict:
 
 def test_allreduce(benchmark, allreduce_group, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records) -> None:
     group = allreduce_group
-    benchmark.group = allreduce_group(group.backend, group.world_size)
+    benchmark.group = allreduce_group_name(group.backend, group.world_size)
     if allreduce_world_size not in allreduce_records:
         records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options())
         allreduce_records[allreduce_world_size] = dict(zip(grid.allreduce_sizes_mb, records))

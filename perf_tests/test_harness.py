@@ -47,7 +47,7 @@ class OutOfMemoryOnRankOneInBackward(OverlapDDP):
     all-reduces: rank 0 then waits in finish_gradient_synchronization() for collectives rank 1
     will never join. The first steps (the warm-up) succeed."""
 
-    steps_before_failing = 4
+    steps_before_failing = OverlapDDP.settles_after_steps  # its warm-up steps succeed, the first timed round fails
 
     def __init__(self, module, **options) -> None:
         super().__init__(module, **options)

@@ -127,3 +127,39 @@ def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
         for r in rows
     ]
     return render(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"], tablefmt)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The regression gate of one comparison, as ``ddp compare`` and pytest's ``--ddp-fail-slower``
+    both print it: warnings first (setups that differ), then the table and what it concluded."""
+
+    rows: list[BenchmarkComparison]
+    warnings: list[str]
+    lines: list[str]
+    failed: list[BenchmarkComparison]
+
+
+def gate(old: Run, new: Run, threshold: float) -> Gate:
+    """Compare ``new`` against ``old`` and judge: fails on a resolved slowdown beyond ``threshold``."""
+    warnings = []
+    differences = suspect_differences(old, new)
+    if differences:
+        facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())
+        warnings.append(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "
+                        "machine as much as the code")
+    rows = compare(old, new, threshold)
+    lines = [table(rows)]
+    drift = machine_drift(rows)
+    if drift:
+        lines.append(
+            f"NOTE: local, the machine's reference, changed in {len(drift)} configuration(s) ("
+            + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in drift) + "): the machine (or the model's own compute) "
+            "differed between the runs; strategies are compared against it round by round, so this does not fail the gate"
+        )
+    slower = failed(rows)
+    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {threshold:.0%})")
+    if slower:
+        lines.append(f"FAIL: {len(slower)} benchmark(s) slower by more than {threshold:.0%}: " + ", ".join(r.name for r in slower))
+    return Gate(rows, warnings, lines, slower)

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddp.bench.records import Run, RunFileError
+from ddp.bench.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.bench.workloads import build_workload
 from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.registry import traits
@@ -239,18 +239,7 @@ def strategy_launches(
     return [(t.ready_seconds, link.allreduce_seconds(t.size_bytes, world_size)) for t in schedule]
 
 
-@dataclass(frozen=True)
-class Prediction:
-    strategy: str
-    bucket_size_mb: float | None
-    batch_size: int
-    seq_len: int
-    world_size: int
-    step_seconds: float
-    exposed_comm_seconds: float
-    comm_seconds: float
-    """All-reduce time of the step on the channel, hidden or not."""
-    num_allreduces: int
+Prediction = PredictionRecord  # the cost model's output is the saved record (ddp.bench.records)
 
 
 @dataclass(frozen=True)
@@ -359,7 +348,7 @@ def predict_grid(
     return predictions
 
 
-def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[dict]:
+def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[ValidationRecord]:
     """Measured median against prediction for every step row of the run, at its world size."""
     by_key = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len, p.world_size): p for p in predictions}
     rows = []
@@ -369,57 +358,54 @@ def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[dic
             continue
         predicted = by_key[key]
         measured = run.seconds(step)
-        rows.append(
-            {
-                "strategy": step.strategy,
-                "bucket_size_mb": step.bucket_size_mb,
-                "batch_size": step.batch_size,
-                "seq_len": step.seq_len,
-                "measured_step_seconds": measured,
-                "predicted_step_seconds": predicted.step_seconds,
-                "error": predicted.step_seconds / measured - 1.0,
-                "measured_comm_wait_seconds": step.comm_wait_seconds,
-                "predicted_exposed_comm_seconds": predicted.exposed_comm_seconds,
-            }
-        )
+        rows.append(ValidationRecord(
+            strategy=step.strategy, bucket_size_mb=step.bucket_size_mb, batch_size=step.batch_size, seq_len=step.seq_len,
+            measured_step_seconds=measured, predicted_step_seconds=predicted.step_seconds,
+            error=predicted.step_seconds / measured - 1.0, measured_comm_wait_seconds=step.comm_wait_seconds,
+            predicted_exposed_comm_seconds=predicted.exposed_comm_seconds,
+        ))
     return rows
 
 
 CANDIDATE_BUCKET_SIZES_MB = (0.1, 0.25, 1, 5, 10, 25, 50, 100, 250, 1000)
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """The bucketed strategy's best and worst candidate cap at one batch, sequence length and world size."""
+
+    batch_size: int
+    seq_len: int
+    world_size: int
+    bucket_size_mb: float
+    step_seconds: float
+    exposed_comm_seconds: float
+    worst_bucket_size_mb: float
+    worst_step_seconds: float
+
+
 def recommend_bucket_sizes(
     model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float
-) -> list[dict]:
+) -> list[Recommendation]:
     """Per batch, sequence length and world size: the bucketed strategy's best bucket size.
     ``model_size`` is an LM size or any module (see ``gradients_of``)."""
-    rows = []
     grid = predict_grid(
         model_size, computes, [("bucketed", mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
     )
     groups = defaultdict(list)
     for p in grid:
         groups[(p.batch_size, p.seq_len, p.world_size)].append(p)
+    rows = []
     for (batch_size, seq_len, world_size), options in sorted(groups.items()):
         best = min(options, key=lambda p: (p.step_seconds, -p.bucket_size_mb))
         worst = max(options, key=lambda p: p.step_seconds)
-        rows.append(
-            {
-                "batch_size": batch_size,
-                "seq_len": seq_len,
-                "world_size": world_size,
-                "bucket_size_mb": best.bucket_size_mb,
-                "step_seconds": best.step_seconds,
-                "exposed_comm_seconds": best.exposed_comm_seconds,
-                "worst_bucket_size_mb": worst.bucket_size_mb,
-                "worst_step_seconds": worst.step_seconds,
-            }
-        )
+        rows.append(Recommendation(batch_size, seq_len, world_size, best.bucket_size_mb, best.step_seconds,
+                                   best.exposed_comm_seconds, worst.bucket_size_mb, worst.step_seconds))
     return rows
 
 
 def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
-           overlap_slowdown: float) -> list[dict]:
+           overlap_slowdown: float) -> list[Recommendation]:
     """The best bucketed cap per world size for a workload by name: the built-in LM by its size,
     any other model from its parameters (built once on the CPU; no rank is involved)."""
     subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module

@@ -8,6 +8,11 @@ are the schema: their fields are the keys, documented once, with units. Every co
 simulate, compare, versus) reads runs through ``load_run``, which fails with one ``RunFileError``
 naming the file and saying what to do.
 
+The same module owns the other files ddp-bench saves, each a typed record with ``kind`` and
+``schema_version``: the cost model's predictions and validation rows (``ddp simulate --json``,
+``--validation-json``: JSON lists of ``PredictionRecord`` / ``ValidationRecord``) and a profile's
+figures per strategy (``ddp profile``'s ``summary.json``: ``ProfileSummary``).
+
 Per-round data is saved in the record itself (``round_seconds``), because pytest-benchmark saves
 ``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
 
@@ -256,7 +261,7 @@ def step_entry(config, record: StepRecord) -> dict:
     )
 
 
-def allreduce_group(backend: str, world_size: int) -> str:
+def allreduce_group_name(backend: str, world_size: int) -> str:
     """The benchmark group of the all-reduces of one backend and world size."""
     return f"all_reduce: {backend}, {world_size} ranks"
 
@@ -265,7 +270,7 @@ def allreduce_entry(record: AllReduceRecord, size_mb: float) -> dict:
     """An all-reduce benchmark under perf_tests/test_allreduce.py's names."""
     param = f"n{record.world_size}-{size_mb:g}mb"
     return benchmark_entry(
-        f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", allreduce_group(record.backend, record.world_size), param,
+        f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", allreduce_group_name(record.backend, record.world_size), param,
         {"allreduce_world_size": record.world_size, "allreduce_size_mb": size_mb}, record, record.round_seconds,
     )
 
@@ -478,3 +483,120 @@ def race_record(measurement, backend: str, reference: str) -> RaceRecord:
         overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
         overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
     )
+
+
+# ------------------------------------------------------------------------------------ predictions and profiles
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    """One training step predicted by the cost model (``ddp.analysis.costmodel``, ``ddp simulate --json``)."""
+
+    strategy: str
+    bucket_size_mb: float | None
+    batch_size: int
+    seq_len: int
+    world_size: int
+    step_seconds: float
+    exposed_comm_seconds: float
+    """What communication adds after backward ends."""
+    comm_seconds: float | None = None
+    """All-reduce time of the step on the channel, hidden or not (None in files of schema 2 and before)."""
+    num_allreduces: int | None = None
+    kind: str = "prediction"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        return strategy_label(self.strategy, self.bucket_size_mb)
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """A measured step beside the cost model's prediction at the run's world size (``ddp simulate``)."""
+
+    strategy: str
+    bucket_size_mb: float | None
+    batch_size: int
+    seq_len: int
+    measured_step_seconds: float
+    predicted_step_seconds: float
+    error: float
+    """predicted / measured - 1."""
+    measured_comm_wait_seconds: float
+    predicted_exposed_comm_seconds: float
+    kind: str = "validation"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        return strategy_label(self.strategy, self.bucket_size_mb)
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One strategy profiled by ``ddp profile`` (``ddp.analysis.overlap.strategy_summary``): the
+    slowest rank's figures, each per step, and every rank's."""
+
+    strategy: str
+    step_seconds: float
+    comm_seconds: float
+    """Length of the union of the collectives' intervals."""
+    overlap_fraction: float | None
+    """Share of ``comm_seconds`` inside backward's compute; None when nothing was communicated."""
+    exposed_comm_seconds: float
+    overlapped_comm_seconds: float
+    comm_source: str
+    """Where the communication intervals came from (``ddp.analysis.overlap.COMM_FROM_*``)."""
+    slowest_rank: int
+    ranks: list[dict]
+    """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""
+    config: dict
+    """The ``ProfileConfig`` profiled."""
+    timeline_json: str
+    timeline_png: str
+    kind: str = "profile"
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """``summary.json`` of ``ddp profile``."""
+
+    world_size: int
+    backend: str
+    device: str
+    strategies: dict[str, ProfileRecord]
+    timeline_combined_png: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+def write_records(path: Path, records) -> None:
+    """A JSON list of records (predictions, validation rows)."""
+    path.write_text(json.dumps([dataclasses.asdict(record) for record in records], indent=2))
+
+
+def load_records(path: str | Path, cls):
+    """A JSON list of ``cls`` records written by ``write_records``; files of schema 2 and before
+    (plain dicts, no ``kind``) load with the fields they lack at their defaults."""
+    path = Path(path)
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return [cls(**{**{k: v for k, v in row.items() if k in names}, "schema_version": SCHEMA_VERSION}) for row in rows]
+    except (TypeError, AttributeError) as error:
+        raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
+
+
+def write_profile_summary(path: Path, summary: ProfileSummary) -> None:
+    path.write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+
+
+def load_profile_summary(path: str | Path) -> ProfileSummary:
+    """``summary.json`` as ``ddp profile`` wrote it."""
+    data = json.loads(Path(path).read_text())
+    strategies = {name: ProfileRecord(**{"strategy": name, **entry}) for name, entry in data.pop("strategies").items()}
+    return ProfileSummary(strategies=strategies, **data)

@@ -15,6 +15,7 @@ from ddp.bench.options import (
     strategy_names,
 )
 from ddp.bench.profiling import ProfileConfig, profile_on
+from ddp.bench.records import ProfileSummary
 from ddp.bench.trainer import StepConfig
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
@@ -33,12 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for traces, summary.json and timelines")
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: ProfileSummary) -> str:
     """The figures a reader wants first, one row per strategy (slowest rank)."""
     rows = [
-        [name, s["step_seconds"] * 1e3, s["comm_seconds"] * 1e3, s["overlap_fraction"],
-         s["exposed_comm_seconds"] * 1e3, s["slowest_rank"], s["comm_source"]]
-        for name, s in summary["strategies"].items()
+        [name, s.step_seconds * 1e3, s.comm_seconds * 1e3, s.overlap_fraction, s.exposed_comm_seconds * 1e3,
+         s.slowest_rank, s.comm_source]
+        for name, s in summary.strategies.items()
     ]
     headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "slowest_rank", "comm_from"]
     return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", ""), missingval="-")

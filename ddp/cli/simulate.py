@@ -7,9 +7,7 @@ measured run (``ddp.analysis.costmodel``, whose docstring states the model and i
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 
 from tabulate import tabulate
@@ -21,7 +19,7 @@ from ddp.analysis.costmodel import (
 )
 from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
 from ddp.analysis.tables import ms
-from ddp.bench.records import load_run, strategy_label
+from ddp.bench.records import load_run, write_records
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
@@ -107,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     if not_modelled:
         print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
-        [[p.world_size, p.batch_size, p.seq_len, strategy_label(p.strategy, p.bucket_size_mb), p.num_allreduces,
+        [[p.world_size, p.batch_size, p.seq_len, p.label, p.num_allreduces,
           _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],
         headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
     ))
@@ -115,8 +113,8 @@ def main(args: argparse.Namespace) -> int:
     recommendations = recommend_bucket_sizes(model_size, computes, world_sizes, link, slowdown)
     print("\nrecommended bucket size (bucketed; candidates " + ", ".join(f"{mb:g}" for mb in CANDIDATE_BUCKET_SIZES_MB) + " MB)")
     print(tabulate(
-        [[r["world_size"], r["batch_size"], r["seq_len"], f"{r['bucket_size_mb']:g}", _ms(r["step_seconds"]),
-          f"{r['worst_bucket_size_mb']:g}", _ms(r["worst_step_seconds"])] for r in recommendations],
+        [[r.world_size, r.batch_size, r.seq_len, f"{r.bucket_size_mb:g}", _ms(r.step_seconds),
+          f"{r.worst_bucket_size_mb:g}", _ms(r.worst_step_seconds)] for r in recommendations],
         headers=["ranks", "batch", "seq len", "best bucket MB", "step ms", "worst bucket MB", "step ms"],
     ))
 
@@ -124,16 +122,15 @@ def main(args: argparse.Namespace) -> int:
         rows = validation_rows(run, predictions)
         print(f"\nvalidation at the run's {run.world_size} ranks: measured {args.statistic} against predicted")
         print(validation_table(rows))
-        errors = [abs(r["error"]) for r in rows if r["strategy"] != "local"]
+        errors = [abs(r.error) for r in rows if traits(r.strategy).communicates]
         if errors:
             within = sum(e <= 0.15 for e in errors)
             print(f"{within} of {len(errors)} communicating configurations within 15%; median |error| {statistics.median(errors):.1%}")
         if args.validation_json:
-            args.validation_json.write_text(json.dumps(rows, indent=2))
+            write_records(args.validation_json, rows)
 
     if args.json is not None:
-        keys = ("strategy", "bucket_size_mb", "batch_size", "seq_len", "world_size", "step_seconds", "exposed_comm_seconds")
-        args.json.write_text(json.dumps([{k: asdict(p)[k] for k in keys} for p in predictions], indent=2))
+        write_records(args.json, predictions)
         print(f"wrote {len(predictions)} predictions to {args.json}")
     if args.plot is not None:
         plots.plot_scaling(predictions, args.plot, f"ddp simulate: model {model_size}, link {link.name}")
@@ -141,10 +138,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def validation_table(rows: list[dict]) -> str:
+def validation_table(rows) -> str:
     return tabulate(
-        [[r["batch_size"], r["seq_len"], strategy_label(r["strategy"], r["bucket_size_mb"]), _ms(r["measured_step_seconds"]),
-          _ms(r["predicted_step_seconds"]), f"{r['error']:+.1%}", _ms(r["measured_comm_wait_seconds"]),
-          _ms(r["predicted_exposed_comm_seconds"])] for r in rows],
+        [[r.batch_size, r.seq_len, r.label, _ms(r.measured_step_seconds), _ms(r.predicted_step_seconds), f"{r.error:+.1%}",
+          _ms(r.measured_comm_wait_seconds), _ms(r.predicted_exposed_comm_seconds)] for r in rows],
         headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
     )
