@@ -156,7 +156,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS},
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--bucket-size-mb"),
                     option("--bucket-sizes")},
-        "profile": {*LAUNCH_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--strategies")},
+        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS},
         "simulate": {option(f) for f in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
         "compare": set(), "report": set(), "gpu-check": set(),
@@ -169,7 +169,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         for definition in bound:
             action = actions[definition.flag]
             assert action.dest == definition.dest, (command, definition.flag)
-            assert action.help.startswith(definition.help + " (default: "), (command, definition.flag)
+            assert action.help.startswith(definition.help + " ("), (command, definition.flag)  # then its default
             assert (action.type.option if action.type else None) == (None if definition.choices else definition), command
             assert tuple(action.choices or ()) == tuple(definition.choices or ()), (command, definition.flag)
     # pytest binds the launch and grid options from the same definitions (the root conftest)

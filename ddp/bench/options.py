@@ -150,8 +150,10 @@ class Option:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] | None = None
 
-    def bind(self, add: Callable, default: object = None, default_text: str | None = None) -> None:
-        """Add this option to a parser (``add`` is ``parser.add_argument`` or pytest's ``addoption``)."""
+    def bind(self, add: Callable, default: object = None, default_text: str | None = None, also: tuple[str, ...] = (),
+             **extra) -> None:
+        """Add this option to a parser (``add`` is ``parser.add_argument`` or pytest's ``addoption``);
+        ``also``: other spellings a command accepts, ``extra``: argparse keywords such as ``required``."""
         shown = default_text if default_text is not None else _show(default)
         if self.choices:
             kwargs = {"choices": self.choices}
@@ -159,7 +161,8 @@ class Option:
             parse = argument_type(self.parse, self.dest)
             parse.option = self  # which definition a bound flag came from (tests read it)
             kwargs = {"type": parse, "metavar": self.flag.lstrip("-").upper().replace("-", "_")}
-        add(self.flag, *self.aliases, dest=self.dest, default=default, help=f"{self.help} (default: {shown})", **kwargs)
+        help_text = f"{self.help} (default: {shown})" if not extra.get("required") else f"{self.help} (required)"
+        add(self.flag, *self.aliases, *also, dest=self.dest, default=default, help=help_text, **kwargs, **extra)
 
 
 def _show(value: object) -> str:

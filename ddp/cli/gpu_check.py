@@ -60,10 +60,10 @@ def parts(out: Path) -> list[tuple[str, list[str]]]:
                                    "--benchmark-json", str(out / "xl_steps.json")]),
         ("out of memory on real CUDA memory", [*pytest, "perf_tests/test_step.py", "perf_tests/test_harness.py", "-rs",
                                                "--backend", "nccl", "--world-size", "1", *OUT_OF_MEMORY]),
-        ("profile, 1 NCCL rank", [python, "-m", "ddp", "profile", "--strategy", "naive,overlap,bucketed,torch", "--model", "medium",
+        ("profile, 1 NCCL rank", [python, "-m", "ddp", "profile", "--strategies", "naive,overlap,bucketed,torch", "--model", "medium",
                                   "--batch-size", "2", "--seq-len", "256", "--backend", "nccl", "--world-size", "1",
                                   "--out", str(out / "profile_nccl")]),
-        ("profile, 2 gloo ranks over CUDA", [python, "-m", "ddp", "profile", "--strategy", "naive,overlap,bucketed,torch",
+        ("profile, 2 gloo ranks over CUDA", [python, "-m", "ddp", "profile", "--strategies", "naive,overlap,bucketed,torch",
                                              "--model", "small", "--batch-size", "2", "--seq-len", "128", "--backend", "gloo",
                                              "--device", "cuda", "--world-size", "2", "--out", str(out / "profile_gloo_cuda")]),
     ]

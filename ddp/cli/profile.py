@@ -11,8 +11,7 @@ from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
 from ddp.bench.options import (
-    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
-    strategy_names,
+    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, option, positive_int,
 )
 from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.records import ProfileSummary
@@ -23,8 +22,7 @@ from ddp.strategies.registry import takes_bucket_size, traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strategy", required=True, type=argument_type(strategy_names, "strategy"),
-                        help="one strategy or a comma list: names or package.module:ClassName")
+    option("--strategies").bind(parser.add_argument, also=("--strategy",), required=True)
     add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
     parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=None,
                         help="untraced steps before profiling (default: the steps after which the strategy's plan "
@@ -56,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
             warmup_steps=traits(name).settles_after_steps if args.warmup_steps is None else args.warmup_steps,
             steps=args.steps, out_dir=str(args.out.resolve()),
         )
-        for name in args.strategy
+        for name in args.strategies
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
