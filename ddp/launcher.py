@@ -182,6 +182,13 @@ class TorchrunRank:
         return join_process_group(self.rank, self.world_size, self.local_rank, self.local_world_size, backend, device_type,
                                   init_method="env://")
 
+    @staticmethod
+    def leave() -> None:
+        """Leave the process group together: every rank waits for the others (rank 0 may still be
+        writing the run) before the group is destroyed."""
+        dist.barrier()
+        dist.destroy_process_group()
+
 
 def _die_with_parent() -> None:
     try:
