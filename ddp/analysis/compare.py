@@ -7,7 +7,9 @@ threshold t (``ddp.bench.stats.verdict``): *slower* when the whole interval lies
 *faster* below 1 - t, *unchanged* inside [1 - t, 1 + t], *not resolved* when it straddles a
 threshold. The gate fails only on *slower*: a slowdown by more than the threshold that the rounds
 resolve. pytest-benchmark's own ``--benchmark-compare-fail`` compares medians alone; here noise
-widens the interval instead of failing the gate.
+widens the interval instead of failing the gate. ``gate`` is that gate, once: ``ddp compare`` and
+pytest's ``--ddp-fail-slower`` (perf_tests/conftest.py) print and judge through it, and ``table``
+is the one comparison table, in the terminal and in the report.
 
 **Drift between runs.** Two runs are taken minutes or days apart, and a machine's speed drifts
 by more than 10% over that on a shared host (measured here: ``local`` steps of one configuration

@@ -385,12 +385,13 @@ class Recommendation:
 
 
 def recommend_bucket_sizes(
-    model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float
+    model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float,
+    strategy: str = "bucketed",
 ) -> list[Recommendation]:
-    """Per batch, sequence length and world size: the bucketed strategy's best bucket size.
-    ``model_size`` is an LM size or any module (see ``gradients_of``)."""
+    """Per batch, sequence length and world size: ``strategy``'s best bucket size among
+    ``CANDIDATE_BUCKET_SIZES_MB``. ``model_size`` is an LM size or any module (see ``gradients_of``)."""
     grid = predict_grid(
-        model_size, computes, [("bucketed", mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
+        model_size, computes, [(strategy, mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
     )
     groups = defaultdict(list)
     for p in grid:
