@@ -257,3 +257,13 @@ def test_predictions_saved_before_their_schema_still_load() -> None:
     predictions = load_records(old, PredictionRecord)
     assert predictions and all(p.kind == "prediction" and p.comm_seconds is None for p in predictions)
     assert predictions[0].label == "bucketed 1 MB" and predictions[0].step_seconds == pytest.approx(0.30063862844539624)
+
+
+def test_a_reduce_scatter_and_an_all_gather_cost_one_all_reduce() -> None:
+    # a sharded strategy's schedule: a ring all-reduce is a reduce-scatter then an all-gather
+    link, n, size = Link("l", 5e-6, 1e9), 8, 64 * MB
+    halves = [link.collective_seconds(c, size, n) for c in ("reduce_scatter", "all_gather")]
+    assert halves[0] == halves[1] == pytest.approx(5e-6 * (n - 1) + size * (n - 1) / n / 1e9)
+    assert sum(halves) == pytest.approx(link.collective_seconds("all_reduce", size, n))
+    with pytest.raises(ValueError, match="no cost of collective 'broadcast'"):
+        link.collective_seconds("broadcast", size, n)

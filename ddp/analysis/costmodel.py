@@ -92,6 +92,20 @@ class Link:
         bus_bytes = size_bytes * 2 * (world_size - 1) / world_size
         return self.latency_seconds * self.latency_steps(world_size) + bus_bytes / self.busbw_bytes_per_second
 
+    def collective_seconds(self, collective: str, size_bytes: float, world_size: int) -> float:
+        """Seconds for one ``collective`` whose full buffer is ``size_bytes``: an all-reduce, or a
+        reduce-scatter or all-gather, each half of a ring all-reduce (half its steps and bus bytes)."""
+        if collective == "all_reduce":
+            return self.allreduce_seconds(size_bytes, world_size)
+        if collective in HALF_ALL_REDUCE:
+            return self.allreduce_seconds(size_bytes, world_size) / 2
+        raise ValueError(f"no cost of collective {collective!r}: use all_reduce, {', '.join(HALF_ALL_REDUCE)}")
+
+
+# A ring all-reduce is a reduce-scatter followed by an all-gather, each of (n-1) steps moving
+# (n-1)/n of the buffer: each costs half the all-reduce.
+HALF_ALL_REDUCE = ("reduce_scatter", "all_gather")
+
 
 def latency_steps(world_size: int, algorithm: str) -> int:
     if algorithm == "ring":
@@ -232,11 +246,11 @@ def strategy_launches(
     strategy: str, gradients: list[Gradient], ready: list[float], backward_seconds: float, bucket_size_mb: float | None,
     link: Link, world_size: int,
 ) -> list[tuple[float, float]]:
-    """``(ready, duration)`` of each all-reduce of the strategy's ``communication_schedule``, in launch order."""
+    """``(ready, duration)`` of each collective of the strategy's ``communication_schedule``, in launch order."""
     schedule = traits(strategy).communication_schedule(gradients, ready, backward_seconds, bucket_size_mb)
     if schedule is None:
         raise NotModelled(f"strategy {strategy!r} gives no communication_schedule: the cost model cannot predict it")
-    return [(t.ready_seconds, link.allreduce_seconds(t.size_bytes, world_size)) for t in schedule]
+    return [(t.ready_seconds, link.collective_seconds(t.collective, t.size_bytes, world_size)) for t in schedule]
 
 
 Prediction = PredictionRecord  # the cost model's output is the saved record (ddp.bench.records)

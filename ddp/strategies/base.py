@@ -88,12 +88,14 @@ class GradientSize(Protocol):
 
 
 class Transfer(NamedTuple):
-    """One all-reduce of a step in a cost schedule."""
+    """One collective of a step in a cost schedule."""
 
     ready_seconds: float
     """When it can be launched, in seconds after backward started."""
     size_bytes: int
-    """Bytes it all-reduces."""
+    """Bytes of the whole buffer (for a reduce-scatter its input, for an all-gather its output)."""
+    collective: str = "all_reduce"
+    """``all_reduce``, ``reduce_scatter`` or ``all_gather`` (a sharded strategy's)."""
 
 
 class Strategy(nn.Module, abc.ABC):
@@ -142,7 +144,7 @@ class Strategy(nn.Module, abc.ABC):
         backward_seconds: float,
         bucket_size_mb: float | None,
     ) -> list[Transfer] | None:
-        """The all-reduces of one step for the cost model (``ddp simulate``), in launch order:
+        """The collectives of one step for the cost model (``ddp simulate``), in launch order:
         ``gradients`` in the order backward produces them, ``ready_seconds[i]`` when gradient i is
         ready, ``backward_seconds`` when backward ends. None: the strategy does not say (the
         simulator then skips it); an empty list: it communicates nothing."""
