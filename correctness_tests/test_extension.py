@@ -30,7 +30,7 @@ class ChunkedDDP(DataParallel):
     """After backward, every gradient flattened into one buffer and all-reduced in chunks of at most
     ``bucket_size_mb``, one after the other."""
 
-    settles_after_steps = 1  # nothing is planned from a first step
+    steps_to_settle = 1  # nothing is planned from a first step
     line_style = "-."
 
     def __init__(self, module, *, bucket_size_mb: float = 25.0, process_group=None) -> None:

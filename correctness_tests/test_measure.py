@@ -11,7 +11,8 @@ from ddp.bench.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure
 from ddp.bench.measure import Measurement, timed_rounds
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import step_record
-from ddp.bench.trainer import StepConfig, StepSetup, StepTiming
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import StepSetup, StepTiming
 
 
 def test_bucket_size_only_for_bucketed_strategies() -> None:

@@ -12,7 +12,7 @@ import pytest
 from ddp.analysis.compare import gate
 from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options, percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
-from ddp.bench.trainer import grid_configs
+from ddp.bench.config import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()

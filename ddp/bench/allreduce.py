@@ -33,7 +33,7 @@ from ddp.bench.measure import timed_rounds
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
-from ddp.bench.trainer import rank_bench, release
+from ddp.bench.rank_state import rank_bench, release
 from ddp.launcher import rank_info
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 

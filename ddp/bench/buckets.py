@@ -19,7 +19,8 @@ from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import StepRecord, step_record
-from ddp.bench.trainer import StepConfig, oom_reason
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import oom_reason
 from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 # All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.

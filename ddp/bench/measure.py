@@ -26,7 +26,9 @@ import torch.distributed as dist
 
 from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.stats import relative_half_width
-from ddp.bench.trainer import OutOfMemory, StepConfig, StepSetup, StepTiming, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.trainer import StepSetup, StepTiming
 
 
 @dataclass

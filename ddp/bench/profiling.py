@@ -7,7 +7,7 @@ same name on CUDA (so Nsight Systems shows the same phases), and its ``[start, e
 ``time.perf_counter`` clock. Collectives are recorded by ``ddp.strategies.tracing`` (gloo completes
 the work's future on its own thread, which stamps the completion); for ``torch`` a DDP comm hook
 launches the all-reduce through it too, so PyTorch's reducer is measured the same way.
-``backward_compute_end`` is the trainer's last-gradient time.
+``backward_compute_end`` is the trainer's end of backward's computation (``BackwardComputeEnd``).
 
 Each rank writes its Chrome/Perfetto trace and returns its step records (``profile_on`` runs them);
 the parent turns them into figures (``ddp.analysis.profiles``, ``ddp.analysis.overlap``).
@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddp.bench.config import StepConfig
 from ddp.bench.records import file_stem
-from ddp.bench.trainer import StepConfig, StepObserver, Trainer
+from ddp.bench.trainer import StepObserver, Trainer
 from ddp.launcher import rank_info
 from ddp.strategies import tracing
 from ddp.strategies.torch_ddp import TorchDDP
@@ -126,7 +127,7 @@ def profile_rank(config: ProfileConfig) -> dict:
                 finally:
                     trainer.model.collective_recorder = None
                 step = recorder.step
-                step["backward_compute_end"] = trainer.last_gradient_seconds
+                step["backward_compute_end"] = trainer.backward_compute_end.seconds
                 step["collectives"] = [asdict(span) for span in collectives.spans]
                 steps.append(step)
                 profiler.step()

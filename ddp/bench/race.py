@@ -24,7 +24,8 @@ import torch
 from ddp.bench.measure import MeasuredOutOfMemory, measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import RaceRecord, race_record
-from ddp.bench.trainer import StepConfig, oom_reason, parameters_of
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import oom_reason, parameters_of
 from ddp.strategies.registry import takes_bucket_size, traits
 
 DEFAULT_CONTENDERS = ("bucketed", "torch")
@@ -60,7 +61,7 @@ def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float
     configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
     # steps when their weights are compared.
-    settled = max(traits(c.strategy).settles_after_steps for c in configs)
+    settled = max(traits(c.strategy).steps_to_settle for c in configs)
     policy = dataclasses.replace(policy, warmup_rounds=max(policy.warmup_rounds, settled))
     measurement = measure(ranks, configs, policy)
     if isinstance(measurement, MeasuredOutOfMemory):

@@ -13,9 +13,9 @@ from ddp.analysis.profiles import write_profiles
 from ddp.bench.options import (
     add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, option, positive_int,
 )
+from ddp.bench.config import StepConfig
 from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.records import ProfileSummary
-from ddp.bench.trainer import StepConfig
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import takes_bucket_size, traits
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     configs = [
         ProfileConfig(
             StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None),
-            warmup_steps=traits(name).settles_after_steps if args.warmup_steps is None else args.warmup_steps,
+            warmup_steps=traits(name).steps_to_settle if args.warmup_steps is None else args.warmup_steps,
             steps=args.steps, out_dir=str(args.out.resolve()),
         )
         for name in args.strategies

@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ddp.strategies.tracing import CollectiveRecorder, launch_all_reduce
 
@@ -119,11 +120,6 @@ class Strategy(nn.Module, abc.ABC):
 
     communicates: bool = True
     """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
-    settles_after_steps: int = 3
-    """Untimed steps a fresh build needs before its plan is final and its steps are alike.
-    PyTorch's DDP reduces everything in one bucket in its first step, rebuilds its buckets in the
-    second and records the new plan in the third; ``bucketed`` re-plans after its first. 3 is the
-    safe default for a class that does not say."""
     line_style: str = "-"
     """matplotlib line style of the strategy in plots (``torch`` dashed beside ``bucketed``)."""
     reference_in_reports: bool = False
@@ -150,8 +146,20 @@ class Strategy(nn.Module, abc.ABC):
         simulator then skips it); an empty list: it communicates nothing."""
         return [] if not cls.communicates else None
 
+    steps_to_settle: int = 1
+    """Steps after which the strategy's plan (buckets, collectives per step) is final: the
+    harness runs at least this many untimed steps of a fresh build before timing it (a race, as
+    many of every contender as the slowest to settle needs). A class that does not derive from
+    ``Strategy`` and does not say gets ``DEFAULT_STEPS_TO_SETTLE``."""
+
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def close(self) -> None:
+        """Undo what wrapping did to the module (hooks on its parameters), so that the module and
+        everything the strategy allocated can be freed once the caller drops them. The harness
+        calls it when it is done with a configuration; a hook left on a parameter that refers
+        back to the strategy is a cycle through autograd that Python's collector cannot free."""
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Accumulate gradients locally; strategies that communicate override this."""
@@ -176,12 +184,16 @@ class Traits:
     class's own where it has them, ``Strategy``'s defaults where it does not."""
 
     communicates: bool
-    settles_after_steps: int
+    steps_to_settle: int
     line_style: str
     reference_in_reports: bool
     first_bucket_bytes: int | None
     closes_bucket_after_cap: bool
     communication_schedule: Callable[..., list[Transfer] | None]
+
+
+# Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
+DEFAULT_STEPS_TO_SETTLE = 3
 
 
 def traits_of(cls: type) -> Traits:
@@ -196,7 +208,7 @@ def traits_of(cls: type) -> Traits:
             return None
     return Traits(
         communicates=bool(read("communicates")),
-        settles_after_steps=int(read("settles_after_steps")),
+        steps_to_settle=int(getattr(cls, "steps_to_settle", DEFAULT_STEPS_TO_SETTLE)),
         line_style=str(read("line_style")),
         reference_in_reports=bool(read("reference_in_reports")),
         first_bucket_bytes=read("first_bucket_bytes"),
@@ -223,7 +235,17 @@ class DataParallel(Strategy):
         self.parameters_to_sync = trainable_parameters(module)
         self._require_sync = True  # toggled by no_sync()
         self._sync_this_backward = True  # captured at forward time
+        self._hook_handles: list[RemovableHandle] = []
         broadcast_from_rank0(module, process_group)
+
+    def _hook_gradients(self, params: list[nn.Parameter], hook: Callable[[nn.Parameter], None]) -> None:
+        """Run ``hook(param)`` once each parameter's gradient is accumulated; ``close`` removes it."""
+        self._hook_handles += [p.register_post_accumulate_grad_hook(hook) for p in params]
+
+    def close(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
 
     def forward(self, *args, **kwargs):
         self._sync_this_backward = self._require_sync

@@ -16,7 +16,6 @@ from ddp.strategies.tracing import launch_all_reduce
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
 
-    settles_after_steps = 1  # its one buffer per dtype and device is fixed at construction
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):

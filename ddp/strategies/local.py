@@ -12,7 +12,6 @@ class LocalTraining(Strategy):
     """The same interface as the strategies, communicating nothing at all."""
 
     communicates = False
-    settles_after_steps = 1
     line_style = ":"  # drawn as the floor under the others
 
     def __init__(self, module: nn.Module, *, process_group=None) -> None:

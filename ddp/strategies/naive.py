@@ -16,7 +16,6 @@ from ddp.strategies.tracing import launch_all_reduce
 class NaiveDDP(DataParallel):
     """All-reduce each gradient after backward (``finish_gradient_synchronization``)."""
 
-    settles_after_steps = 1  # nothing is planned: every step is alike from the first
     reference_in_reports = True  # the baseline the report measures the fastest strategy against
 
     @classmethod

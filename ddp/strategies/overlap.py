@@ -16,7 +16,6 @@ from ddp.strategies.tracing import launch_all_reduce
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
 
-    settles_after_steps = 1  # its launch order is fixed at construction
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
@@ -33,7 +32,7 @@ class OverlapDDP(DataParallel):
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._op = dist.ReduceOp.AVG  # the division by world size folded into the collective
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self._order]
+        self._hook_gradients(self._order, self._on_gradient_ready)
 
     @property
     def num_allreduce_calls_per_step(self) -> int:

@@ -92,6 +92,12 @@ def takes_bucket_size(name: str) -> bool:
         return False
 
 
+def steps_to_settle(name: str) -> int:
+    """Untimed steps a fresh build of the strategy runs before it is timed: its
+    ``steps_to_settle`` (``ddp.strategies.base.Strategy``), or ``base.DEFAULT_STEPS_TO_SETTLE``."""
+    return traits(name).steps_to_settle
+
+
 def supports_no_sync(name: str) -> bool:
     """Whether the strategy offers ``no_sync()`` for gradient accumulation."""
     return callable(getattr(resolve_strategy(name), "no_sync", None))

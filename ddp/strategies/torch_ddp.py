@@ -20,6 +20,10 @@ class TorchDDP(Strategy):
     PyTorch's default (False, the fast path): a model with parameters unused in a step needs True.
     """
 
+    # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
+    # and records the new plan (which bucket_sizes_bytes reads) in the third.
+    steps_to_settle = 3
+
     line_style = "--"  # dashed beside bucketed's solid line at the same bucket caps
     reference_in_reports = True  # the one to beat
     first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB, whatever bucket_cap_mb says
