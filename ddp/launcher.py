@@ -30,9 +30,9 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -112,20 +112,54 @@ class RankInfo:
     device: torch.device
 
 
-_rank_info: RankInfo | None = None
+T = TypeVar("T")
+
+
+@dataclass
+class Rank:
+    """A rank process as the functions run on it see it: where it runs, and what it keeps between
+    calls. Made once per rank process by ``enter_rank`` (``RankGroup``'s worker, or a process that
+    torchrun started) and handed to every function marked ``on_rank``, so that no module keeps a
+    rank's state in a global of its own."""
+
+    info: RankInfo
+    _kept: dict[type, Any] = field(default_factory=dict)
+
+    def keep(self, kind: type[T]) -> T:
+        """This rank's one instance of ``kind``, made with ``kind()`` on first use and kept."""
+        if kind not in self._kept:
+            self._kept[kind] = kind()
+        return self._kept[kind]
+
+
+def on_rank(fn: Callable[..., T]) -> Callable[..., T]:
+    """Mark ``fn`` as taking the calling ``Rank`` as its first argument when a ``RankGroup`` (or
+    ``ddp.bench.measure.InProcessRanks``) runs it; the caller passes only the other arguments."""
+    fn.takes_rank = True
+    return fn
+
+
+def call_on_rank(rank: Rank, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    """Call ``fn`` as a rank runs it: with ``rank`` first if it is marked ``on_rank``."""
+    return fn(rank, *args, **kwargs) if getattr(fn, "takes_rank", False) else fn(*args, **kwargs)
+
+
+_entered: Rank | None = None
+
+
+def enter_rank(info: RankInfo) -> Rank:
+    """Make this process's ``Rank``: the one place that says where a rank process runs."""
+    global _entered
+    _entered = Rank(info)
+    return _entered
 
 
 def rank_info() -> RankInfo:
-    """The calling rank's rank, world size, backend and device (only inside ``RankGroup.run``)."""
-    if _rank_info is None:
-        raise RuntimeError("rank_info() is only available inside a function run by RankGroup.run")
-    return _rank_info
-
-
-def set_rank_info(info: RankInfo) -> None:
-    """Say where this process runs as a rank; for launchers other than RankGroup (torchrun)."""
-    global _rank_info
-    _rank_info = info
+    """The calling rank's rank, world size, backend and device, for code run on a rank that is not
+    handed its ``Rank`` (a test's function, a user's strategy)."""
+    if _entered is None:
+        raise RuntimeError("rank_info() is only available on a rank (inside RankGroup.run, or under torchrun once joined)")
+    return _entered.info
 
 
 def share_cores(ranks_on_this_machine: int) -> None:
@@ -136,10 +170,10 @@ def share_cores(ranks_on_this_machine: int) -> None:
 
 def join_process_group(
     rank: int, world_size: int, local_rank: int, ranks_on_this_machine: int, backend: str, device_type: str, **init
-) -> RankInfo:
+) -> Rank:
     """Make this process rank ``rank``: its device (GPU ``local_rank``, or its share of the CPU
     cores), the process group (``init`` goes to ``init_process_group``: a store, or env://), and
-    what ``rank_info()`` answers. Every rank joins here, ``RankGroup``'s workers and torchrun's
+    its ``Rank`` (``enter_rank``). Every rank joins here, ``RankGroup``'s workers and torchrun's
     processes alike."""
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -150,9 +184,7 @@ def join_process_group(
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, **({"device_id": device} if backend == "nccl" else {}), **init
     )
-    info = RankInfo(rank, world_size, backend, device)
-    set_rank_info(info)
-    return info
+    return enter_rank(RankInfo(rank, world_size, backend, device))
 
 
 # What torchrun (or any env:// launcher) sets for each process it starts.
@@ -177,7 +209,7 @@ class TorchrunRank:
             raise ValueError(f"{', '.join(missing)} not set: start this under torchrun")
         return cls(*(int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")))
 
-    def join(self, backend: str, device_type: str) -> RankInfo:
+    def join(self, backend: str, device_type: str) -> Rank:
         """Join the process group torchrun's environment describes (``join_process_group``)."""
         return join_process_group(self.rank, self.world_size, self.local_rank, self.local_world_size, backend, device_type,
                                   init_method="env://")
@@ -212,7 +244,7 @@ def _worker_main(
     # stack rather than ended by the collective's own timeout.
     timeout = datetime.timedelta(seconds=timeout_seconds * 2)
     local_rank = rank % torch.cuda.device_count() if device_type == "cuda" else rank
-    join_process_group(rank, world_size, local_rank, world_size, backend, device_type, store=store, timeout=timeout)
+    this_rank = join_process_group(rank, world_size, local_rank, world_size, backend, device_type, store=store, timeout=timeout)
     conn.send(("ready", None))
     try:
         while True:
@@ -224,7 +256,7 @@ def _worker_main(
                 return
             fn, args, kwargs = task
             try:
-                result = fn(*args, **kwargs)
+                result = call_on_rank(this_rank, fn, args, kwargs)
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
             else:
@@ -300,7 +332,8 @@ class RankGroup:
             raise
 
     def run(self, fn: Callable[..., Any], *args, timeout_seconds: float | None = None, **kwargs) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; return each rank's result, by rank.
+        """Run ``fn(*args, **kwargs)`` on every rank (``fn(rank, *args, **kwargs)`` if it is marked
+        ``on_rank``); return each rank's result, by rank.
 
         ``fn`` must be importable by its module path (defined at module level), as must its
         arguments and result be picklable.

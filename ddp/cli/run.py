@@ -57,8 +57,9 @@ def main(args: argparse.Namespace) -> int:
     grid_configs(grid)  # every configuration checked before any rank joins
     if placed.rank == 0 and args.json is not None and args.json.exists():  # rank 0 writes it: rank 0 checks
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
-    info = placed.join(resolved.backend, resolved.device)
-    ranks = InProcessRanks(info.world_size, info.backend)
+    rank = placed.join(resolved.backend, resolved.device)
+    info = rank.info
+    ranks = InProcessRanks(rank)
     machine = pytest_benchmark_generate_machine_info() if info.rank == 0 else None
     if machine is not None:
         machine["ddp_bench"] = software_info(info.backend, info.device.type, info.world_size, resolved.why)
