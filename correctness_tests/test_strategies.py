@@ -35,7 +35,7 @@ from ddp.diagnose import (
 )
 from ddp.launcher import rank_info
 from ddp.strategies.base import REPLICATED, gather_full_params, make_optimizer, sharding_of, shards_parameters
-from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size
+from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size, traits
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -52,13 +52,16 @@ BUCKET_CASES = {
 
 def strategy_cases(strategies: tuple[str, ...]) -> list:
     """(strategy, bucket case) pairs for ``--strategies`` (default: every DDP). A strategy that takes
-    ``bucket_size_mb`` runs every bucket case (PyTorch's DDP, the reference, one); a user's class
-    without it gets one skipped case saying what to add. ``local`` is left out (it does not synchronize)."""
+    ``bucket_size_mb`` runs every bucket case (PyTorch's DDP, the reference, whose bucketing PyTorch
+    tests, one); a user's class without it gets one skipped case saying what to add. A strategy that
+    communicates nothing (``local``) is left out."""
     cases = []
     for name in strategies:
-        if name == "local":
+        if not traits(name).communicates:
             continue
-        if takes_bucket_size(name) and (name == "torch" or sharding_of(resolve_strategy(name)) not in (None, REPLICATED)):
+        if takes_bucket_size(name) and (
+            ddp.resolve_strategy(name) is ddp.TorchDDP or sharding_of(resolve_strategy(name)) not in (None, REPLICATED)
+        ):
             # PyTorch's reducer, and sharded strategies whose buckets are bucketed's or torch's: one plan will do
             cases.append(pytest.param(name, "few_per_bucket", id=name))
         elif takes_bucket_size(name):
@@ -90,8 +93,8 @@ def _strategy_options(strategy: str, bucket_case: str | None, module, has_unused
     if bucket_case is not None:
         sizes = [p.numel() * p.element_size() for p in module.parameters() if p.requires_grad]
         options["bucket_size_mb"] = BUCKET_CASES[bucket_case](sizes)
-    if has_unused and "find_unused_parameters" in inspect.signature(resolve_strategy(strategy)).parameters:
-        options["find_unused_parameters"] = True  # PyTorch's reducer (torch, zero) needs it
+    if has_unused and "find_unused_parameters" in inspect.signature(ddp.resolve_strategy(strategy)).parameters:
+        options["find_unused_parameters"] = True  # PyTorch's DDP must be told (its fast path assumes none)
     return options
 
 

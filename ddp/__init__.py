@@ -12,48 +12,7 @@ strategies and their registry) and ``ddp.model``; ``ddp.launcher`` (the ranks); 
 (figures, reports, plots, the cost model); ``ddp.cli`` (argument parsing and printing only).
 """
 
-from ddp.strategies import (
-    BUCKETED_STRATEGIES,
-    DDP_STRATEGIES,
-    STRATEGIES,
-    BucketedDDP,
-    DataParallel,
-    FlatDDP,
-    FullyShardedDP,
-    LocalTraining,
-    NaiveDDP,
-    OverlapDDP,
-    ShardedOptimizer,
-    ShardedOptimizerDDP,
-    Strategy,
-    TorchDDP,
-    TorchFSDP,
-    ZeroDDP,
-    gather_full_params,
-    make_ddp,
-    make_optimizer,
-    resolve_strategy,
-)
+from ddp import strategies as _strategies
+from ddp.strategies import *  # noqa: F403 (the strategies' exports are the package's)
 
-__all__ = [
-    "BUCKETED_STRATEGIES",
-    "BucketedDDP",
-    "DDP_STRATEGIES",
-    "DataParallel",
-    "FlatDDP",
-    "FullyShardedDP",
-    "LocalTraining",
-    "NaiveDDP",
-    "OverlapDDP",
-    "STRATEGIES",
-    "ShardedOptimizer",
-    "ShardedOptimizerDDP",
-    "Strategy",
-    "TorchDDP",
-    "TorchFSDP",
-    "ZeroDDP",
-    "gather_full_params",
-    "make_ddp",
-    "make_optimizer",
-    "resolve_strategy",
-]
+__all__ = list(_strategies.__all__)

@@ -1,7 +1,7 @@
 """The data-parallel strategies, one file each, behind one interface (``base.Strategy``), and the
 registry of their names (``registry``)."""
 
-from ddp.strategies.base import DataParallel, Sharding, Strategy, gather_full_params, make_optimizer
+from ddp.strategies.base import DataParallel, Sharding, Strategy, Traits, Transfer, gather_full_params, make_optimizer
 from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.fsdp import FullyShardedDP
@@ -19,6 +19,7 @@ from ddp.strategies.registry import (
     resolve_strategy,
     supports_no_sync,
     takes_bucket_size,
+    traits,
 )
 from ddp.strategies.sharded_optimizer import ShardedOptimizer, ShardedOptimizerDDP
 from ddp.strategies.torch_ddp import TorchDDP
@@ -45,6 +46,8 @@ __all__ = [
     "StrategyError",
     "TorchDDP",
     "TorchFSDP",
+    "Traits",
+    "Transfer",
     "ZeroDDP",
     "gather_full_params",
     "make_ddp",
@@ -52,4 +55,5 @@ __all__ = [
     "resolve_strategy",
     "supports_no_sync",
     "takes_bucket_size",
+    "traits",
 ]

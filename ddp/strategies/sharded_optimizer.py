@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import Sharding
+from ddp.strategies.base import Sharding, Transfer
 from ddp.strategies.bucketed import BucketedDDP
 
 
@@ -122,11 +122,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 torch._foreach_copy_(params, [view.view_as(p) for view, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
+def parameters_gathered_after(gradients, backward_seconds: float) -> Transfer:
+    """ZeRO-1's last collective in a cost schedule: every parameter, all-gathered once the
+    optimizer has stepped the shards (ready when backward ends; the optimizer's time is the step's)."""
+    return Transfer(backward_seconds, sum(g.size_bytes for g in gradients), "all_gather")
+
+
 class ShardedOptimizerDDP(BucketedDDP):
     """``bucketed``'s gradient averaging, and an optimizer that shards its state (ZeRO-1)."""
 
     sharding = Sharding(optimizer_state=True)
     sharded_optimizer_class: type[torch.optim.Optimizer] = ShardedOptimizer
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """``bucketed``'s buckets, then the updated parameters all-gathered (the owners' broadcasts)."""
+        buckets = BucketedDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
+        return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         return self.sharded_optimizer_class(self.module.parameters(), optimizer_cls, **kwargs)

@@ -12,6 +12,7 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp.strategies.base import Sharding
+from ddp.strategies.sharded_optimizer import parameters_gathered_after
 from ddp.strategies.torch_ddp import TorchDDP
 
 
@@ -19,6 +20,12 @@ class ZeroDDP(TorchDDP):
     """``TorchDDP`` whose ``make_optimizer`` returns a ``ZeroRedundancyOptimizer``."""
 
     sharding = Sharding(optimizer_state=True)
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """PyTorch's DDP's buckets, then ZeroRedundancyOptimizer's broadcasts of the updated parameters."""
+        buckets = TorchDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
+        return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         return ZeroRedundancyOptimizer(
