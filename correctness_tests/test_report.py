@@ -423,3 +423,31 @@ def test_command_line_writes_the_report(tmp_path, capsys, baseline):
     assert ddp_main(["report", str(baseline), "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "report.md")
     assert "bucketed 100 MB is fastest at 110.00 ms" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_memory_per_rank_and_what_sharding_fits_are_reported(tmp_path):
+    """A run whose steps counted memory gets a memory table (the most loaded rank, beside the
+    formula) and, with a sharded strategy, the sharding section with its hand-checkable figures."""
+    mib = 2**20
+    benches = [step_bench("local", 100.0, 0.1), step_bench("bucketed", 120.0, 10.0, bucket_mb=1.0), step_bench("fsdp", 180.0, 60.0)]
+    memory = {  # per rank: parameters, gradients, optimizer state (MiB); formula; formula total (MiB)
+        "local": ([4, 4], [4, 4], [8, 8], "4 + 4 + 8", 16),
+        "bucketed": ([4, 4], [4, 4], [8, 8], "4 + 4 + 8", 16),
+        "fsdp": ([2, 2], [2, 2], [4, 5], "16/N", 8),
+    }
+    for bench in benches:
+        params, grads, state, formula, total = memory[bench["extra_info"]["strategy"]]
+        bench["extra_info"].update(
+            parameters_bytes=[p * mib for p in params], gradients_bytes=[g * mib for g in grads],
+            optimizer_state_bytes=[s * mib for s in state], memory_peak_bytes=[None, None],
+            memory_formula=formula, formula_bytes={"total": total * mib},
+        )  # fmt: skip
+    report = render_markdown([load_run(write(tmp_path / "run.json", run_json(benches)))], images=[])
+    assert table_row(report, "fsdp", "2")[2:8] == ["2.00", "2.00", "5.00", "9.00", "16/N", "8.00"]  # rank 1 holds more
+    assert table_row(report, "bucketed 1 MB", "2")[5:8] == ["16.00", "4 + 4 + 8", "16.00"]
+    assert "## Sharding: what fits, and what it costs" in report
+    # 80 GB / 16 B a parameter = 5.0 B parameters replicated at any N; fully sharded on 8 ranks, 40.0 B
+    assert table_row(report, "replicated (DDP)")[1:] == ["5.0"] * 5
+    assert table_row(report, "full sharding (FSDP)")[1:4] == ["5.0", "10.0", "40.0"]
+    # measured: fsdp against bucketed, 180 / 120 ms and (2+2+4 + 2+2+5) / (16 + 16) MiB of state
+    assert table_row(report, "batch 2, seq 32", "fsdp", "bucketed 1 MB")[3:] == ["1.50", "0.53"]
