@@ -31,7 +31,7 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import Measurement, measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import release
-from ddp.strategies import DDP_STRATEGIES, TorchDDP, takes_bucket_size
+from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size
 
 TOLERANCE_OF_LOCAL = 0.5
 TOLERANCE_SECONDS = 0.020
@@ -100,8 +100,12 @@ def _needs_two_ranks(rank_group) -> None:
 
 def test_exposed_communication_accounts_for_the_step_of_every_strategy(rank_group) -> None:
     _needs_two_ranks(rank_group)
+    # Sharded strategies also communicate where this figure does not look (FSDP's all-gathers in
+    # forward and backward, ZeRO's broadcasts in the optimizer): their cost is their overhead over local.
     configs = [StepConfig("local", "tiny", 2, 32)] + [
-        StepConfig(name, "tiny", 2, 32, 1.0 if takes_bucket_size(name) else None) for name in DDP_STRATEGIES
+        StepConfig(name, "tiny", 2, 32, 1.0 if takes_bucket_size(name) else None)
+        for name in DDP_STRATEGIES
+        if name not in SHARDED_STRATEGIES
     ]
     _check_adds_up(*_medians(configs, rank_group))
 
