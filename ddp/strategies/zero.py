@@ -9,7 +9,6 @@ updated parameters. Memory per rank: 4 + 4 + 8/N bytes a parameter.
 from __future__ import annotations
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp.strategies.base import Sharding
 from ddp.strategies.sharded_optimizer import parameters_gathered_after
@@ -28,6 +27,10 @@ class ZeroDDP(TorchDDP):
         return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+        # imported here: torch.distributed.optim takes seconds to import (it scripts its functional
+        # optimizers), which every command would otherwise pay
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(
             self.module.parameters(), optimizer_class=optimizer_cls, process_group=self.process_group, **kwargs
         )
