@@ -66,12 +66,21 @@ WRONG_CASES = [
     ("ZerosForUnused", "routed_mlp", "adamw", "experts.2.weight", "gradient", "unused"),
     ("NeverSynchronizes", "frozen_mlp", "sgd", "fc1.weight", "gradient", "not_reduced"),
 ]
+# With one rank these classes train exactly like one process: the mistake cannot show.
+ONE_RANK_HIDES = {
+    "SumsInsteadOfAverages": "a sum over one rank is its average",
+    "NoBroadcast": "there is no other rank to start from other parameters",
+    "ReducesTiedTwice": "summing twice over one rank changes nothing",
+    "NeverSynchronizes": "one rank's own gradient is the whole batch's",
+}
 
 
 @pytest.mark.parametrize(
     "cls, model_name, optimizer_name, name, quantity, hint", WRONG_CASES, ids=[case[0] for case in WRONG_CASES]
 )
 def test_a_wrong_class_fails_with_its_diagnosis(rank_group, cls, model_name, optimizer_name, name, quantity, hint):
+    if rank_group.world_size < 2 and cls in ONE_RANK_HIDES:
+        pytest.skip(f"needs 2 ranks: a wrong class cannot show with one rank ({ONE_RANK_HIDES[cls]})")
     with pytest.raises(RankError) as raised:
         rank_group.run(train_against_reference, WRONG + cls, None, model_name, optimizer_name, False)
     message = str(raised.value)

@@ -8,8 +8,8 @@ rank, on as many nodes as it likes; every process runs ``main`` here:
         --model tiny --batch-sizes 2 --seq-lens 32 --bucket-sizes 1,100 --json out.json
 
 Options are perf_tests' own (``ddp.bench.options``), with the same defaults per backend, and
-every rank validates them before joining the process group: a bad option is one line from rank 0
-and exit status 2, with no group started. Each rank then runs, in-process, the same timing loop
+every rank validates them before joining the process group: a bad option is one line, printed once
+(by the first rank of a node to fail; ``ddp.cli.fail``) and exit status 2, with no group started. Each rank then runs, in-process, the same timing loop
 as perf_tests (``ddp.bench.measure`` through ``InProcessRanks``, which gathers every rank's result
 to every rank so that all take the same decisions), and rank 0 writes ``--json`` in
 pytest-benchmark's format with perf_tests' names, groups and records: compare, report and
