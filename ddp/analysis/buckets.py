@@ -2,7 +2,8 @@
 on this machine, beside the cost model's recommendation for larger world sizes.
 
 Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
-round, so its cost is a paired overhead over ``local`` with a 95% interval: caps are compared on
+round (or, where the two do not fit in memory together, one at a time in alternating blocks of
+rounds: ``ddp.bench.measure.measure_in_blocks``), so its cost is a paired overhead over ``local`` with a 95% interval: caps are compared on
 what synchronizing costs, not on step times that drift with the machine. The best measured cap is
 the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
 (then the data do not tell them apart). The recommendation for other world sizes comes from
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from ddp.analysis.costmodel import Compute, Link, fit_link, recommend_bucket_sizes
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
-from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure
+from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure, measure_in_blocks
+from ddp.bench.memory import device_memory_bytes, fit, parameter_count
 from ddp.bench.records import StepRecord, step_record
 from ddp.bench.trainer import StepConfig, oom_reason
 from ddp.bench.workloads import build_workload
@@ -48,10 +50,20 @@ class Sweep:
 def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundPolicy,
           strategies: tuple[str, ...] = ("bucketed", "torch")) -> Sweep:
     records, skipped = [], []
+    parameters = parameter_count(model, batch_size, seq_len)
+    memory_bytes = min(ranks.run(device_memory_bytes))
     for strategy in strategies:
         for cap in caps_mb:
             config = StepConfig(strategy, model, batch_size, seq_len, cap)
-            result = measure(ranks, [config, config.local_twin()], policy)
+            pair = [config, config.local_twin()]
+            memory = fit(pair, parameters, memory_bytes)
+            if memory.too_large():
+                skipped.append(memory.too_large())
+                continue
+            if memory.together:
+                result = measure(ranks, pair, policy)
+            else:
+                result, _ = measure_in_blocks(ranks, pair, policy)
             if isinstance(result, MeasuredOutOfMemory):
                 free(ranks)
                 skipped.append(oom_reason(config, ranks.world_size, result.marker))

@@ -60,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
           f"bucket {args.bucket_size_mb:g} MiB, {args.rounds} rounds")
+    print(f"contenders raced {result.interleaving}")
     print(table(record))
     low, high = record.ratio_bucketed_over_torch_ci95
     print(f"bucketed / torch, paired over rounds: {record.ratio_bucketed_over_torch:.3f} [{low:.3f}, {high:.3f}]")
