@@ -3,6 +3,8 @@ one-line errors of every command."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -92,9 +94,26 @@ def test_the_pytest_header_says_which_backend_and_why():
     assert f"ddp-bench: {LaunchOptions().resolve().describe()}" in done.stdout
 
 
-def test_gpu_check_plans_valid_commands(tmp_path, capsys):
+def test_gpu_check_plans_valid_commands_within_ten_minutes(tmp_path, capsys):
     assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
-    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
-    assert len(commands) == 6
-    assert any("--backend gloo --device cuda --world-size 2" in c for c in commands)
-    assert any("--backend nccl --world-size 1" in c and "xl" in c for c in commands)
+    lines = capsys.readouterr().out.splitlines()
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    limits = [int(re.search(r"at most (\d+) s\)$", line).group(1)) for line in lines if line.startswith("# ") and "(at most" in line]
+    assert len(commands) == len(limits) == 6
+    assert sum(limits) <= 600 and lines[-1] == f"# at most {sum(limits)} s in all"
+    options = [dict(zip(c, c[1:])) for c in commands]
+    assert options[0]["--backend"] == "gloo" and options[0]["--device"] == "cuda" and options[0]["--world-size"] == "2"
+    assert options[1]["--backend"] == "nccl" and options[1]["--world-size"] == "1"
+    assert options[2]["--model"] == "xl" and options[2]["--backend"] == "nccl"
+    for command in commands:
+        assert command[0] == sys.executable  # the running interpreter, never one found on PATH
+        if "pytest" in command:
+            assert "-rs" in command  # skip reasons reach the summary
+
+
+def test_gpu_check_summary_reads_counts_and_skip_reasons():
+    from ddp.cli.gpu_check import outcome_of
+
+    log = "....s\nSKIPPED [4] correctness_tests/test_launcher.py:42: needs 2 ranks: no rank 1\n======= 362 passed, 7 skipped in 173.16s =======\n"
+    assert outcome_of(log) == ("362 passed, 7 skipped in 173.16s", ["4 x needs 2 ranks: no rank 1"])
+    assert outcome_of("wrote profile\n") == ("wrote profile", [])
