@@ -4,8 +4,11 @@
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) starts one process per
 rank, on as many nodes as it likes; every process runs ``main`` here:
 
-    torchrun --standalone --nproc-per-node 2 -m ddp run --strategies naive,bucketed \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m ddp run --strategies naive,bucketed \\
         --model tiny --batch-sizes 2 --seq-lens 32 --bucket-sizes 1,100 --json out.json
+
+(``python -m torch.distributed.run`` is ``torchrun`` with this interpreter: a ``torchrun`` found on
+PATH may belong to another Python, without ddp-bench or with another torch.)
 
 Options are perf_tests' own (``ddp.bench.options``), with the same defaults per backend, and
 every rank validates them before joining the process group: a bad option is one line, printed once
@@ -52,7 +55,8 @@ def _environment() -> dict[str, int]:
     if missing:
         raise UsageError(
             f"ddp run must be started by torchrun ({', '.join(missing)} not set), e.g. "
-            "torchrun --standalone --nproc-per-node 2 -m ddp run --model tiny --json out.json"
+            "python -m torch.distributed.run --standalone --nproc-per-node 2 -m ddp run --model tiny --json out.json "
+            "(torchrun with this interpreter)"
         )
     return {name: int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
 
