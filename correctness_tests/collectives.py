@@ -28,6 +28,7 @@ each rank used.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
@@ -87,14 +88,16 @@ class CollectiveCheck:
         """Every rank must have issued as many collectives in this phase as this one."""
         self._exchange(("end", len(self.issued)), f"ended {self.phase} after {len(self.issued)} collective(s)")
 
-    def before(self, name: str, args: tuple, kwargs: dict) -> None:
-        tensors = _tensors(args[:1] or kwargs.get("tensor") or kwargs.get("output_tensor") or kwargs.get("tensor_list"))
-        shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
-        op = kwargs.get("op", args[1] if name in ("all_reduce", "all_reduce_coalesced") and len(args) > 1 else None)
-        src = kwargs.get("src", args[1] if name in ("broadcast",) and len(args) > 1 else None)
+    def before(self, name: str, arguments: dict) -> None:
+        """Exchange the collective about to run (its arguments by name) with every rank's."""
+        tensors = [t for key in ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list", "tensors")
+                   for t in _tensors(arguments.get(key))]  # fmt: skip
+        op = arguments.get("op", dist.ReduceOp.SUM if "reduce" in name else None)  # the default, said or not
+        src = arguments.get("src")
         fingerprint = (name, tuple((tuple(t.shape), str(t.dtype)) for t in tensors), str(op), src)
-        details = [shapes] + ([f"op={str(op).rpartition('.')[2]}"] if op is not None else []) + (
-            [f"src={src}"] if src is not None else [])
+        details = [", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)]
+        details += [f"op={str(op).rpartition('.')[2]}"] if op is not None else []
+        details += [f"src={src}"] if src is not None else []
         described = f"{name}({', '.join(d for d in details if d)})"
         names = [n for n in (self.describe(t) for t in tensors) if n]
         if names:
@@ -154,13 +157,16 @@ def checking(check: CollectiveCheck) -> Iterator[CollectiveCheck]:
     world = c10d.GroupMember.WORLD
 
     def wrap(name: str, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
         def checked(*args, **kwargs):
-            group = kwargs.get("group")
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            group = arguments.get("group")
             if getattr(check._inside, "active", False) or (group is not None and group is not world):
                 return original(*args, **kwargs)
             check._inside.active = True
             try:
-                check.before(name, args, kwargs)
+                check.before(name, arguments)
                 return original(*args, **kwargs)
             finally:
                 check._inside.active = False

@@ -113,11 +113,21 @@ def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group
     message = str(raised.value)
     assert f"{rank_group.world_size} of {rank_group.world_size} ranks failed" in message
     assert message.count("step 0: the ranks issued different collectives") == rank_group.world_size, message
-    assert re.search(r"rank 0: collective \d+: all_reduce\(float32\[3(, 8)?\]\) of 'experts\.0\.(weight|bias)' gradient", message), message
+    assert re.search(r"rank 0: collective \d+: all_reduce\(float32\[3(, 8)?\], op=SUM\) of 'experts\.0\.(weight|bias)' gradient", message), message
     assert UNUSED_HINT in message and "rank 1 did not use 'experts.0.bias', 'experts.0.weight'" in message, message
     assert "Connection reset" not in message and "died" not in message
     assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
     assert rank_group.starts == started, "a mismatch caught before the backend leaves the group in step"
+
+
+def test_a_collective_only_one_rank_issues_is_named_with_the_count(rank_group):
+    if rank_group.world_size < 2:
+        pytest.skip("needs 2 ranks: one rank's collectives cannot differ from another's")
+    with pytest.raises(RankError) as raised:
+        rank_group.run(train_against_reference, WRONG + "ExtraCollectiveOnRankZero", None, "frozen_mlp", "sgd", False)
+    message = str(raised.value)
+    assert re.search(r"rank 0: collective (\d+): barrier\(\)\n  rank 1: ended step 0 after \d+ collective\(s\)", message), message
+    assert "a collective that depends on the rank or its data" in message and UNUSED_HINT not in message
 
 
 # --- diagnose_step on tensors made by hand ---------------------------------------------------

@@ -183,3 +183,13 @@ class PerParameterDDP(nn.Module):
             handle.wait()
             grad.div_(self.world_size)
         self._handles.clear()
+
+
+class ExtraCollectiveOnRankZero(SimpleDDP):
+    """Correct gradients, but rank 0 issues one collective more than the others (a barrier after
+    synchronizing): the ranks' collectives differ in count, with every parameter used everywhere."""
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        if dist.get_rank(self.process_group) == 0:
+            dist.barrier(group=self.process_group)
