@@ -66,6 +66,13 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def _op_name(op) -> str:
+    """SUM, AVG, ...: a ``ReduceOp`` object prints its address, which differs between ranks."""
+    if hasattr(op, "name"):
+        return op.name
+    return next((member.name for member in dist.ReduceOp.RedOpType.__members__.values() if op == member), type(op).__name__)
+
+
 class CollectiveCheck:
     """Checks one rank's collectives against the other ranks', phase by phase.
 
@@ -93,10 +100,11 @@ class CollectiveCheck:
         tensors = [t for key in ("tensor", "tensor_list", "output_tensor", "output", "output_tensor_list", "tensors")
                    for t in _tensors(arguments.get(key))]  # fmt: skip
         op = arguments.get("op", dist.ReduceOp.SUM if "reduce" in name else None)  # the default, said or not
-        src = arguments.get("src")
-        fingerprint = (name, tuple((tuple(t.shape), str(t.dtype)) for t in tensors), str(op), src)
+        op = None if op is None else _op_name(op)
+        src = arguments.get("src", arguments.get("group_src"))
+        fingerprint = (name, tuple((tuple(t.shape), str(t.dtype)) for t in tensors), op, src)
         details = [", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)]
-        details += [f"op={str(op).rpartition('.')[2]}"] if op is not None else []
+        details += [f"op={op}"] if op is not None else []
         details += [f"src={src}"] if src is not None else []
         described = f"{name}({', '.join(d for d in details if d)})"
         names = [n for n in (self.describe(t) for t in tensors) if n]
