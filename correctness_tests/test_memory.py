@@ -14,7 +14,8 @@ import ddp.bench.race as race_module
 from ddp.bench.measure import RoundPolicy, measure_in_blocks
 from ddp.bench.memory import GIB, fit, parameter_count
 from ddp.bench.race import race, race_configs
-from ddp.bench.trainer import StepConfig, parameters_of
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import parameters_of
 
 XL_PARAMETERS = 1_998_235_200
 H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports

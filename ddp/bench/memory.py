@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.trainer import StepConfig
+from ddp.bench.config import StepConfig
 from ddp.bench.workloads import build_workload
-from ddp.launcher import rank_info
+from ddp.launcher import Rank, on_rank
 
 KEPT_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 EXTRA_KEPT_BYTES_PER_PARAMETER = {"torch": 4}  # PyTorch's DDP's buckets (above)
@@ -58,10 +58,11 @@ def step_bytes(parameters: int) -> int:
     return parameters * STEP_BYTES_PER_PARAMETER
 
 
-def device_memory_bytes() -> int:
+@on_rank
+def device_memory_bytes(rank: Rank) -> int:
     """Runs on a rank: the memory this rank may use (its GPU's total, or its share of the host's
     available memory among the ranks on this host)."""
-    info = rank_info()
+    info = rank.info
     if info.device.type == "cuda":
         return torch.cuda.get_device_properties(info.device).total_memory
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

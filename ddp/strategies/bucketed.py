@@ -80,6 +80,8 @@ def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> in
 class BucketedDDP(DataParallel):
     """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
 
+    steps_to_settle = 3  # re-plans its buckets in the order of its first backward (see _rebuild_buckets_in_ready_order)
+
     def __init__(self, module, *, bucket_size_mb: float = 25.0, process_group=None) -> None:
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
         super().__init__(module, process_group=process_group)
@@ -90,7 +92,7 @@ class BucketedDDP(DataParallel):
         self._build_buckets(list(reversed(self.parameters_to_sync)))
         self._buckets_follow_ready_order = False
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.parameters_to_sync]
+        self._hook_gradients(self.parameters_to_sync, self._on_gradient_ready)
 
     def _build_buckets(self, order: list[nn.Parameter]) -> None:
         self.buckets: list[Bucket] = []

@@ -92,6 +92,16 @@ def takes_bucket_size(name: str) -> bool:
         return False
 
 
+# Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
+DEFAULT_STEPS_TO_SETTLE = 3
+
+
+def steps_to_settle(name: str) -> int:
+    """Untimed steps a fresh build of the strategy runs before it is timed: its
+    ``steps_to_settle`` (``ddp.strategies.base.Strategy``), or ``DEFAULT_STEPS_TO_SETTLE``."""
+    return int(getattr(resolve_strategy(name), "steps_to_settle", DEFAULT_STEPS_TO_SETTLE))
+
+
 def supports_no_sync(name: str) -> bool:
     """Whether the strategy offers ``no_sync()`` for gradient accumulation."""
     return callable(getattr(resolve_strategy(name), "no_sync", None))

@@ -19,6 +19,10 @@ class TorchDDP(Strategy):
     PyTorch's default (False, the fast path): a model with parameters unused in a step needs True.
     """
 
+    # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
+    # and records the new plan (which bucket_sizes_bytes reads) in the third.
+    steps_to_settle = 3
+
     def __init__(
         self,
         module: nn.Module,
