@@ -22,7 +22,7 @@ from pytest_benchmark.storage.file import FileStorage
 import dataclasses
 
 from ddp.bench.records import StepRecord
-from ddp.cli.run import ENVIRONMENT
+from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT
 
 # torchrun with the interpreter running these tests: a `torchrun` on PATH may be another Python's.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")

@@ -24,31 +24,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.stats import relative_half_width
 from ddp.launcher import Rank, call_on_rank
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
 from ddp.bench.trainer import StepSetup, StepTiming
-
-
-@dataclass(frozen=True)
-class RoundPolicy:
-    """How many rounds a measurement runs (the fields of ``GridOptions`` of the same names)."""
-
-    min_rounds: int
-    max_rounds: int
-    warmup_rounds: int
-    target_precision: float
-    budget_seconds: float
-
-    @classmethod
-    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundPolicy:
-        """Exactly ``rounds`` timed rounds."""
-        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
-
-    @classmethod
-    def of(cls, grid) -> RoundPolicy:
-        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.round_budget_seconds())
 
 
 @dataclass
@@ -91,7 +72,7 @@ class MeasuredOutOfMemory:
     marker: OutOfMemory
 
 
-def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
+def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
@@ -131,7 +112,7 @@ def _worst_precision(rounds: list[list]) -> float:
     )
 
 
-def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n). The
     configurations stay built on the ranks afterwards (``release`` frees them)."""
@@ -188,8 +169,6 @@ class InProcessRanks:
         return results
 
 
-INTERLEAVE = ("group", "local", "off")
-
 
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
@@ -205,7 +184,7 @@ class GridMeasurer:
     configuration too large does not take the others with it.
     """
 
-    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundPolicy, interleave: str) -> None:
+    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str) -> None:
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks
@@ -271,7 +250,7 @@ class GridMeasurer:
 BLOCKS = 2  # forward then reversed order: the fewest blocks in which a linear drift cancels
 
 
-def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundPolicy, collect=None,
+def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions, collect=None, collect_for=None,
                       blocks: int = BLOCKS) -> tuple[Measurement | MeasuredOutOfMemory, dict]:
     """``measure`` for configurations that do not fit in memory together: each is built alone,
     runs a block of rounds and is freed, in the order given and then reversed (A B C, C B A, ...).
@@ -284,11 +263,12 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundPolicy,
     build is not in the rounds. Rounds: ``policy.min_rounds`` in all, split evenly among the
     blocks (at least one each); the precision target and budget are not used.
 
-    ``collect(config)``, a rank function, runs after each configuration's last block, while it is
-    still built (e.g. ``parameters_of``); returns (measurement, {config: per-rank results})."""
+    ``collect(config)``, a rank function, runs after the last block of each configuration in
+    ``collect_for`` (default: all), while it is still built (e.g. ``parameters_of``); returns
+    (measurement, {config: per-rank results})."""
     configs = list(configs)
     blocks = max(1, min(blocks, policy.min_rounds))
-    block_policy = RoundPolicy.fixed(-(-policy.min_rounds // blocks), policy.warmup_rounds)
+    block_policy = RoundOptions.fixed(-(-policy.min_rounds // blocks), policy.warmup_rounds)
     timings: dict[StepConfig, list] = {config: [] for config in configs}
     setups: dict[StepConfig, list[StepSetup]] = {}
     collected = {}
@@ -301,7 +281,7 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundPolicy,
                 return result, collected
             setups.setdefault(config, result.setups[0])
             timings[config] += [round_[0] for round_ in result.rounds]
-            if collect is not None and block == blocks - 1:
+            if collect is not None and block == blocks - 1 and (collect_for is None or config in collect_for):
                 collected[config] = ranks.run(collect, config)
             free(ranks)
     count = min(len(rounds) for rounds in timings.values())
