@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddp.analysis.compare import compare, failed, machine_drift, suspect_differences, table
+from ddp.analysis.compare import compare, failed, machine_notes, suspect_differences, table
 from ddp.bench.options import percent_type
 from ddp.bench.records import load_run
 from ddp.cli import UsageError
@@ -32,11 +32,8 @@ def main(args: argparse.Namespace) -> int:
               "machine as much as the code", file=sys.stderr)
     rows = compare(old, new, args.fail_slower)
     print(table(rows))
-    drift = machine_drift(rows)
-    if drift:
-        print(f"NOTE: local, the machine's reference, changed in {len(drift)} configuration(s) ("
-              + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in drift) + "): the machine (or the model's own compute) "
-              "differed between the runs; strategies are compared against it round by round, so this does not fail the gate")
+    for line in machine_notes(rows):
+        print(line)
     slower = failed(rows)
     counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
     print(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {args.fail_slower:.0%})")
