@@ -160,6 +160,66 @@ def settled(decision: Decision) -> bool:
     return decision.reference is not None and decision.reference.verdict is Verdict.UNCHANGED
 
 
+@dataclass
+class AimedRounds:
+    """How one benchmark's rounds aimed at the decision ended."""
+
+    rounds: int
+    decision: Decision
+    settled: bool
+    """False: the budget was spent first (``decision`` is then what those rounds gave)."""
+
+
+class AimAtDecision:
+    """A ``ddp.bench.measure.StopCriterion``: rounds go on until every configuration of the round
+    that ``old`` also measured has a ``settled`` decision against it (``local``, the machine's
+    reference, is not waited for). ``name_of(config)`` is the benchmark's name in the saved run.
+    ``outcomes`` keeps, per benchmark name, how its rounds ended.
+
+    The decision is recomputed on a geometric schedule (every round up to ``EVERY_ROUND_UNTIL``,
+    then each time the rounds grew by a tenth): three bootstraps a check would otherwise cost more
+    than a small model's step. The bootstrap's fixed seed makes every rank under torchrun take the
+    same decision from the same gathered times."""
+
+    EVERY_ROUND_UNTIL = 20
+
+    def __init__(self, old: Run, threshold: float, name_of) -> None:
+        self.old = old.by_name()
+        self.threshold = threshold
+        self.name_of = name_of
+        self.outcomes: dict[str, AimedRounds] = {}
+        self._next_check = 0
+        self._last_rounds = 0
+
+    def __call__(self, configs, seconds: list[list[float]]) -> bool | None:
+        strategies = [c.strategy for c in configs]
+        judged = []
+        for index, config in enumerate(configs):
+            old = self.old.get(self.name_of(config))
+            if config.strategy == "local" or old is None or not old.round_seconds:
+                continue
+            twin = strategies.index("local") if "local" in strategies else None
+            judged.append((self.name_of(config), old, seconds[index], None if twin is None else seconds[twin]))
+        if not judged:
+            return None  # nothing saved to compare with: the precision target decides
+        rounds = len(seconds[0])
+        if rounds <= self._last_rounds:  # the next measurement's rounds began
+            self._next_check = 0
+        self._last_rounds = rounds
+        if rounds < self._next_check:
+            return False
+        self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * 1.1) + 1
+        if rounds < 2:
+            return False
+        done = True
+        for name, old, new_rounds, new_local in judged:
+            decision = decide(old.round_seconds, new_rounds, self.threshold,
+                              getattr(old.record, "local_round_seconds", None), new_local)
+            self.outcomes[name] = AimedRounds(rounds, decision, settled(decision))
+            done = done and settled(decision)
+        return done
+
+
 @dataclass(frozen=True)
 class BenchmarkComparison:
     name: str
