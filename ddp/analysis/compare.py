@@ -182,6 +182,10 @@ class AimAtDecision:
     same decision from the same gathered times."""
 
     EVERY_ROUND_UNTIL = 20
+    MIN_ROUNDS = 10
+    """No decision settles on fewer new rounds: a percentile bootstrap of a median is too narrow on
+    a handful of samples (its resamples take few distinct values; Efron and Tibshirani 1993,
+    section 7.3), and the distribution-free interval of a median needs 6 to reach 95% at all."""
 
     def __init__(self, old: Run, threshold: float, name_of) -> None:
         self.old = old.by_name()
@@ -209,7 +213,7 @@ class AimAtDecision:
         if rounds < self._next_check:
             return False
         self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * 1.1) + 1
-        if rounds < 2:
+        if rounds < self.MIN_ROUNDS:
             return False
         done = True
         for name, old, new_rounds, new_local in judged:
