@@ -182,10 +182,12 @@ class AimAtDecision:
     same decision from the same gathered times."""
 
     EVERY_ROUND_UNTIL = 20
-    MIN_ROUNDS = 10
+    MIN_ROUNDS = 20
     """No decision settles on fewer new rounds: a percentile bootstrap of a median is too narrow on
     a handful of samples (its resamples take few distinct values; Efron and Tibshirani 1993,
-    section 7.3), and the distribution-free interval of a median needs 6 to reach 95% at all."""
+    section 7.3), and the distribution-free interval of a median needs 6 to reach 95% at all. On
+    this project's shared 2-core machine, 10 rounds once resolved an unchanged step x0.85
+    [0.65, 0.94] against a saved run."""
 
     def __init__(self, old: Run, threshold: float, name_of) -> None:
         self.old = old.by_name()
