@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from ddp.bench.config import StepConfig
-from ddp.bench.rank_state import prepare, rank_bench, release, timed_round
-from ddp.launcher import rank_info
+from ddp.bench.rank_state import RankBench, prepare, release, timed_round
+from ddp.launcher import Rank, on_rank
 from ddp.strategies import STRATEGIES, DataParallel, takes_bucket_size
 
 
@@ -86,16 +86,17 @@ def _references(trainer, before: dict[int, torch.Tensor]) -> dict[str, weakref.r
     return refs
 
 
-def build_step_release(config: StepConfig) -> list[str]:
+@on_rank
+def build_step_release(rank: Rank, config: StepConfig) -> list[str]:
     """Runs on every rank: build and step ``config``, release it; what is still alive afterwards."""
-    release()
+    release(rank)
     before = _live_tensors()
-    cuda = rank_info().device.type == "cuda"
+    cuda = rank.info.device.type == "cuda"
     allocated_before = torch.cuda.memory_allocated() if cuda else None
-    assert isinstance(prepare([config], 1), list)
-    assert isinstance(timed_round([config], 0), list)
-    refs = _references(rank_bench().trainer(config), before)
-    release()
+    assert isinstance(prepare(rank, [config], 1), list)
+    assert isinstance(timed_round(rank, [config], 0), list)
+    refs = _references(rank.keep(RankBench).trainer(config), before)
+    release(rank)
     gc.collect()
     alive = [f"{name}: {_describe(ref)}" for name, ref in refs.items() if ref() is not None]
     if cuda and torch.cuda.memory_allocated() > allocated_before:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
 from ddp.bench.trainer import StepObserver, Trainer
-from ddp.launcher import rank_info
+from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
 from ddp.strategies.torch_ddp import TorchDDP
 
@@ -101,13 +101,14 @@ def file_stem(strategy: str) -> str:
     return strategy.replace(":", "-").replace("/", "-")
 
 
-def profile_rank(config: ProfileConfig) -> dict:
+@on_rank
+def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
 
     Returns ``{"rank", "device", "trace_file", "steps"}``; each step holds ``[start, end]`` of every
     phase, ``backward_compute_end`` and its ``collectives``, in ``time.perf_counter`` seconds.
     """
-    info = rank_info()
+    info = rank.info
     on_cuda = info.device.type == "cuda"
     trainer = Trainer(config.step, info, before_first_step=_trace_torch_reducer)
     try:

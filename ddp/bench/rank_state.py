@@ -1,7 +1,7 @@
 """What a rank keeps between the parent's calls, and the entry points the parent runs on it.
 
-One ``RankBench`` per rank process (``rank_bench()``), owned by that process (the launcher's
-worker, or the process torchrun started), holds the trainers of the configurations being timed and
+One ``RankBench`` per rank process, kept by that process's ``ddp.launcher.Rank`` (the launcher's
+worker, or the process torchrun started) and handed to the entry points below, holds the trainers of the configurations being timed and
 the all-reduce benchmark's buffers; ``release`` frees them. Building another set of configurations
 frees the old one first (an xl model and its AdamW state take 32 GB), and a released
 configuration leaves nothing alive (``Trainer.close``): every configuration gets the memory it
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
 from ddp.bench.trainer import StepSetup, StepTiming, Trainer
-from ddp.launcher import Withdrawn, rank_info
+from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
 from ddp.strategies.registry import steps_to_settle
 
 
@@ -77,7 +77,7 @@ class RankBench:
     empty_allocated_bytes: int | None = None
     """CUDA memory allocated when this rank held nothing: what ``release`` returns to."""
 
-    def prepare(self, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
+    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
         twin of the next strategy at the same batch and sequence length is the same) and run
         ``warmup_steps`` untimed steps of each.
@@ -88,10 +88,9 @@ class RankBench:
         its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
         third; a user's class may do the same.
         """
-        info = rank_info()
         try:
             kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
-            self.release()  # whatever is not asked for any more, before building (memory)
+            self.release(info)  # whatever is not asked for any more, before building (memory)
             self.trainers = kept
             for config in configs:
                 if config not in self.trainers:
@@ -105,10 +104,10 @@ class RankBench:
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            failure = self._failure(error)
-        return self.out_of_memory(failure)
+            failure = self._failure(info, error)
+        return self.out_of_memory(info, failure)
 
-    def round(self, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | OutOfMemory:
+    def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | OutOfMemory:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
         drift in the machine falls on all of them alike; timings in the order of ``configs``."""
         missing = [c.describe() for c in configs if c not in self.trainers]
@@ -126,12 +125,11 @@ class RankBench:
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            failure = self._failure(error)
-        return self.out_of_memory(failure)
+            failure = self._failure(info, error)
+        return self.out_of_memory(info, failure)
 
     @staticmethod
-    def _failure(error: BaseException) -> _Failure:
-        info = rank_info()
+    def _failure(info: RankInfo, error: BaseException) -> _Failure:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return _Failure(
             message=message,
@@ -139,11 +137,10 @@ class RankBench:
             peak_bytes=torch.cuda.max_memory_allocated(info.device) if info.device.type == "cuda" else None,
         )
 
-    def out_of_memory(self, failure: _Failure) -> OutOfMemory:
+    def out_of_memory(self, info: RankInfo, failure: _Failure) -> OutOfMemory:
         """Free this rank's state and describe what memory looked like."""
-        info = rank_info()
         on_cuda = info.device.type == "cuda"
-        self.release()
+        self.release(info)
         return OutOfMemory(
             rank=info.rank,
             message=failure.message,
@@ -153,14 +150,14 @@ class RankBench:
             group_broken=failure.group_broken,
         )
 
-    def release(self) -> None:
+    def release(self, info: RankInfo) -> None:
         """Drop every trainer and buffer kept on this rank and return the memory to the device."""
         for trainer in self.trainers.values():
             trainer.close()
         self.trainers = {}
         self.allreduce_buffers = {}
         gc.collect()
-        if rank_info().device.type == "cuda":
+        if info.device.type == "cuda":
             torch.cuda.empty_cache()
             allocated = torch.cuda.memory_allocated()
             if self.empty_allocated_bytes is None:
@@ -168,7 +165,7 @@ class RankBench:
             elif allocated > self.empty_allocated_bytes:
                 # Not an error: the next build may still fit. Said where a user will see it.
                 print(
-                    f"ddp-bench: rank {rank_info().rank} still holds {(allocated - self.empty_allocated_bytes) / 2**20:.1f} "
+                    f"ddp-bench: rank {info.rank} still holds {(allocated - self.empty_allocated_bytes) / 2**20:.1f} "
                     "MiB of CUDA memory after releasing every configuration",
                     flush=True,
                 )
@@ -179,33 +176,30 @@ class RankBench:
         return self.trainers[config]
 
 
-_RANK_BENCH = RankBench()
+# Entry points the parent runs on every rank (``RankGroup.run`` needs importable functions); each
+# is handed the calling rank (``on_rank``), whose ``RankBench`` it uses.
 
 
-def rank_bench() -> RankBench:
-    """This rank process's ``RankBench``."""
-    return _RANK_BENCH
+@on_rank
+def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | OutOfMemory:
+    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps)
 
 
-# Entry points the parent runs on every rank (``RankGroup.run`` needs importable functions).
+@on_rank
+def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | OutOfMemory:
+    return rank.keep(RankBench).round(rank.info, configs, round_index)
 
 
-def prepare(configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | OutOfMemory:
-    return rank_bench().prepare(configs, warmup_steps)
+@on_rank
+def release(rank: Rank) -> None:
+    rank.keep(RankBench).release(rank.info)
 
 
-def timed_round(configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | OutOfMemory:
-    return rank_bench().round(configs, round_index)
-
-
-def release() -> None:
-    rank_bench().release()
-
-
-def parameters_of(config: StepConfig) -> list[torch.Tensor]:
+@on_rank
+def parameters_of(rank: Rank, config: StepConfig) -> list[torch.Tensor]:
     """The trained parameters of a configuration on this rank, on the CPU (for checks that two
     strategies trained alike)."""
-    return [p.detach().cpu() for p in rank_bench().trainer(config).model.module.parameters()]
+    return [p.detach().cpu() for p in rank.keep(RankBench).trainer(config).model.module.parameters()]
 
 
 def first_out_of_memory(results: Sequence) -> OutOfMemory | None:
