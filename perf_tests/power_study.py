@@ -71,6 +71,7 @@ class Pair:
     model: str
     case: str
     index: int
+    threshold: float
     verdict: str
     basis: str
     why: str
@@ -124,14 +125,19 @@ class Runner:
         print(f"  {self.model} {name}: {self.seconds[name]:.0f} s", flush=True)
         return saved
 
-    def judge(self, old: str, new: str, case_label: str, index: int) -> Pair:
-        rows = compare(load_run(self.saved[old]), load_run(self.saved[new]), self.args.fail_slower)
-        (row,) = [r for r in rows if SLOWED in r.name]
-        decision = row.decision
-        new_run = load_run(self.saved[new]).by_name()[row.name]
-        return Pair(self.model, case_label, index, row.verdict, row.basis, row.why,
-                    decision is not None and settled(decision), decision.raw.point if decision else float("nan"),
-                    len(new_run.round_seconds or []), self.seconds[new])
+    def judge(self, old: str, new: str, case_label: str, index: int) -> list[Pair]:
+        """The pair judged at the run's threshold and at every ``--also-judge-at``."""
+        pairs = []
+        for threshold in [self.args.fail_slower, *self.args.also_judge_at]:
+            rows = compare(load_run(self.saved[old]), load_run(self.saved[new]), threshold)
+            (row,) = [r for r in rows if SLOWED in r.name]
+            decision = row.decision
+            new_run = load_run(self.saved[new]).by_name()[row.name]
+            pairs.append(Pair(self.model, case_label, index, threshold, row.verdict, row.basis, row.why,
+                              decision is not None and settled(decision),
+                              decision.raw.point if decision else float("nan"),
+                              len(new_run.round_seconds or []), self.seconds[new]))
+        return pairs
 
 
 def study(args: argparse.Namespace) -> list[Pair]:
@@ -141,16 +147,18 @@ def study(args: argparse.Namespace) -> list[Pair]:
         for i in range(args.pairs + 1):
             runner.run(f"u{i}", None, f"u{i - 1}" if i else None)
             if i:
-                pairs.append(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
+                pairs.extend(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
             if i == args.pairs:
                 break
             for case in args.cases:
                 runner.run(f"s{i}_{case.key}", case, f"u{i}")
-                pairs.append(runner.judge(f"u{i}", f"s{i}_{case.key}", case.label, i))
+                pairs.extend(runner.judge(f"u{i}", f"s{i}_{case.key}", case.label, i))
     return pairs
 
 
 def table(pairs: list[Pair], threshold: float) -> str:
+    """The rates at one threshold, a row per model and case."""
+    pairs = [p for p in pairs if p.threshold == threshold]
     rows = []
     for (model, case) in dict.fromkeys((p.model, p.case) for p in pairs):
         group = [p for p in pairs if p.model == model and p.case == case]
@@ -176,6 +184,9 @@ def main() -> int:
                         help=f"place:percent items (default {DEFAULT_CASES})")
     parser.add_argument("--fail-slower", type=percent_type("--fail-slower"), default=0.05,
                         help="the gate's threshold (default 5%%: a slowdown of 10%% must clear it to be caught)")
+    parser.add_argument("--also-judge-at", default=[], metavar="PERCENT,...",
+                        type=lambda t: [percent_type("--also-judge-at")(x) for x in t.split(",")],
+                        help="judge the same pairs at these thresholds too, e.g. 10%% (the rounds aim at --fail-slower)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=10, help="minimum rounds of every run")
@@ -188,7 +199,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     pairs = study(args)
-    rendered = table(pairs, args.fail_slower)
+    rendered = "\n\n".join(table(pairs, threshold) for threshold in [args.fail_slower, *args.also_judge_at])
     command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
     report = (f"Command: `{command}`\n\nTotal wall time: {time.perf_counter() - began:.0f} s\n\n{rendered}\n")
     (args.out / "power.md").write_text(report)
