@@ -11,7 +11,7 @@ import pytest
 from pathlib import Path
 
 from conftest import launch
-from ddp.analysis.compare import AimAtDecision, compare, failed, suspect_differences
+from ddp.analysis.compare import AimAtDecision, compare, failed, machine_notes, suspect_differences
 from ddp.analysis.compare import table as compare_table
 from ddp.bench.options import percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
@@ -157,6 +157,8 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
         rows = compare(old, new, threshold)
         terminalreporter.write_line(f"against {path}:")
         terminalreporter.write_line(compare_table(rows))
+        for line in machine_notes(rows):
+            terminalreporter.write_line(line)
         slower = failed(rows)
         if slower:
             terminalreporter.write_line(f"FAIL: {len(slower)} benchmark(s) slower by more than {threshold:.0%}: "
