@@ -13,7 +13,8 @@ import pytest
 
 from ddp.analysis.compare import AimAtDecision
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import RoundPolicy, measure
+from ddp.bench.measure import measure
+from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import prepare, timed_round
 from ddp.bench.records import Run, run_from_data
 from correctness_tests.test_compare import run, step
@@ -54,7 +55,7 @@ class SyntheticRanks:
 
 def saved_run(step_seconds: float, local_seconds: float, rounds: int, seed: int) -> Run:
     ranks = SyntheticRanks(step_seconds, local_seconds, seed)
-    measured = measure(ranks, [STEP, LOCAL], RoundPolicy.fixed(rounds, 0))
+    measured = measure(ranks, [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
     return run_from_data(Path("old.json"), run([step("slowed", measured.round_seconds(0), measured.round_seconds(1))]))
 
 
@@ -62,7 +63,7 @@ def name(config: StepConfig) -> str:
     return f"test_step[{config.test_id}]"
 
 
-POLICY = RoundPolicy(min_rounds=5, max_rounds=400, warmup_rounds=0, target_precision=0.0001, budget_seconds=1e9)
+POLICY = RoundOptions(min_rounds=5, max_rounds=400, warmup_rounds=0, target_precision=0.0001, budget_seconds=1e9)
 
 
 @pytest.mark.parametrize("slowdown, verdict", [(1.25, "slower"), (1.0, "unchanged")])
@@ -81,7 +82,7 @@ def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold
     old = saved_run(0.03, 0.01, 40, seed=1)
     criterion = AimAtDecision(old, 0.10, name)
     ranks = SyntheticRanks(0.03 * 1.10, 0.01, seed=3, spread=0.01)  # exactly at the threshold: never settles
-    policy = RoundPolicy(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
+    policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
     measured = measure(ranks, [STEP, LOCAL], policy, stop=criterion)
     assert len(measured.rounds) == 60  # the precision target (+-50%) alone would have stopped at 5
     assert not criterion.outcomes[name(STEP)].settled
@@ -89,6 +90,6 @@ def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold
 
 def test_without_a_saved_benchmark_the_precision_target_decides():
     criterion = AimAtDecision(Run(Path("old.json"), {}, {}, None, []), 0.10, name)
-    policy = RoundPolicy(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
+    policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
     measured = measure(SyntheticRanks(0.03, 0.01, seed=4), [STEP, LOCAL], policy, stop=criterion)
     assert len(measured.rounds) == 5 and criterion.outcomes == {}

@@ -28,31 +28,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.stats import relative_half_width
 from ddp.launcher import Rank, call_on_rank
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
 from ddp.bench.trainer import StepSetup, StepTiming
-
-
-@dataclass(frozen=True)
-class RoundPolicy:
-    """How many rounds a measurement runs (the fields of ``GridOptions`` of the same names)."""
-
-    min_rounds: int
-    max_rounds: int
-    warmup_rounds: int
-    target_precision: float
-    budget_seconds: float
-
-    @classmethod
-    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundPolicy:
-        """Exactly ``rounds`` timed rounds."""
-        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
-
-    @classmethod
-    def of(cls, grid) -> RoundPolicy:
-        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.round_budget_seconds())
 
 
 @dataclass
@@ -101,7 +82,7 @@ StopCriterion = Callable[[Sequence[StepConfig], list[list[float]]], "bool | None
 None when it has nothing to judge (the precision target then decides)."""
 
 
-def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_scale: int = 1,
+def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1,
                  settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
@@ -149,7 +130,7 @@ def _worst_precision(rounds: list[list]) -> float:
     return max(relative_half_width(seconds) for seconds in config_round_seconds(rounds))
 
 
-def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy, benchmarks: int = 1,
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
             stop: StopCriterion | None = None) -> Measurement | MeasuredOutOfMemory:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
@@ -213,8 +194,6 @@ class InProcessRanks:
         return results
 
 
-INTERLEAVE = ("group", "local", "off")
-
 
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
@@ -230,7 +209,7 @@ class GridMeasurer:
     configuration too large does not take the others with it.
     """
 
-    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundPolicy, interleave: str,
+    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
                  stop: StopCriterion | None = None) -> None:
         """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid."""
         if interleave not in INTERLEAVE:
