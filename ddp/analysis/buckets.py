@@ -46,11 +46,12 @@ class Sweep:
 
 
 def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundPolicy,
-          strategies: tuple[str, ...] = ("bucketed", "torch")) -> Sweep:
+          strategies: tuple[str, ...] = ("bucketed", "torch"), **numerics) -> Sweep:
+    """``numerics``: ``StepConfig``'s precision, optimizer and grad_comm."""
     records, skipped = [], []
     for strategy in strategies:
         for cap in caps_mb:
-            config = StepConfig(strategy, model, batch_size, seq_len, cap)
+            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics)
             result = measure(ranks, [config, config.local_twin()], policy)
             if isinstance(result, MeasuredOutOfMemory):
                 free(ranks)

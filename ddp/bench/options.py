@@ -21,10 +21,11 @@ import torch
 
 from ddp.bench.measure import INTERLEAVE
 from ddp.bench.stats import parse_percent
+from ddp.bench.trainer import GRAD_COMMS, OPTIMIZERS, PRECISIONS
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.model import MODEL_SIZES
-from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
+from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size, takes_comm_dtype
 
 DEVICES = ("cpu", "cuda")
 
@@ -92,6 +93,19 @@ def strategy_names(text: str) -> tuple[str, ...]:
         except (StrategyError, TypeError) as error:
             raise OptionError(str(error)) from None
     return names
+
+
+def choices_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated subset of ``choices``, e.g. ``--precision fp32,bf16``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = parse_list(text, str, f"{flag} values")
+        unknown = [value for value in values if value not in choices]
+        if unknown or len(set(values)) != len(values):
+            raise OptionError(f"{flag} takes one or more of {', '.join(choices)}, each once, comma-separated; got {text!r}")
+        return values
+
+    return parse
 
 
 def workload_name(text: str) -> str:
@@ -216,6 +230,32 @@ def add_config_options(add: Callable, *, model: str, batch_size: int, seq_len: i
     if bucket_size_mb is not None:
         add("--bucket-size-mb", type=argument_type(positive_float, "bucket_size_mb"), default=bucket_size_mb,
             help=f"bucket cap in MiB for the strategies that take one (default: {bucket_size_mb:g})")
+    for flag, dest, choices, help_text in _NUMERICS_FLAGS:
+        add(flag, dest=dest, default=choices[0], choices=choices, help=f"{help_text} (default: {choices[0]})")
+
+
+# The step's numerics, the same flags in the grid (comma-separated lists) and in the commands that
+# train one configuration (one value): flag, StepConfig field, choices (the default first), help.
+_NUMERICS_FLAGS = (
+    ("--precision", "precision", PRECISIONS,
+     "fp32: fp32 matmuls; tf32: TF32 matmuls (on CPU the same as fp32); bf16: autocast to bf16 around forward "
+     "and loss with fp32 weights, gradients and optimizer (see docs/perf-suite.md)"),
+    ("--optimizer", "optimizer", OPTIMIZERS, "AdamW's implementation: foreach or fused"),
+    ("--grad-comm", "grad_comm", GRAD_COMMS,
+     "dtype gradients are all-reduced in, by the strategies that take comm_dtype (bucketed, torch); bf16 is "
+     "accumulated back into fp32 gradients"),
+)
+
+
+def step_numerics(get: Callable[[str], object]) -> dict:
+    """The numerics of one configuration from a command's parsed options, as ``StepConfig`` keywords;
+    ``grad_comm`` for the strategies that take it is applied by ``numerics_for``."""
+    return {dest: get(dest) for _, dest, _, _ in _NUMERICS_FLAGS}
+
+
+def numerics_for(strategy: str, numerics: dict) -> dict:
+    """``numerics`` with a reduced-precision ``grad_comm`` kept only for a strategy that takes ``comm_dtype``."""
+    return numerics if takes_comm_dtype(strategy) else {**numerics, "grad_comm": "fp32"}
 
 
 def check_seq_len(model: str, seq_len: int) -> None:
@@ -268,6 +308,13 @@ class GridOptions:
     """float32 all-reduce sizes in MiB."""
     allreduce_world_sizes: tuple[int, ...]
     """Ranks for the all-reduce benchmark."""
+    precisions: tuple[str, ...] = ("fp32",)
+    """What steps compute in (``ddp.bench.trainer.PRECISIONS``): each is a group of its own."""
+    optimizers: tuple[str, ...] = ("foreach",)
+    """AdamW implementations (``foreach``, ``fused``)."""
+    grad_comms: tuple[str, ...] = ("fp32",)
+    """Gradient all-reduce dtypes, for the strategies that take ``comm_dtype`` (others communicate
+    gradients as they are, once)."""
 
     def __post_init__(self) -> None:
         if self.min_rounds > self.max_rounds:
@@ -282,9 +329,13 @@ class GridOptions:
     def buckets_for(self, strategy: str) -> tuple[float | None, ...]:
         return self.bucket_sizes_mb if takes_bucket_size(strategy) else (None,)
 
+    def grad_comms_for(self, strategy: str) -> tuple[str, ...]:
+        return self.grad_comms if takes_comm_dtype(strategy) else ("fp32",)
+
     @property
     def num_step_benchmarks(self) -> int:
-        return len(self.batch_sizes) * len(self.seq_lens) * sum(len(self.buckets_for(s)) for s in self.strategies)
+        per_group = sum(len(self.buckets_for(s)) * len(self.grad_comms_for(s)) for s in self.strategies)
+        return len(self.precisions) * len(self.optimizers) * len(self.batch_sizes) * len(self.seq_lens) * per_group
 
     def round_budget_seconds(self) -> float:
         """The time budget of one benchmark's rounds: ``budget_seconds``, or the session's budget
@@ -350,6 +401,8 @@ _GRID_FLAGS: tuple[tuple[str, str, Callable, str], ...] = (
      "float32 all-reduce sizes in MiB"),
     ("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
      "ranks for the all-reduce benchmark"),
+    *((flag, f"{field}s", choices_of(flag, choices), f"{help_text}; comma-separated, e.g. {','.join(choices)}")
+      for flag, field, choices, help_text in _NUMERICS_FLAGS),
 )
 
 

@@ -31,16 +31,15 @@ class RaceResult:
     """None when bucketed and torch ended with the same weights; else where they differ."""
 
 
-def race_configs(model: str, batch_size: int, seq_len: int, bucket_size_mb: float) -> list[StepConfig]:
-    return [
-        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if name != "local" else None)
-        for name in CONTENDERS
-    ]
+def race_configs(model: str, batch_size: int, seq_len: int, bucket_size_mb: float, **numerics) -> list[StepConfig]:
+    """``numerics``: ``StepConfig``'s precision, optimizer and grad_comm (local communicates nothing)."""
+    local = StepConfig("local", model, batch_size, seq_len, **{**numerics, "grad_comm": "fp32"})
+    return [local] + [StepConfig(name, model, batch_size, seq_len, bucket_size_mb, **numerics) for name in CONTENDERS[1:]]
 
 
-def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundPolicy) -> RaceResult:
+def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundPolicy, **numerics) -> RaceResult:
     """Race the contenders on ``ranks``; raises ``MemoryError`` (with the skip reason) if a rank ran out."""
-    configs = race_configs(model, batch_size, seq_len, bucket_size_mb)
+    configs = race_configs(model, batch_size, seq_len, bucket_size_mb, **numerics)
     measurement = measure(ranks, configs, policy)
     if isinstance(measurement, MeasuredOutOfMemory):
         raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))

@@ -7,7 +7,28 @@ and the path on which ``bucketed`` folds averaging into its one copy per gradien
 ends with ``torch.cuda.synchronize()``, so that its clock stops when the GPU is done. Every rank
 trains its own shard of a seeded global batch (``ddp.bench.workloads.rank_batch``), the same batch
 every step: the data does not change a step's time, and a fixed batch keeps host-to-device copies
-out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``.
+out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, its implementation ``StepConfig.optimizer``:
+``foreach`` (``AdamW(foreach=True)``, PyTorch's default on CUDA) or ``fused`` (``AdamW(fused=True)``,
+one kernel per parameter group; CPU supports it too since torch 2.4).
+
+**Precision** (``StepConfig.precision``), what the step's numbers are, defined here and nowhere else:
+
+- ``fp32``: fp32 weights, gradients and optimizer; fp32 matmuls and convolutions
+  (``torch.set_float32_matmul_precision("highest")``, ``torch.backends.cudnn.allow_tf32 = False``).
+- ``tf32``: the same, with TF32 tensor-core matmuls and convolutions (``"high"``, cudnn
+  ``allow_tf32 = True``). On CPU, "high" computes as "highest" (checked bitwise with torch 2.13),
+  so tf32 there is fp32.
+- ``bf16``: ``torch.autocast(device_type, dtype=torch.bfloat16)`` around forward and loss (not
+  backward: autograd runs each op's backward in its forward's dtype), the recipe of PyTorch's AMP:
+  fp32 master weights, fp32 gradients (autocast's casts return them in fp32), fp32 optimizer;
+  whatever autocast leaves in fp32 runs as ``fp32`` says. It runs on CPU too (slowly).
+
+The setting is made at the start of every step and the previous one restored at its end
+(``numerics``), so configurations timed side by side do not leak into each other.
+
+**Gradient communication** (``StepConfig.grad_comm``): ``bf16`` asks a strategy whose constructor
+takes ``comm_dtype`` to all-reduce gradients in bf16 and accumulate the result back into the fp32
+gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as they are.
 
 Tools differ only in what they attach: a ``StepObserver`` wraps each phase (the profiler's ranges,
 NVTX), and ``RankBench`` runs several configurations' steps in one round in rotating order (a
@@ -36,8 +57,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -46,13 +67,43 @@ from torch import nn
 from ddp.bench.workloads import Workload, build_workload, rank_batch
 from ddp.launcher import RankInfo, Withdrawn, rank_info
 from ddp.strategies.base import trainable_parameters
-from ddp.strategies.registry import make_ddp, takes_bucket_size
+from ddp.strategies.registry import make_ddp, takes_bucket_size, takes_comm_dtype
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
 FRESH_BUILD_WARMUP_STEPS = 3  # see RankBench.prepare
 # Strategies whose plan is final after their first step: one warm-up step of a fresh build will do.
 SETTLED_AFTER_ONE_STEP = ("local", "naive", "flat", "overlap")
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+PRECISIONS = ("fp32", "tf32", "bf16")  # see the module docstring
+OPTIMIZERS = ("foreach", "fused")
+GRAD_COMMS = ("fp32", "bf16")
+# What each precision sets: torch's float32 matmul precision, cudnn's TF32 switch, the autocast dtype.
+_NUMERICS = {
+    "fp32": ("highest", False, None),
+    "tf32": ("high", True, None),
+    "bf16": ("highest", False, torch.bfloat16),
+}
+
+
+@contextlib.contextmanager
+def numerics(precision: str) -> Iterator[None]:
+    """The matmul and convolution precision of ``precision`` for the length of the block, the
+    previous settings restored afterwards."""
+    matmul, cudnn_tf32, _ = _NUMERICS[precision]
+    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
+
+
+def forward_autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """What wraps forward and loss: ``torch.autocast`` for ``bf16``, nothing otherwise."""
+    dtype = _NUMERICS[precision][2]
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -71,8 +122,25 @@ class StepConfig:
     """Bucket cap in MiB for strategies that take ``bucket_size_mb``; None for every other one."""
     seed: int = 0
     """Seeds the model's weights and the global batch."""
+    precision: str = "fp32"
+    """``fp32``, ``tf32`` or ``bf16``: what the step computes in (module docstring)."""
+    optimizer: str = "foreach"
+    """AdamW's implementation: ``foreach`` or ``fused``."""
+    grad_comm: str = "fp32"
+    """``bf16``: gradients all-reduced in bf16 (strategies that take ``comm_dtype``); ``fp32``: as they are."""
 
     def __post_init__(self) -> None:
+        for value, choices, what in (
+            (self.precision, PRECISIONS, "precision"), (self.optimizer, OPTIMIZERS, "optimizer"),
+            (self.grad_comm, GRAD_COMMS, "grad_comm"),
+        ):
+            if value not in choices:
+                raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+        if self.grad_comm != "fp32" and not takes_comm_dtype(self.strategy):
+            raise ValueError(
+                f"strategy {self.strategy!r} cannot communicate gradients in {self.grad_comm}: only strategies "
+                "whose constructor has a comm_dtype option can; use grad_comm='fp32'"
+            )
         bucketed = takes_bucket_size(self.strategy)
         if bucketed and self.bucket_size_mb is None:
             raise ValueError(f"strategy {self.strategy!r} needs bucket_size_mb (MiB), e.g. 25.0")
@@ -85,35 +153,55 @@ class StepConfig:
             raise ValueError(f"batch_size and seq_len must be positive, got {self.batch_size} and {self.seq_len}")
 
     @property
+    def numerics_suffix(self) -> str:
+        """``-bf16-fused-bf16comm``: what differs from the defaults (fp32, foreach, fp32
+        communication), which names leave out so that runs saved before these options existed,
+        all of them at the defaults, keep matching by name."""
+        parts = [self.precision if self.precision != "fp32" else "", self.optimizer if self.optimizer != "foreach" else "",
+                 f"{self.grad_comm}comm" if self.grad_comm != "fp32" else ""]
+        return "".join(f"-{part}" for part in parts if part)
+
+    @property
     def test_id(self) -> str:
-        """Stable id, e.g. ``bucketed-b2-s128-bucket25mb``: comparisons match on it."""
+        """Stable id, e.g. ``bucketed-b2-s128-bucket25mb`` or ``torch-b4-s512-bucket25mb-bf16-fused``:
+        comparisons match on it."""
         bucket = f"-bucket{self.bucket_size_mb:g}mb" if self.bucket_size_mb is not None else ""
-        return f"{self.strategy}-b{self.batch_size}-s{self.seq_len}{bucket}"
+        return f"{self.strategy}-b{self.batch_size}-s{self.seq_len}{bucket}{self.numerics_suffix}"
 
     @property
     def group_name(self) -> str:
-        """The benchmark group: strategies of one model, batch and sequence length side by side."""
-        return f"step: model {self.model}, batch {self.batch_size}, seq len {self.seq_len}"
+        """The benchmark group: strategies of one model, batch, sequence length, precision and
+        optimizer side by side."""
+        optimizer = f", {self.optimizer} AdamW" if self.optimizer != "foreach" else ""
+        return f"step: model {self.model}, batch {self.batch_size}, seq len {self.seq_len}, {self.precision}{optimizer}"
 
     def describe(self) -> str:
-        """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512``."""
+        """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512, fp32``."""
         bucket = f" (bucket {self.bucket_size_mb:g} MB)" if self.bucket_size_mb is not None else ""
-        return f"{self.strategy}{bucket}, model {self.model}, batch {self.batch_size} per rank, seq len {self.seq_len}"
+        comm = f", {self.grad_comm} gradient all-reduce" if self.grad_comm != "fp32" else ""
+        optimizer = f", {self.optimizer} AdamW" if self.optimizer != "foreach" else ""
+        return (f"{self.strategy}{bucket}, model {self.model}, batch {self.batch_size} per rank, seq len {self.seq_len}, "
+                f"{self.precision}{optimizer}{comm}")
 
     def local_twin(self) -> StepConfig:
-        """The same model and data with no communication: the floor this configuration is paired with."""
-        return StepConfig("local", self.model, self.batch_size, self.seq_len, None, self.seed)
+        """The same model, data, precision and optimizer with no communication: the floor this
+        configuration is paired with."""
+        return replace(self, strategy="local", bucket_size_mb=None, grad_comm="fp32")
 
 
 def grid_configs(grid) -> list[StepConfig]:
     """Every configuration of a ``GridOptions``, in the order the suite runs them (bucket sizes
     apply to the strategies that take them)."""
     return [
-        StepConfig(strategy, grid.model, batch_size, seq_len, bucket_size_mb)
+        StepConfig(strategy, grid.model, batch_size, seq_len, bucket_size_mb, precision=precision,
+                   optimizer=optimizer, grad_comm=grad_comm)
+        for precision in grid.precisions
+        for optimizer in grid.optimizers
         for batch_size in grid.batch_sizes
         for seq_len in grid.seq_lens
         for strategy in grid.strategies
         for bucket_size_mb in grid.buckets_for(strategy)
+        for grad_comm in grid.grad_comms_for(strategy)
     ]
 
 
@@ -197,6 +285,8 @@ class Trainer:
         self.workload: Workload = workload
         module = workload.module
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
+        if config.grad_comm == "bf16":
+            options["comm_dtype"] = torch.bfloat16
         self.model = make_ddp(config.strategy, module, **options)
         if getattr(self.model, "module", None) is not module:
             raise TypeError(
@@ -205,12 +295,15 @@ class Trainer:
             )
         if before_first_step is not None:
             before_first_step(self.model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE)
+        implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE, **implementation)
         self.inputs, self.targets = rank_batch(workload, config.seed, info.rank, info.world_size, info.device)
         params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
         self.num_parameter_tensors = len(params)
-        self.gradient_bytes = sum(p.numel() * p.element_size() for p in params)
+        # Bytes of gradient this rank all-reduces per step, in the dtype they are sent.
+        comm_bytes = {"bf16": torch.bfloat16.itemsize}.get(config.grad_comm)  # None: each gradient's own size
+        self.gradient_bytes = sum(p.numel() * (comm_bytes or p.element_size()) for p in params)
         self.last_gradient_seconds = 0.0  # perf_counter time of the last gradient computed
         self._last_gradient_event = torch.cuda.Event(enable_timing=True) if self.cuda else None
         # A tensor hook runs when a gradient has been computed, before it is accumulated and so
@@ -246,13 +339,18 @@ class Trainer:
         return sum(1 for name in names if name.startswith("c10d::") and "barrier" not in name and "_coalesced" not in name)
 
     def step(self, observer: StepObserver = NO_OBSERVER) -> StepTiming:
+        """One step in this configuration's precision; setting and restoring it is outside the clock."""
+        with numerics(self.config.precision):
+            return self._timed_step(observer)
+
+    def _timed_step(self, observer: StepObserver) -> StepTiming:
         phase = observer.phase
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
         start = time.perf_counter()
-        with phase("forward"):
+        with phase("forward"), forward_autocast(self.config.precision, self.device):
             loss = self.workload.loss(self.model(self.inputs), self.targets)
         with phase("backward"):
             loss.backward()

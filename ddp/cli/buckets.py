@@ -14,7 +14,7 @@ from ddp.analysis.costmodel import LINKS, default_overlap_slowdown
 from ddp.bench.measure import RoundPolicy
 from ddp.bench.options import (
     add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_float,
-    positive_floats, positive_int, positive_ints,
+    positive_floats, positive_int, positive_ints, step_numerics,
 )
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
@@ -52,14 +52,15 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--rounds {args.rounds} exceeds --max-rounds {args.max_rounds}: raise --max-rounds")
     policy = RoundPolicy(args.rounds, args.max_rounds, args.warmup_rounds, 0.02, args.round_budget)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        result = sweep(group, args.model, args.batch_size, args.seq_len, args.bucket_sizes, policy)
+        result = sweep(group, args.model, args.batch_size, args.seq_len, args.bucket_sizes, policy,
+                       **step_numerics(vars(args).get))
         link = LINKS[args.link] if args.link else fitted_link(group, policy)
     for reason in result.skipped:
         print(f"skipped: {reason}")
     if not result.records:
         raise UsageError("every cap ran out of memory: use a smaller --batch-size or --seq-len")
     rows = [[r.strategy, f"{r.bucket_size_mb:g}", r.num_buckets, f"{r.step_seconds * 1e3:.1f}", _overhead(r)] for r in result.records]
-    print(f"model {args.model}, {resolved.describe()}, batch {args.batch_size}, seq len {args.seq_len}")
+    print(f"model {args.model}, {resolved.describe()}, batch {args.batch_size}, seq len {args.seq_len}, {args.precision}")
     print(tabulate(rows, headers=["strategy", "cap MiB", "buckets", "step ms", "overhead over local ms [95%]"], disable_numparse=True))
     for strategy in ("bucketed", "torch"):
         best = result.best(strategy)

@@ -11,8 +11,8 @@ from tabulate import tabulate
 
 from ddp.analysis.profiles import profile_strategies
 from ddp.bench.options import (
-    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
-    strategy_names,
+    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, numerics_for,
+    positive_int, step_numerics, strategy_names,
 )
 from ddp.bench.profiling import ProfileConfig
 from ddp.bench.trainer import FRESH_BUILD_WARMUP_STEPS, StepConfig
@@ -51,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
     configs = [
         ProfileConfig(
-            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None),
+            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None,
+                       **numerics_for(name, step_numerics(vars(args).get))),
             warmup_steps=args.warmup_steps, steps=args.steps, out_dir=str(args.out.resolve()),
         )
         for name in args.strategy

@@ -11,7 +11,10 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.bench.measure import RoundPolicy
-from ddp.bench.options import add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int
+from ddp.bench.options import (
+    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
+    step_numerics,
+)
 from ddp.bench.race import CONTENDERS, race
 from ddp.bench.machine import software_info
 from ddp.bench.records import benchmark_entry, run_document, write_new
@@ -54,12 +57,13 @@ def main(args: argparse.Namespace) -> int:
     policy = RoundPolicy.fixed(args.rounds, args.warmup_rounds)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
-            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, policy)
+            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, policy,
+                          **step_numerics(vars(args).get))
         except MemoryError as error:
             raise UsageError(str(error)) from None
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
-          f"bucket {args.bucket_size_mb:g} MiB, {args.rounds} rounds")
+          f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {args.rounds} rounds")
     print(table(record))
     low, high = record.ratio_bucketed_over_torch_ci95
     print(f"bucketed / torch, paired over rounds: {record.ratio_bucketed_over_torch:.3f} [{low:.3f}, {high:.3f}]")
