@@ -24,7 +24,7 @@ from ddp.analysis.figures import (
     winners,
 )
 from ddp.analysis.markdown import plan_sentence, render_markdown, write_report
-from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, StepRecord, load_run, to_extra_info
+from ddp.bench.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, RunFileError, StepRecord, load_run, to_extra_info
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
 from ddp.cli import main as ddp_main
 
@@ -205,7 +205,10 @@ def test_first_release_step_entry_still_loads(tmp_path):
     benches = [first_release("local", 100.0, 0.1), first_release("naive", 200.0, 80.0, data_ms=[190.0, 200.0, 230.0])]
     run = load_run(write(tmp_path / "first.json", run_json(benches)))
     local, naive = run.steps
-    assert (local.model, local.kind, local.schema_version) == ("tiny", "step", 2)
+    assert (local.model, local.kind, local.schema_version) == ("tiny", "step", SCHEMA_VERSION)
+    # before schema 3 every step was fp32 with foreach AdamW, and the run says that was assumed
+    assert (local.precision, local.optimizer, local.grad_comm) == ("fp32", "foreach", "fp32")
+    assert len(run.notes) == 1 and "read as fp32 with foreach AdamW" in run.notes[0]
     assert local.step_seconds == pytest.approx(0.100)
     assert local.round_seconds is None and local.step_seconds_ci95 is None  # rounds not saved: no interval
     assert naive.round_seconds == pytest.approx([0.190, 0.200, 0.230])

@@ -125,9 +125,10 @@ class StepRecord:
         return label if self.grad_comm == "fp32" else f"{label} {self.grad_comm} comm"
 
     @property
-    def config(self) -> tuple[str, int, int]:
-        """What a step's time depends on besides the strategy and numerics: (model, batch, seq len)."""
-        return (self.model, self.batch_size, self.seq_len)
+    def config(self) -> tuple[str, int, int, str]:
+        """What a step's time depends on besides the strategy: (model, batch, seq len, ``numerics``).
+        Steps of one config are compared with each other, and with its ``local``."""
+        return (self.model, self.batch_size, self.seq_len, self.numerics)
 
     @property
     def numerics(self) -> str:
