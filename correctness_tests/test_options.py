@@ -98,3 +98,51 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     assert len(commands) == 6
     assert any("--backend gloo --device cuda --world-size 2" in c for c in commands)
     assert any("--backend nccl --world-size 1" in c and "xl" in c for c in commands)
+
+
+def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
+    from ddp.bench.trainer import grid_configs
+
+    grid = GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "batch_sizes": (2,), "seq_lens": (32,),
+                          "strategies": ("local", "naive", "bucketed", "torch"), "bucket_sizes_mb": (1.0,),
+                          "precisions": ("fp32", "bf16"), "grad_comms": ("fp32", "bf16")})
+    ids = [config.test_id for config in grid_configs(grid)]
+    # per precision: local, naive (fp32 communication only), bucketed and torch in both
+    assert ids == [
+        "local-b2-s32", "naive-b2-s32", "bucketed-b2-s32-bucket1mb", "bucketed-b2-s32-bucket1mb-bf16comm",
+        "torch-b2-s32-bucket1mb", "torch-b2-s32-bucket1mb-bf16comm",
+        "local-b2-s32-bf16", "naive-b2-s32-bf16", "bucketed-b2-s32-bucket1mb-bf16", "bucketed-b2-s32-bucket1mb-bf16-bf16comm",
+        "torch-b2-s32-bucket1mb-bf16", "torch-b2-s32-bucket1mb-bf16-bf16comm",
+    ]
+    assert grid.num_step_benchmarks == len(ids)
+
+
+def test_the_default_grid_stays_fp32_with_foreach_adamw():
+    for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
+        grid = grid_defaults(backend, device)
+        assert (grid.precisions, grid.optimizers, grid.grad_comms) == (("fp32",), ("foreach",), ("fp32",))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["versus", "--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
+        (["profile", "--strategy", "naive", "--optimizer", "adam", "--out", "x"], "argument --optimizer: invalid choice: 'adam'"),
+        (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+    ],
+)
+def test_numerics_options_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(argv)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_pytest_refuses_an_unknown_precision_before_any_rank_starts():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "--precision", "fp16", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 4  # pytest's usage error
+    assert "--precision takes one or more of fp32, tf32, bf16" in result.stderr
