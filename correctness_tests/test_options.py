@@ -129,6 +129,8 @@ def test_the_default_grid_stays_fp32_with_foreach_adamw():
         (["versus", "--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
         (["profile", "--strategy", "naive", "--optimizer", "adam", "--out", "x"], "argument --optimizer: invalid choice: 'adam'"),
         (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["profile", "--strategy", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
+         "profiling torch with --grad-comm bf16 needs nccl"),
     ],
 )
 def test_numerics_options_are_refused_in_one_line(argv, message, capsys):

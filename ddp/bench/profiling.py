@@ -80,7 +80,9 @@ def _recorded_allreduce_hook(process_group, bucket):
 
 
 def _trace_torch_reducer(model) -> None:
-    if isinstance(model, TorchDDP):  # must precede the first forward
+    # DDP takes one comm hook: with comm_dtype the strategy's is PyTorch's compress hook, kept
+    # (NCCL kernels in the trace then say when it communicated; ``ddp profile`` refuses it on gloo).
+    if isinstance(model, TorchDDP) and model.comm_dtype is None:  # must precede the first forward
         model.ddp.register_comm_hook(model.process_group, _recorded_allreduce_hook)
 
 

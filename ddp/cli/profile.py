@@ -47,6 +47,11 @@ def summary_table(summary: dict) -> str:
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     check_seq_len(args.model, args.seq_len)
+    if args.grad_comm != "fp32" and "torch" in args.strategy and resolved.backend != "nccl":
+        raise UsageError(
+            f"profiling torch with --grad-comm {args.grad_comm} needs nccl: on {resolved.backend} its collectives are "
+            "recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
+        )
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
     configs = [
