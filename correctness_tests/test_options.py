@@ -95,7 +95,8 @@ def test_the_pytest_header_says_which_backend_and_why():
 def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
-    assert len(commands) == 6
+    assert len(commands) == 7
+    assert any("--precision fp32,tf32,bf16" in c and "xl" in c for c in commands)
     assert any("--backend gloo --device cuda --world-size 2" in c for c in commands)
     assert any("--backend nccl --world-size 1" in c and "xl" in c for c in commands)
 

@@ -8,6 +8,8 @@ Runs, each as its own pytest or ddp process so that one failure does not hide th
    sequence 128 to 512, with peak memory: with no network, what remains is each strategy's own
    machinery (hooks, copies, launches), the number that explains why a Python bucketed DDP can lose
    to PyTorch's C++ reducer;
+3b. xl in fp32, tf32 and bf16 side by side (local, bucketed, torch; batch 4 x seq 512, where
+   bf16 and tf32 run about 3x faster than fp32 in a plain loop), with achieved TFLOP/s and MFU;
 4. the out-of-memory skip on real CUDA memory: a configuration that cannot fit, then one that
    does, which must still run;
 5. ``ddp profile`` on CUDA at world size 1 (NCCL) and with 2 gloo ranks over CUDA.
@@ -33,6 +35,10 @@ from ddp.cli import UsageError
 
 XL_STEPS = ("--model", "xl", "--batch-sizes", "2,4", "--seq-lens", "128,256,512", "--bucket-sizes", "25",
             "--rounds", "3", "--max-rounds", "5", "--warmup-rounds", "1", "--round-budget", "5")
+# The step users train with: 2048 tokens a step, where compute shrinks about 3x with tf32 or bf16.
+XL_PRECISIONS = ("--model", "xl", "--strategies", "local,bucketed,torch", "--batch-sizes", "4", "--seq-lens", "512",
+                 "--bucket-sizes", "25", "--precision", "fp32,tf32,bf16", "--rounds", "3", "--max-rounds", "5",
+                 "--warmup-rounds", "1", "--round-budget", "5")
 # 2.7b at 16 x 1024 tokens needs far more than any one GPU has for activations; the next
 # configuration (tiny) must still run on the same session.
 OUT_OF_MEMORY = ("--model", "2.7b", "--strategies", "local", "--batch-sizes", "16", "--seq-lens", "1024",
@@ -48,6 +54,8 @@ def parts(out: Path) -> list[tuple[str, list[str]]]:
         ("correctness, 1 NCCL rank", [*pytest, "correctness_tests", "--backend", "nccl", "--world-size", "1"]),
         ("xl steps, 1 NCCL rank", [*pytest, "perf_tests/test_step.py", "--backend", "nccl", "--world-size", "1", *XL_STEPS,
                                    "--benchmark-json", str(out / "xl_steps.json")]),
+        ("xl in fp32, tf32 and bf16, 1 NCCL rank", [*pytest, "perf_tests/test_step.py", "--backend", "nccl", "--world-size", "1",
+                                                    *XL_PRECISIONS, "--benchmark-json", str(out / "xl_precisions.json")]),
         ("out of memory on real CUDA memory", [*pytest, "perf_tests/test_step.py", "perf_tests/test_harness.py", "-rs",
                                                "--backend", "nccl", "--world-size", "1", *OUT_OF_MEMORY]),
         ("profile, 1 NCCL rank", [python, "-m", "ddp", "profile", "--strategy", "naive,overlap,bucketed,torch", "--model", "medium",
