@@ -15,8 +15,9 @@ Schema history: 2 added ``kind``, ``model`` (was ``model_size``), the rounds and
 intervals; version 1 records (the first release) are read with those fields missing. 3 added the
 step's numerics (``precision``, ``optimizer``, ``grad_comm``) and ``model_flops_per_token``,
 ``achieved_tflops``, ``mfu``: older step records were all fp32 with foreach AdamW and fp32
-communication, and are read so, the run saying so in ``Run.notes``; their FLOPs figures are
-computed on reading, by the same formula.
+communication and PyTorch's default AdamW: ``foreach`` on GPUs, and on CPU, where torch's
+default is its per-tensor loop, ``for-loop``; they are read so, the run saying so in ``Run.notes``,
+and their FLOPs figures are computed on reading, by the same formula.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class StepRecord:
     precision: str = "fp32"
     """What the step computed in: ``fp32``, ``tf32`` or ``bf16`` (``ddp.bench.trainer``)."""
     optimizer: str = "foreach"
-    """AdamW's implementation: ``foreach`` or ``fused``."""
+    """AdamW's implementation: ``foreach`` or ``fused`` (``for-loop``: a CPU run saved before
+    schema 3, which used torch's default, its per-tensor loop on CPU)."""
     grad_comm: str = "fp32"
     """The dtype gradients were all-reduced in (``bf16``: accumulated back into fp32)."""
     model_flops_per_token: float | None = None
@@ -366,14 +368,15 @@ def _kind(info: dict) -> str | None:
 
 def _upgrade(kind: str, info: dict, bench: dict) -> dict:
     """An older record with the fields of the current schema it lacks: schema 2's filled from the
-    stats, schema 3's numerics the only ones the suite had (fp32, foreach, fp32 communication) and
-    its FLOPs figures computed."""
+    stats, schema 3's numerics the only ones the suite had (fp32, torch's default AdamW, fp32
+    communication) and its FLOPs figures computed."""
     info = dict(info)
     stats = bench["stats"]
     data = stats.get("data")
     if kind == "step" and info.get("schema_version", 1) < 3:
         info.setdefault("precision", "fp32")
-        info.setdefault("optimizer", "foreach")
+        # AdamW(lr) without foreach=: torch's foreach kernels on CUDA, its per-tensor loop on CPU
+        info.setdefault("optimizer", "for-loop" if info.get("device", "cpu") == "cpu" else "foreach")
         info.setdefault("grad_comm", "fp32")
         model, seq_len, step = info.get("model") or info.get("model_size"), info.get("seq_len"), info.get("step_seconds")
         if model is not None and seq_len is not None and step is not None:
@@ -443,8 +446,9 @@ def run_from_data(path: Path, data: dict) -> Run:
         record = _record(path, bench, kind) if kind is not None else None
         if kind == "step" and bench["extra_info"].get("schema_version", 1) < 3 and not run.notes:
             run.notes.append(
-                f"{path.name}: steps saved before schema 3 do not record their precision; read as fp32 with foreach "
-                "AdamW and fp32 gradient communication, the only numerics the suite had then"
+                f"{path.name}: steps saved before schema 3 do not record their numerics; read as fp32 with fp32 "
+                "gradient communication and torch's default AdamW (foreach on GPUs, its per-tensor for-loop on CPU), "
+                "the only numerics the suite had then"
             )
         rounds = getattr(record, "round_seconds", None)
         if isinstance(rounds, dict):  # a race: its benchmark's rounds are bucketed's

@@ -8,8 +8,9 @@ ends with ``torch.cuda.synchronize()``, so that its clock stops when the GPU is 
 trains its own shard of a seeded global batch (``ddp.bench.workloads.rank_batch``), the same batch
 every step: the data does not change a step's time, and a fixed batch keeps host-to-device copies
 out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, its implementation ``StepConfig.optimizer``:
-``foreach`` (``AdamW(foreach=True)``, PyTorch's default on CUDA) or ``fused`` (``AdamW(fused=True)``,
-one kernel per parameter group; CPU supports it too since torch 2.4).
+``foreach`` (``AdamW(foreach=True)``, torch's default on CUDA; asked for explicitly, since torch's
+default on CPU is a per-tensor loop) or ``fused`` (``AdamW(fused=True)``, one kernel per parameter
+group; CPU has it too since torch 2.4).
 
 **Precision** (``StepConfig.precision``), what the step's numbers are, defined here and nowhere else:
 
