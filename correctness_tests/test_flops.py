@@ -87,3 +87,18 @@ def test_reduced_precision_communication_only_where_the_strategy_takes_comm_dtyp
         StepConfig("naive", "tiny", 2, 32, grad_comm="bf16")
     with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16, got 'fp16'"):
         StepConfig("local", "tiny", 2, 32, precision="fp16")
+
+
+def test_a_comparison_warns_when_steps_of_one_name_were_computed_differently(tmp_path):
+    from ddp.analysis.compare import suspect_differences
+    from ddp.bench.records import load_run
+    from correctness_tests.test_report import run_json, step_bench, write
+
+    old = run_json([step_bench("local", 100.0, 0.1)])
+    old["benchmarks"][0]["extra_info"].update(schema_version=2)  # saved before numerics were recorded: CPU, for-loop
+    for key in ("precision", "optimizer", "grad_comm", "model_flops_per_token", "achieved_tflops", "mfu"):
+        del old["benchmarks"][0]["extra_info"][key]
+    new = run_json([step_bench("local", 100.0, 0.1)])
+    differences = suspect_differences(load_run(write(tmp_path / "old.json", old)), load_run(write(tmp_path / "new.json", new)))
+    assert differences == {"step numerics": ("fp32 for-loop", "fp32")}
+    assert suspect_differences(load_run(tmp_path / "new.json"), load_run(tmp_path / "new.json")) == {}
