@@ -1,7 +1,7 @@
 """Reduced precision trains like a single process in the same precision, within a tolerance
 measured, not chosen.
 
-Each strategy runs the benchmark's own step (``ddp.bench.trainer.Trainer``: the code that is timed)
+Each strategy (``--strategies``, default every DDP; a user's own class too) runs the benchmark's own step (``ddp.bench.trainer.Trainer``: the code that is timed)
 for ``STEPS`` steps of the ``tiny`` LM in a precision, and is compared with a single process
 training the whole global batch with the same weights, data, AdamW and precision, written here
 with torch's own switches (``torch.autocast``, ``torch.set_float32_matmul_precision``): the
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ddp.bench.trainer import LEARNING_RATE, StepConfig, Trainer
 from ddp.bench.workloads import build_workload, rank_batch
 from ddp.launcher import rank_info
-from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_comm_dtype
+from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_bucket_size, takes_comm_dtype
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -153,15 +153,19 @@ def within_tolerance(results: list[dict]) -> tuple[dict, dict, bool]:
     return mine, floors, ok
 
 
-def cases() -> list:
+def cases(strategies: tuple[str, ...]) -> list:
+    """Every strategy of ``--strategies`` (default: every DDP) in fp32 and bf16, and with bf16
+    communication where it takes ``comm_dtype``; then tf32 and the fused AdamW once each."""
     out = []
-    for strategy in DDP_STRATEGIES:
-        bucket = BUCKET_SIZE_MB if strategy in ("bucketed", "torch") else None
+    for strategy in strategies:
+        if strategy == "local":
+            continue
+        bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
         comms = ("fp32", "bf16") if takes_comm_dtype(strategy) else ("fp32",)
         for precision in ("fp32", "bf16"):
             for comm in comms:
-                out.append(pytest.param(StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm),
-                                        id=f"{strategy}-{precision}{'-bf16comm' if comm == 'bf16' else ''}"))
+                config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm)
+                out.append(pytest.param(config, id=f"{strategy}-{precision}{'-bf16comm' if comm == 'bf16' else ''}"))
     # tf32 is fp32 on CPU (and TF32 matmuls on GPUs); the fused AdamW is another implementation of the same update
     out.append(pytest.param(StepConfig("bucketed", MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB, precision="tf32"), id="bucketed-tf32"))
     out.append(pytest.param(StepConfig("torch", MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB, precision="bf16", optimizer="fused"),
@@ -169,7 +173,11 @@ def cases() -> list:
     return out
 
 
-@pytest.mark.parametrize("config", cases())
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "config" in metafunc.fixturenames:
+        metafunc.parametrize("config", cases(metafunc.config.getoption("strategies") or DDP_STRATEGIES))
+
+
 def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepConfig):
     results = rank_group.run(train_and_references, config)
     for rank, result in enumerate(results[1:], start=1):
