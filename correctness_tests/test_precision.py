@@ -279,3 +279,22 @@ def test_bf16_communication_sums_what_each_rank_sent(rank_group, strategy, accum
     if rank_group.world_size > 2:
         pytest.skip("the bf16 sum of more than 2 ranks depends on the backend's order of additions: run with --world-size 2")
     rank_group.run(bf16_sync_against_emulation, strategy, accumulate)
+
+
+def test_each_step_sets_its_precision_and_restores_the_previous_one():
+    from ddp.bench.trainer import numerics
+
+    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    try:
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cudnn.allow_tf32 = True
+        for precision, inside in (("fp32", ("highest", False)), ("tf32", ("high", True)), ("bf16", ("highest", False))):
+            with numerics(precision):
+                assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == inside
+            assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == ("medium", True)
+        with pytest.raises(RuntimeError), numerics("tf32"):
+            raise RuntimeError("a step that fails")
+        assert torch.get_float32_matmul_precision() == "medium"  # restored even then
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
