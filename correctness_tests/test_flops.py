@@ -8,7 +8,8 @@ import pytest
 from ddp.bench.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
 from ddp.bench.measure import Measurement
 from ddp.bench.records import step_record
-from ddp.bench.trainer import StepConfig, StepSetup, StepTiming
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.model import MODEL_SIZES, model_flops_per_token
 
 

@@ -102,7 +102,7 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
 
 
 def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
-    from ddp.bench.trainer import grid_configs
+    from ddp.bench.config import grid_configs
 
     grid = GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "batch_sizes": (2,), "seq_lens": (32,),
                           "strategies": ("local", "naive", "bucketed", "torch"), "bucket_sizes_mb": (1.0,),

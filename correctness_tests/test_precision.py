@@ -39,7 +39,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp.bench.trainer import LEARNING_RATE, StepConfig, Trainer
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import LEARNING_RATE, Trainer
 from ddp.bench.workloads import build_workload, rank_batch
 from ddp.launcher import rank_info
 from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_bucket_size, takes_comm_dtype

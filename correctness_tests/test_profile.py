@@ -21,7 +21,7 @@ from ddp.analysis.overlap import (
 )
 from ddp.analysis.profiles import profile_strategies
 from ddp.bench.profiling import ProfileConfig
-from ddp.bench.trainer import StepConfig
+from ddp.bench.config import StepConfig
 
 
 def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:
@@ -47,14 +47,26 @@ def test_covered_seconds_within_a_window_counts_each_instant_once():
     assert covered_seconds_within(intervals, (-1.0, 10.0)) == pytest.approx(5.0)
 
 
-def test_step_figures_split_communication_at_the_last_gradient():
-    # backward called over [1, 4], last gradient at 3.5; collectives in flight over [2, 6] and [7, 8].
+def test_step_figures_split_communication_at_the_end_of_backward_compute():
+    # backward called over [1, 4], its computation done at 3.5; collectives in flight over [2, 6]
+    # and [7, 8]; the optimizer starts at 8. The step waited from 3.5 to 8, gaps included.
     step = _step([0, 1], [1, 4], 3.5, [4, 8], [8, 9],
                  [_collective(2.0, 5.0), _collective(3.0, 6.0), _collective(7.0, 8.0)])
     figures = step_comm_figures(step)
-    assert figures["comm_seconds"] == pytest.approx(5.0)
     assert figures["overlapped_comm_seconds"] == pytest.approx(1.5)  # [2, 3.5]
-    assert figures["exposed_comm_seconds"] == pytest.approx(3.5)
+    assert figures["exposed_comm_seconds"] == pytest.approx(4.5)  # [3.5, 8]
+    assert figures["comm_seconds"] == pytest.approx(6.0)
+
+
+def test_a_wait_inside_backward_is_exposed():
+    # PyTorch's DDP: backward() returns at 6 after waiting for its buckets from 3 (computation done)
+    # to 6; its collective records (gloo over CUDA) completed early, at 3. The step waited 3 s.
+    step = _step([0, 1], [1, 6], 3.0, [6, 6], [6, 7], [_collective(2.0, 3.0)])
+    figures = step_comm_figures(step)
+    assert figures["exposed_comm_seconds"] == pytest.approx(3.0)
+    assert figures["overlapped_comm_seconds"] == pytest.approx(1.0)
+    # the step adds up: forward + backward compute + exposed + optimizer
+    assert 1 + (3.0 - 1) + figures["exposed_comm_seconds"] + 1 == pytest.approx(7.0)
 
 
 def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
@@ -201,10 +213,11 @@ def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
     assert step["backward_compute_end"] == pytest.approx(3.4)
     assert step["optimizer"] == pytest.approx([3.7, 3.9])
     figures = rank_figures([step])
-    assert figures["comm_seconds"] == pytest.approx(1.0)  # [2.6, 3.6]
     assert figures["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.2)
-    assert figures["overlap_fraction"] == pytest.approx(0.8)
+    # The GPU waited from backward's last compute kernel (3.4) to the optimizer's first (3.7).
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.3)
+    assert figures["comm_seconds"] == pytest.approx(1.1)
+    assert figures["overlap_fraction"] == pytest.approx(0.8 / 1.1)
     # What the strategy launched, from the record, though the times came from the kernel.
     assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 1024
     assert figures["comm_source"] == "nccl_kernels"
@@ -236,10 +249,12 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
     assert step["backward_compute_end"] == pytest.approx(3.1)
     assert step["gradient_sync"] == [3.0, 3.5]  # the copies back are not compute: keeps its CPU span
     figures = rank_figures([step])
-    assert figures["comm_seconds"] == pytest.approx(0.9)  # union [2.5, 3.4]
     assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)  # [2.5, 3.1], the kernels' window
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.3)
-    assert figures["overlap_fraction"] == pytest.approx(2 / 3)
+    # Backward's last compute kernel ends at 3.1, the optimizer's first starts at 3.7: the copies
+    # back and the wait for them are exposed.
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.6)
+    assert figures["comm_seconds"] == pytest.approx(1.2)
+    assert figures["overlap_fraction"] == pytest.approx(0.5)
     assert figures["collectives_per_step"] == 2 and figures["comm_bytes_per_step"] == 6144
     assert figures["comm_source"] == "collective_records"
 
@@ -259,9 +274,11 @@ def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
     assert step["collectives"] == [record]
     assert step["backward"] == pytest.approx([2.5, 3.0])  # not to 3.05, the copy's end
     figures = rank_figures([step])
-    assert figures["comm_seconds"] == pytest.approx(0.1)
     assert figures["overlapped_comm_seconds"] == pytest.approx(0.05)  # [2.95, 3.0]
-    assert figures["overlap_fraction"] == pytest.approx(0.5)
+    # The copy ends at 3.05, but the optimizer's first kernel starts at 3.7: the GPU waited for the
+    # host to finish synchronizing, and that is exposed too.
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.7)
+    assert figures["overlap_fraction"] == pytest.approx(0.05 / 0.75)
     assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 512
 
 

@@ -30,9 +30,9 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -117,20 +117,54 @@ class RankInfo:
     device: torch.device
 
 
-_rank_info: RankInfo | None = None
+T = TypeVar("T")
+
+
+@dataclass
+class Rank:
+    """A rank process as the functions run on it see it: where it runs, and what it keeps between
+    calls. Made once per rank process by ``enter_rank`` (``RankGroup``'s worker, or a process that
+    torchrun started) and handed to every function marked ``on_rank``, so that no module keeps a
+    rank's state in a global of its own."""
+
+    info: RankInfo
+    _kept: dict[type, Any] = field(default_factory=dict)
+
+    def keep(self, kind: type[T]) -> T:
+        """This rank's one instance of ``kind``, made with ``kind()`` on first use and kept."""
+        if kind not in self._kept:
+            self._kept[kind] = kind()
+        return self._kept[kind]
+
+
+def on_rank(fn: Callable[..., T]) -> Callable[..., T]:
+    """Mark ``fn`` as taking the calling ``Rank`` as its first argument when a ``RankGroup`` (or
+    ``ddp.bench.measure.InProcessRanks``) runs it; the caller passes only the other arguments."""
+    fn.takes_rank = True
+    return fn
+
+
+def call_on_rank(rank: Rank, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    """Call ``fn`` as a rank runs it: with ``rank`` first if it is marked ``on_rank``."""
+    return fn(rank, *args, **kwargs) if getattr(fn, "takes_rank", False) else fn(*args, **kwargs)
+
+
+_entered: Rank | None = None
+
+
+def enter_rank(info: RankInfo) -> Rank:
+    """Make this process's ``Rank``: the one place that says where a rank process runs."""
+    global _entered
+    _entered = Rank(info)
+    return _entered
 
 
 def rank_info() -> RankInfo:
-    """The calling rank's rank, world size, backend and device (only inside ``RankGroup.run``)."""
-    if _rank_info is None:
-        raise RuntimeError("rank_info() is only available inside a function run by RankGroup.run")
-    return _rank_info
-
-
-def set_rank_info(info: RankInfo) -> None:
-    """Say where this process runs as a rank; for launchers other than RankGroup (torchrun)."""
-    global _rank_info
-    _rank_info = info
+    """The calling rank's rank, world size, backend and device, for code run on a rank that is not
+    handed its ``Rank`` (a test's function, a user's strategy)."""
+    if _entered is None:
+        raise RuntimeError("rank_info() is only available on a rank (inside RankGroup.run, or under torchrun once joined)")
+    return _entered.info
 
 
 def share_cores(ranks_on_this_machine: int) -> None:
@@ -173,7 +207,7 @@ def _worker_main(
         timeout=datetime.timedelta(seconds=timeout_seconds * 2),
         **({"device_id": device} if backend == "nccl" else {}),
     )
-    set_rank_info(RankInfo(rank, world_size, backend, device))
+    this_rank = enter_rank(RankInfo(rank, world_size, backend, device))
     conn.send(("ready", None))
     try:
         while True:
@@ -185,7 +219,7 @@ def _worker_main(
                 return
             fn, args, kwargs = task
             try:
-                result = fn(*args, **kwargs)
+                result = call_on_rank(this_rank, fn, args, kwargs)
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
             else:
@@ -261,7 +295,8 @@ class RankGroup:
             raise
 
     def run(self, fn: Callable[..., Any], *args, timeout_seconds: float | None = None, **kwargs) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; return each rank's result, by rank.
+        """Run ``fn(*args, **kwargs)`` on every rank (``fn(rank, *args, **kwargs)`` if it is marked
+        ``on_rank``); return each rank's result, by rank.
 
         ``fn`` must be importable by its module path (defined at module level), as must its
         arguments and result be picklable.

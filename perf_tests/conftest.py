@@ -16,7 +16,7 @@ from ddp.analysis.compare import table as compare_table
 from ddp.bench.options import percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
 from ddp.bench.options import GridOptions, grid_options
-from ddp.bench.trainer import grid_configs
+from ddp.bench.config import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()

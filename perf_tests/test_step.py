@@ -18,7 +18,8 @@ from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, RoundPolicy
 from ddp.bench.records import step_record, to_extra_info
 from ddp.bench.timing import record_rounds
-from ddp.bench.trainer import StepConfig, grid_configs, oom_reason, release
+from ddp.bench.config import StepConfig, grid_configs
+from ddp.bench.rank_state import oom_reason, release
 
 
 @pytest.fixture(scope="module")

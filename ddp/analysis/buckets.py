@@ -19,7 +19,8 @@ from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure
 from ddp.bench.records import StepRecord, step_record
-from ddp.bench.trainer import StepConfig, oom_reason
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import oom_reason
 from ddp.bench.workloads import build_workload
 from ddp.model import MODEL_SIZES
 

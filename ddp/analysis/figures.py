@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ddp.bench.records import Run, StepRecord
-from ddp.bench.trainer import PRECISIONS
+from ddp.bench.config import PRECISIONS
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import BUCKETED_STRATEGIES, STRATEGIES
 

@@ -6,9 +6,10 @@ A profiled step (``ddp.bench.profiling``) is a record of ``[start, end]`` of eve
 computed) and its ``collectives`` (launch and completion of each), all on the ``time.perf_counter``
 clock, one clock for every rank since ``RankGroup`` runs them on one host.
 
-Per step: ``comm_seconds`` is the length of the union of the collectives' intervals,
-``overlap_fraction`` the share of it inside the backward-compute window, and
-``exposed_comm_seconds`` the rest.
+Per step (``step_comm_figures``): ``exposed_comm_seconds`` is the time the step waited for
+communication once backward's computation was done (the benchmarks' ``comm_wait_seconds``),
+``overlapped_comm_seconds`` the time collectives were in flight during backward's computation,
+``comm_seconds`` their sum, and ``overlap_fraction`` the overlapped share of it.
 
 On CUDA the collectives' futures complete when their kernels are enqueued, not when they end, so
 there the intervals come from the trace (``cuda_steps_from_trace``): kernels are classified as
@@ -59,15 +60,21 @@ def covered_seconds_within(intervals: Iterable[Interval], window: Interval) -> f
 
 
 def step_comm_figures(step: dict) -> dict:
-    """comm, overlapped and exposed seconds of one step record (see ``profile_rank``)."""
+    """comm, overlapped and exposed seconds of one step record (see ``profile_rank``).
+
+    Exposed communication is what the step waited for: from the end of backward's computation to
+    the start of the optimizer, the figure ``ddp.bench.trainer`` defines as ``comm_wait_seconds``
+    (a wait inside ``loss.backward()``, where PyTorch's DDP waits, counts as any other), so that
+    forward + backward compute + exposed + optimizer is the step. Overlapped communication is the
+    time collectives were in flight during backward's computation: hidden behind it. A step that
+    launched no collective exposes nothing.
+    """
     comm = [(c["launch_seconds"], c["done_seconds"]) for c in step["collectives"]]
-    comm_seconds = covered_seconds(comm)
+    if not comm:
+        return {"comm_seconds": 0.0, "overlapped_comm_seconds": 0.0, "exposed_comm_seconds": 0.0}
     overlapped = covered_seconds_within(comm, (step["backward"][0], step["backward_compute_end"]))
-    return {
-        "comm_seconds": comm_seconds,
-        "overlapped_comm_seconds": overlapped,
-        "exposed_comm_seconds": comm_seconds - overlapped,
-    }
+    exposed = max(0.0, step["optimizer"][0] - step["backward_compute_end"])
+    return {"comm_seconds": overlapped + exposed, "overlapped_comm_seconds": overlapped, "exposed_comm_seconds": exposed}
 
 
 def comm_source(steps: list[dict]) -> str:
@@ -253,7 +260,12 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict]) -> list[dict]:
             gpu_step[phase] = (
                 [min(k.start_seconds for k in compute), max(k.end_seconds for k in compute)] if compute else step[phase]
             )
-        gpu_step["backward_compute_end"] = gpu_step["backward"][1]
+        # Backward's computation: the kernels launched before the engine's end-of-compute callback,
+        # not those a reducer launches while it waits inside backward (gloo over CUDA copies back).
+        backward_compute = launched_in((step["backward"][0], step["backward_compute_end"]), "compute")
+        gpu_step["backward_compute_end"] = (
+            max(k.end_seconds for k in backward_compute) if backward_compute else gpu_step["backward"][1]
+        )
         gpu_steps.append(gpu_step)
     return gpu_steps
 

@@ -32,8 +32,8 @@ import statistics
 from ddp.bench.measure import RoundPolicy, timed_rounds
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
-from ddp.bench.trainer import rank_bench, release
-from ddp.launcher import rank_info
+from ddp.bench.rank_state import RankBench, release
+from ddp.launcher import Rank, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
 FLOAT32_BYTES = 4
@@ -59,18 +59,18 @@ def size_bytes_of(size_mb: float) -> int:
     return int(size_mb * BYTES_PER_MB) // FLOAT32_BYTES * FLOAT32_BYTES
 
 
-def _tensor(numel: int, device: torch.device) -> torch.Tensor:
+def _tensor(rank: Rank, numel: int) -> torch.Tensor:
     """One buffer per size, kept between rounds in the rank's ``RankBench`` (all sizes of a
     measurement are timed in every round)."""
-    buffers = rank_bench().allreduce_buffers
+    buffers, device = rank.keep(RankBench).allreduce_buffers, rank.info.device
     if numel not in buffers or buffers[numel].device != device:
         buffers[numel] = torch.empty(numel, dtype=torch.float32, device=device)
     return buffers[numel]
 
 
-def _timed_all_reduce(size_bytes: int) -> AllReduceTiming:
-    info = rank_info()
-    tensor = _tensor(numel_for(size_bytes), info.device)
+def _timed_all_reduce(rank: Rank, size_bytes: int) -> AllReduceTiming:
+    info = rank.info
+    tensor = _tensor(rank, numel_for(size_bytes))
     tensor.fill_(float(info.rank + 1))
     cuda = info.device.type == "cuda"
     if cuda:
@@ -86,12 +86,13 @@ def _timed_all_reduce(size_bytes: int) -> AllReduceTiming:
     return AllReduceTiming(info.rank, seconds, wrong)
 
 
-def timed_all_reduces(sizes_bytes: list[int], round_index: int = 0) -> list[AllReduceTiming]:
+@on_rank
+def timed_all_reduces(rank: Rank, sizes_bytes: list[int], round_index: int = 0) -> list[AllReduceTiming]:
     """Run on every rank: one checked, timed all-reduce of each size, in an order that rotates with
     ``round_index`` (as the step rounds do); timings in the order of ``sizes_bytes``."""
     shift = round_index % len(sizes_bytes)
     order = list(range(len(sizes_bytes)))[shift:] + list(range(len(sizes_bytes)))[:shift]
-    timings = {index: _timed_all_reduce(sizes_bytes[index]) for index in order}
+    timings = {index: _timed_all_reduce(rank, sizes_bytes[index]) for index in order}
     return [timings[index] for index in range(len(sizes_bytes))]
 
 

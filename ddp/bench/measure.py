@@ -25,7 +25,10 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ddp.bench.stats import relative_half_width
-from ddp.bench.trainer import OutOfMemory, StepConfig, StepSetup, StepTiming, first_out_of_memory, prepare, release, timed_round
+from ddp.launcher import Rank, call_on_rank
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.trainer import StepSetup, StepTiming
 
 
 @dataclass(frozen=True)
@@ -164,13 +167,14 @@ class InProcessRanks:
 
     GATHER_TIMEOUT_SECONDS = 60.0
 
-    def __init__(self, world_size: int, backend: str) -> None:
-        self.world_size = world_size
-        self.backend = backend
+    def __init__(self, rank: Rank) -> None:
+        self.rank = rank
+        self.world_size = rank.info.world_size
+        self.backend = rank.info.backend
         self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.GATHER_TIMEOUT_SECONDS))
 
     def run(self, fn, *args, **kwargs) -> list:
-        result = fn(*args, **kwargs)
+        result = call_on_rank(self.rank, fn, args, kwargs)
         results = [None] * self.world_size
         try:
             dist.all_gather_object(results, result, group=self._group)

@@ -7,7 +7,7 @@ same name on CUDA (so Nsight Systems shows the same phases), and its ``[start, e
 ``time.perf_counter`` clock. Collectives are recorded by ``ddp.strategies.tracing`` (gloo completes
 the work's future on its own thread, which stamps the completion); for ``torch`` a DDP comm hook
 launches the all-reduce through it too, so PyTorch's reducer is measured the same way.
-``backward_compute_end`` is the trainer's last-gradient time.
+``backward_compute_end`` is the trainer's end of backward's computation (``BackwardComputeEnd``).
 
 Each rank writes its Chrome/Perfetto trace and returns its step records; the parent turns them into
 figures (``ddp.analysis.overlap``).
@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp.bench.trainer import StepConfig, StepObserver, Trainer
-from ddp.launcher import rank_info
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import StepObserver, Trainer
+from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
 from ddp.strategies.torch_ddp import TorchDDP
 
@@ -102,13 +103,14 @@ def file_stem(strategy: str) -> str:
     return strategy.replace(":", "-").replace("/", "-")
 
 
-def profile_rank(config: ProfileConfig) -> dict:
+@on_rank
+def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
 
     Returns ``{"rank", "device", "trace_file", "steps"}``; each step holds ``[start, end]`` of every
     phase, ``backward_compute_end`` and its ``collectives``, in ``time.perf_counter`` seconds.
     """
-    info = rank_info()
+    info = rank.info
     on_cuda = info.device.type == "cuda"
     trainer = Trainer(config.step, info, before_first_step=_trace_torch_reducer)
     try:
@@ -126,7 +128,7 @@ def profile_rank(config: ProfileConfig) -> dict:
                     trainer.step(recorder)
                     _wait_for_completion_stamps(collectives)
                 step = recorder.step
-                step["backward_compute_end"] = trainer.last_gradient_seconds
+                step["backward_compute_end"] = trainer.backward_compute_end.seconds
                 step["collectives"] = [asdict(span) for span in collectives.spans]
                 steps.append(step)
                 profiler.step()

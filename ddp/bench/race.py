@@ -19,7 +19,8 @@ import torch
 
 from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, measure
 from ddp.bench.records import RaceRecord, race_record
-from ddp.bench.trainer import StepConfig, oom_reason, parameters_of
+from ddp.bench.config import StepConfig
+from ddp.bench.rank_state import oom_reason, parameters_of
 
 CONTENDERS = ("local", "bucketed", "torch")
 

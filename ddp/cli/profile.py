@@ -15,7 +15,8 @@ from ddp.bench.options import (
     positive_int, step_numerics, strategy_names,
 )
 from ddp.bench.profiling import ProfileConfig
-from ddp.bench.trainer import FRESH_BUILD_WARMUP_STEPS, StepConfig
+from ddp.bench.config import StepConfig
+from ddp.strategies.registry import DEFAULT_STEPS_TO_SETTLE
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import takes_bucket_size
@@ -25,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True, type=argument_type(strategy_names, "strategy"),
                         help="one strategy or a comma list: names or package.module:ClassName")
     add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
-    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=FRESH_BUILD_WARMUP_STEPS,
+    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=DEFAULT_STEPS_TO_SETTLE,
                         help="untraced steps before profiling; PyTorch's DDP rebuilds its buckets in its second "
-                        f"(default: {FRESH_BUILD_WARMUP_STEPS})")
+                        f"(default: {DEFAULT_STEPS_TO_SETTLE})")
     parser.add_argument("--steps", type=argument_type(positive_int, "steps"), default=2, help="profiled steps (default: 2)")
     add_launch_options(parser.add_argument)
     parser.add_argument("--out", required=True, type=Path, help="folder for traces, summary.json and timelines")

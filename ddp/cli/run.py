@@ -33,9 +33,10 @@ from ddp.bench.machine import device_name, software_info
 from ddp.bench.measure import GridMeasurer, InProcessRanks, MeasuredOutOfMemory, RoundPolicy, free
 from ddp.bench.options import LaunchOptions, add_grid_options, grid_options
 from ddp.bench.records import ALLREDUCE_TEST, STEP_TEST, benchmark_entry, run_document, step_record, write_new
-from ddp.bench.trainer import grid_configs, oom_reason
+from ddp.bench.config import grid_configs
+from ddp.bench.rank_state import oom_reason
 from ddp.cli import UsageError
-from ddp.launcher import BACKENDS, RankInfo, set_rank_info, share_cores
+from ddp.launcher import BACKENDS, Rank, RankInfo, enter_rank, share_cores
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -57,7 +58,7 @@ def _environment() -> dict[str, int]:
     return {name: int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
 
 
-def join(backend: str, env: dict[str, int]) -> RankInfo:
+def join(backend: str, env: dict[str, int]) -> Rank:
     """Join the process group that torchrun's environment describes; set device and threads."""
     if backend == "nccl":
         device = torch.device("cuda", env["LOCAL_RANK"])
@@ -66,9 +67,7 @@ def join(backend: str, env: dict[str, int]) -> RankInfo:
         device = torch.device("cpu")
         share_cores(env["LOCAL_WORLD_SIZE"])
     dist.init_process_group(backend, init_method="env://", **({"device_id": device} if backend == "nccl" else {}))
-    info = RankInfo(env["RANK"], env["WORLD_SIZE"], backend, device)
-    set_rank_info(info)  # the rank-side code asks rank_info() where it runs; this process is the rank
-    return info
+    return enter_rank(RankInfo(env["RANK"], env["WORLD_SIZE"], backend, device))  # this process is the rank
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,8 +79,9 @@ def main(args: argparse.Namespace) -> int:
     configs = grid_configs(grid)
     if env["RANK"] == 0 and args.json is not None and args.json.exists():  # rank 0 writes it: rank 0 checks
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
-    info = join(resolved.backend, env)
-    ranks = InProcessRanks(info.world_size, info.backend)
+    rank = join(resolved.backend, env)
+    info = rank.info
+    ranks = InProcessRanks(rank)
     policy = RoundPolicy.of(grid)
     machine = pytest_benchmark_generate_machine_info() if info.rank == 0 else None
     if machine is not None:

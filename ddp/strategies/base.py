@@ -18,11 +18,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ddp.strategies.tracing import launch_all_reduce
 
@@ -102,8 +103,18 @@ class Strategy(nn.Module, abc.ABC):
 
     module: nn.Module
 
+    steps_to_settle: int = 1
+    """Steps after which the strategy's plan (buckets, collectives per step) is final: the
+    harness runs at least this many untimed steps of a fresh build before timing it."""
+
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def close(self) -> None:
+        """Undo what wrapping did to the module (hooks on its parameters), so that the module and
+        everything the strategy allocated can be freed once the caller drops them. The harness
+        calls it when it is done with a configuration; a hook left on a parameter that refers
+        back to the strategy is a cycle through autograd that Python's collector cannot free."""
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Accumulate gradients locally; strategies that communicate override this."""
@@ -140,7 +151,17 @@ class DataParallel(Strategy):
         self.parameters_to_sync = trainable_parameters(module)
         self._require_sync = True  # toggled by no_sync()
         self._sync_this_backward = True  # captured at forward time
+        self._hook_handles: list[RemovableHandle] = []
         broadcast_from_rank0(module, process_group)
+
+    def _hook_gradients(self, params: list[nn.Parameter], hook: Callable[[nn.Parameter], None]) -> None:
+        """Run ``hook(param)`` once each parameter's gradient is accumulated; ``close`` removes it."""
+        self._hook_handles += [p.register_post_accumulate_grad_hook(hook) for p in params]
+
+    def close(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
 
     def forward(self, *args, **kwargs):
         self._sync_this_backward = self._require_sync

@@ -87,6 +87,8 @@ def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> in
 class BucketedDDP(DataParallel):
     """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
 
+    steps_to_settle = 3  # re-plans its buckets in the order of its first backward (see _rebuild_buckets_in_ready_order)
+
     def __init__(self, module, *, bucket_size_mb: float = 25.0, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
@@ -99,7 +101,7 @@ class BucketedDDP(DataParallel):
         self._build_buckets(list(reversed(self.parameters_to_sync)))
         self._buckets_follow_ready_order = False
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.parameters_to_sync]
+        self._hook_gradients(self.parameters_to_sync, self._on_gradient_ready)
 
     def _build_buckets(self, order: list[nn.Parameter]) -> None:
         self.buckets: list[Bucket] = []

@@ -26,7 +26,7 @@ class OverlapDDP(DataParallel):
         self._names = {id(p): name for name, p in module.named_parameters()}
         self._op = average_op(process_group)
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self._order]
+        self._hook_gradients(self._order, self._on_gradient_ready)
 
     @property
     def num_allreduce_calls_per_step(self) -> int:

@@ -103,6 +103,16 @@ def takes_comm_dtype(name: str) -> bool:
     return takes_option(name, "comm_dtype")
 
 
+# Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
+DEFAULT_STEPS_TO_SETTLE = 3
+
+
+def steps_to_settle(name: str) -> int:
+    """Untimed steps a fresh build of the strategy runs before it is timed: its
+    ``steps_to_settle`` (``ddp.strategies.base.Strategy``), or ``DEFAULT_STEPS_TO_SETTLE``."""
+    return int(getattr(resolve_strategy(name), "steps_to_settle", DEFAULT_STEPS_TO_SETTLE))
+
+
 def supports_no_sync(name: str) -> bool:
     """Whether the strategy offers ``no_sync()`` for gradient accumulation."""
     return callable(getattr(resolve_strategy(name), "no_sync", None))

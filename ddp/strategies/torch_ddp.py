@@ -30,6 +30,10 @@ class TorchDDP(Strategy):
     dtype (each bucket cast, divided by the world size, all-reduced, copied back into the fp32 bucket).
     """
 
+    # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
+    # and records the new plan (which bucket_sizes_bytes reads) in the third.
+    steps_to_settle = 3
+
     def __init__(
         self,
         module: nn.Module,

@@ -1,0 +1,223 @@
+"""What a rank keeps between the parent's calls, and the entry points the parent runs on it.
+
+One ``RankBench`` per rank process, kept by that process's ``ddp.launcher.Rank`` (the launcher's
+worker, or the process torchrun started) and handed to the entry points below, holds the trainers of the configurations being timed and
+the all-reduce benchmark's buffers; ``release`` frees them. Building another set of configurations
+frees the old one first (an xl model and its AdamW state take 32 GB), and a released
+configuration leaves nothing alive (``Trainer.close``): every configuration gets the memory it
+would get alone. On CUDA, ``release`` checks that the allocator is back where it was before the
+first build and says what is left otherwise.
+
+**Out of memory** is not an error here: a rank that runs out frees what it held and returns an
+``OutOfMemory`` marker, so the caller decides (perf_tests skip with ``oom_reason``). It is freed
+outside the ``except`` block: the exception's traceback holds the frames of the failed step, and
+with them its activations and autograd graph.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import StepSetup, StepTiming, Trainer
+from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
+from ddp.strategies.registry import steps_to_settle
+
+
+@dataclass(frozen=True)
+class OutOfMemory(Withdrawn):
+    """Returned instead of a result by a rank that ran out of memory; it has freed its state.
+
+    The launcher waits only a short grace for the other ranks, which may be blocked in a collective
+    this rank left (ranks do not always run out together: another process's memory on one GPU, a
+    model that allocates per rank), and replaces the group if they are, or if ``group_broken``."""
+
+    rank: int
+    message: str
+    allocated_bytes: int | None
+    """CUDA memory still allocated after freeing (None on CPU)."""
+    peak_bytes: int | None
+    total_bytes: int | None
+    """The device's memory (None on CPU)."""
+    group_broken: bool = False
+    """The error came from the communicator (an NCCL error that mentions out of memory): the
+    process group may be unusable, so it is replaced rather than reused."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's out-of-memory error (``torch.cuda.OutOfMemoryError`` exists in every supported
+    torch), or a RuntimeError that says so (host allocations, NCCL)."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    )
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What is kept of an out-of-memory error once its traceback (and the tensors its frames
+    hold) is gone."""
+
+    message: str
+    group_broken: bool
+    peak_bytes: int | None
+
+
+@dataclass
+class RankBench:
+    """The state one rank keeps between the parent's calls: see the module docstring."""
+
+    trainers: dict[StepConfig, Trainer] = field(default_factory=dict)
+    allreduce_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    """float32 buffers of the all-reduce benchmark, by element count."""
+    empty_allocated_bytes: int | None = None
+    """CUDA memory allocated when this rank held nothing: what ``release`` returns to."""
+
+    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
+        """Build ``configs`` (freeing every other one, keeping those already built: the local
+        twin of the next strategy at the same batch and sequence length is the same) and run
+        ``warmup_steps`` untimed steps of each.
+
+        A fresh build runs at least as many steps as its strategy needs before its plan is final
+        (``ddp.strategies.registry.steps_to_settle``): ``bucketed`` re-plans its buckets after its
+        first step, and PyTorch's DDP reduces everything in one bucket in its first step, rebuilds
+        its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
+        third; a user's class may do the same.
+        """
+        try:
+            kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
+            self.release(info)  # whatever is not asked for any more, before building (memory)
+            self.trainers = kept
+            for config in configs:
+                if config not in self.trainers:
+                    self.trainers[config] = Trainer(config, info)
+            for config in configs:
+                fresh_steps = steps_to_settle(config.strategy)
+                steps = max(fresh_steps, warmup_steps) if config not in kept else warmup_steps
+                for _ in range(steps):
+                    self.trainers[config].step()
+            return [self.trainers[config].setup() for config in configs]
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            failure = self._failure(info, error)
+        return self.out_of_memory(info, failure)
+
+    def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | OutOfMemory:
+        """One step of each configuration, in an order that rotates with ``round_index`` so that
+        drift in the machine falls on all of them alike; timings in the order of ``configs``."""
+        missing = [c.describe() for c in configs if c not in self.trainers]
+        if missing:
+            raise RuntimeError(f"a round of {'; '.join(missing)} before prepare built it on this rank")
+        shift = round_index % len(configs)
+        order = list(range(len(configs)))[shift:] + list(range(len(configs)))[:shift]
+        timings: dict[int, StepTiming] = {}
+        try:
+            for index in order:
+                if len(configs) > 1:
+                    dist.barrier()  # every rank starts each contender's step together
+                timings[index] = self.trainers[configs[index]].step()
+            return [timings[index] for index in range(len(configs))]
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            failure = self._failure(info, error)
+        return self.out_of_memory(info, failure)
+
+    @staticmethod
+    def _failure(info: RankInfo, error: BaseException) -> _Failure:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return _Failure(
+            message=message,
+            group_broken=isinstance(error, dist.DistError) or "nccl" in message.lower(),
+            peak_bytes=torch.cuda.max_memory_allocated(info.device) if info.device.type == "cuda" else None,
+        )
+
+    def out_of_memory(self, info: RankInfo, failure: _Failure) -> OutOfMemory:
+        """Free this rank's state and describe what memory looked like."""
+        on_cuda = info.device.type == "cuda"
+        self.release(info)
+        return OutOfMemory(
+            rank=info.rank,
+            message=failure.message,
+            allocated_bytes=torch.cuda.memory_allocated(info.device) if on_cuda else None,
+            peak_bytes=failure.peak_bytes,
+            total_bytes=torch.cuda.get_device_properties(info.device).total_memory if on_cuda else None,
+            group_broken=failure.group_broken,
+        )
+
+    def release(self, info: RankInfo) -> None:
+        """Drop every trainer and buffer kept on this rank and return the memory to the device."""
+        for trainer in self.trainers.values():
+            trainer.close()
+        self.trainers = {}
+        self.allreduce_buffers = {}
+        gc.collect()
+        if info.device.type == "cuda":
+            torch.cuda.empty_cache()
+            allocated = torch.cuda.memory_allocated()
+            if self.empty_allocated_bytes is None:
+                self.empty_allocated_bytes = allocated
+            elif allocated > self.empty_allocated_bytes:
+                # Not an error: the next build may still fit. Said where a user will see it.
+                print(
+                    f"ddp-bench: rank {info.rank} still holds {(allocated - self.empty_allocated_bytes) / 2**20:.1f} "
+                    "MiB of CUDA memory after releasing every configuration",
+                    flush=True,
+                )
+
+    def trainer(self, config: StepConfig) -> Trainer:
+        if config not in self.trainers:
+            raise RuntimeError(f"{config.describe()} is not built on this rank: prepare it first")
+        return self.trainers[config]
+
+
+# Entry points the parent runs on every rank (``RankGroup.run`` needs importable functions); each
+# is handed the calling rank (``on_rank``), whose ``RankBench`` it uses.
+
+
+@on_rank
+def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | OutOfMemory:
+    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps)
+
+
+@on_rank
+def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | OutOfMemory:
+    return rank.keep(RankBench).round(rank.info, configs, round_index)
+
+
+@on_rank
+def release(rank: Rank) -> None:
+    rank.keep(RankBench).release(rank.info)
+
+
+@on_rank
+def parameters_of(rank: Rank, config: StepConfig) -> list[torch.Tensor]:
+    """The trained parameters of a configuration on this rank, on the CPU (for checks that two
+    strategies trained alike)."""
+    return [p.detach().cpu() for p in rank.keep(RankBench).trainer(config).model.module.parameters()]
+
+
+def first_out_of_memory(results: Sequence) -> OutOfMemory | None:
+    """The first rank's ``OutOfMemory`` marker among per-rank results, if any rank ran out."""
+    return next((r for r in results if isinstance(r, OutOfMemory)), None)
+
+
+def oom_reason(config: StepConfig, world_size: int, marker: OutOfMemory) -> str:
+    """A skip reason naming the configuration and the memory figures."""
+    gib = 2**30
+    if marker.total_bytes is not None:
+        memory = (
+            f"peak {marker.peak_bytes / gib:.1f} GiB allocated of {marker.total_bytes / gib:.1f} GiB "
+            f"on rank {marker.rank}'s GPU"
+        )
+    else:
+        memory = f"host memory exhausted on rank {marker.rank}"
+    return (
+        f"out of memory: {config.describe()}, {world_size} ranks: {memory} ({marker.message}); "
+        "use a smaller batch size, sequence length or model"
+    )
