@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, RoundPolicy, measure
+from ddp.bench.measure import Measurement, measure
+from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import release
 from ddp.strategies import DDP_STRATEGIES, TorchDDP, takes_bucket_size
 
@@ -66,7 +67,7 @@ class DelayedTorchDDP(TorchDDP):
 def _medians(configs: list[StepConfig], rank_group) -> tuple[float, dict[str, tuple[float, float]]]:
     """local's median step, and (step, exposed) medians of every other configuration, by strategy."""
     try:
-        measurement = measure(rank_group, configs, RoundPolicy.fixed(7, 1))
+        measurement = measure(rank_group, configs, RoundOptions.fixed(7, 1))
     finally:
         rank_group.run(release)
     assert isinstance(measurement, Measurement)

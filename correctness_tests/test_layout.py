@@ -91,3 +91,33 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     source.write_text("def f():\n    from ddp.bench import trainer\n    import ddp.cli\n    from ..analysis import figures\n")
     known = {"ddp.bench.trainer", "ddp.cli", "ddp.bench", "ddp.analysis.figures"}
     assert imports_of("ddp.strategies.x", source, known) == {"ddp.bench.trainer", "ddp.cli", "ddp.analysis.figures"}
+
+
+# What starts ranks or runs on them: the launcher, and the benchmark modules that drive a rank group.
+RANK_MODULES = {
+    "ddp.launcher", "ddp.bench.measure", "ddp.bench.trainer", "ddp.bench.race", "ddp.bench.buckets",
+    "ddp.bench.allreduce", "ddp.bench.profiling", "ddp.bench.grid",
+}
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in edges[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_analysis_only_reads_saved_data():
+    """analysis/ computes and renders from saved runs: nothing it imports, directly or through
+    another module, starts ranks or runs on them (that is bench/'s, driven from cli/)."""
+    edges = graph()
+    wrong = {
+        source: sorted(reachable(edges, source) & RANK_MODULES)
+        for source in edges
+        if source.startswith("ddp.analysis") and reachable(edges, source) & RANK_MODULES
+    }
+    assert not wrong, f"analysis modules that reach code that starts or runs on ranks: {wrong}"
+    assert RANK_MODULES <= set(edges), "a module named in RANK_MODULES no longer exists: update the list"

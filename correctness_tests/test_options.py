@@ -3,6 +3,8 @@ one-line errors of every command."""
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp.bench.options import GridOptions, LaunchOptions, OptionError, gpu_world_sizes, grid_defaults, parse_list
+from ddp.bench.options import (
+    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, NUMERICS_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
+    add_grid_options, add_launch_options, gpu_world_sizes, grid_defaults, grid_options, launch_options, option, parse_list,
+    round_options,
+)
+from ddp.cli import COMMANDS, command_parser
+from ddp.cli import gpu_check
 from ddp.cli import main as ddp_main
 
 ROOT = Path(__file__).parents[1]
@@ -34,7 +42,12 @@ def test_auto_says_why_it_chose_its_backend():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     expected = ("nccl", "cuda") if gpus >= 2 and torch.distributed.is_nccl_available() else ("gloo", "cpu")
     assert (resolved.backend, resolved.device) == expected
-    assert resolved.why.startswith("auto: ") and f"{gpus} GPU" in resolved.why or resolved.why == "auto: no GPU"
+    if gpus == 0:
+        assert resolved.why == "auto: no GPU"
+    elif resolved.backend == "nccl":
+        assert resolved.why == f"auto: {gpus} GPU(s) for 2 rank(s)"
+    else:
+        assert resolved.why == f"auto: {gpus} GPU(s), fewer than the 2 ranks nccl needs"
 
 
 def test_gpu_all_reduce_world_sizes_follow_the_gpu_count():
@@ -92,13 +105,88 @@ def test_the_pytest_header_says_which_backend_and_why():
     assert f"ddp-bench: {LaunchOptions().resolve().describe()}" in done.stdout
 
 
+def suite_parser() -> argparse.ArgumentParser:
+    """What the suites' pytest command lines may hold: the options the root conftest binds, and
+    the few of pytest's and pytest-benchmark's the plan uses."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("paths", nargs="+")
+    for flag in ("-q", "-rs"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("-p", action="append")
+    parser.add_argument("--benchmark-json")
+    add_launch_options(parser.add_argument)
+    add_grid_options(parser.add_argument)
+    return parser
+
+
 def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
-    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
-    assert len(commands) == 7
-    assert any("--precision fp32,tf32,bf16" in c and "xl" in c for c in commands)
-    assert any("--backend gloo --device cuda --world-size 2" in c for c in commands)
-    assert any("--backend nccl --world-size 1" in c and "xl" in c for c in commands)
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.removeprefix("# ") for line in lines if line.startswith("#")]
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    assert names == [name for name, _ in gpu_check.parts(tmp_path)] and len(commands) == 7
+    parsed = {}
+    for name, command in zip(names, commands):
+        assert command[:2] == [sys.executable, "-m"], name
+        if command[2] == "pytest":
+            args = suite_parser().parse_args(command[3:])
+            assert all((ROOT / path).exists() for path in args.paths), f"{name}: {args.paths}"
+            grid_options(vars(args).get, args.backend, args.device or "cuda")  # the grid is one the suite accepts
+        else:
+            assert command[2] == "ddp"
+            args = command_parser(command[3]).parse_args(command[4:])
+        launch = launch_options(vars(args).get)
+        parsed[name] = (launch.backend, launch.device, launch.world_size, getattr(args, "model", None))
+    assert parsed == {
+        "correctness, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, None),
+        "correctness, 1 NCCL rank": ("nccl", None, 1, None),
+        "xl steps, 1 NCCL rank": ("nccl", None, 1, "xl"),
+        "xl in fp32, tf32 and bf16, 1 NCCL rank": ("nccl", None, 1, "xl"),
+        "out of memory on real CUDA memory": ("nccl", None, 1, "2.7b"),
+        "profile, 1 NCCL rank": ("nccl", None, 1, "medium"),
+        "profile, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, "small"),
+    }
+
+
+def test_every_command_binds_the_shared_options_from_their_one_definition():
+    """Each option a command shares with pytest or another command comes from its definition in
+    ``ddp.bench.options``: the same flag, destination, parser and help text (only the default is the
+    command's); the commands that time rounds take every round option, those that train one
+    configuration every configuration option they need."""
+    expected = {
+        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
+        "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--bucket-size-mb"),
+                    option("--bucket-sizes"), *NUMERICS_OPTIONS},
+        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
+        "simulate": {option(f) for f in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")},
+        "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
+        "compare": set(), "report": set(), "gpu-check": set(),
+    }
+    assert set(expected) == set(COMMANDS)
+    for command, options in expected.items():
+        actions = {flag: action for action in command_parser(command)._actions for flag in action.option_strings}
+        bound = {o for o in ALL_OPTIONS if o.flag in actions}
+        assert bound == options, f"ddp {command}: {sorted(o.flag for o in bound ^ options)}"
+        for definition in bound:
+            action = actions[definition.flag]
+            assert action.dest == definition.dest, (command, definition.flag)
+            assert action.help.startswith(definition.help + " ("), (command, definition.flag)  # then its default
+            assert (action.type.option if action.type else None) == (None if definition.choices else definition), command
+            assert tuple(action.choices or ()) == tuple(definition.choices or ()), (command, definition.flag)
+    # pytest binds the launch and grid options from the same definitions (the root conftest)
+    pytest_flags = {flag for flag in ROOT.joinpath("conftest.py").read_text().split() if flag.startswith("--")}
+    assert not pytest_flags & {o.flag for o in ALL_OPTIONS}, "the root conftest must not declare a shared option itself"
+
+
+def test_rounds_mean_at_least_everywhere():
+    defaults = RoundOptions(min_rounds=5, max_rounds=20, warmup_rounds=1, target_precision=0.02, budget_seconds=10.0)
+    assert round_options({"min_rounds": 30}.get, defaults).max_rounds == 30  # --rounds above the default max raises it
+    assert round_options({}.get, defaults) == defaults
+    with pytest.raises(OptionError, match="--rounds 30 exceeds --max-rounds 20: raise --max-rounds"):
+        round_options({"min_rounds": 30, "max_rounds": 20}.get, defaults)
+    grid = grid_defaults("gloo", "cpu")
+    assert grid.round_options() == RoundOptions(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision,
+                                                grid.round_budget_seconds())
 
 
 def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
@@ -127,10 +215,11 @@ def test_the_default_grid_stays_fp32_with_foreach_adamw():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["versus", "--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
-        (["profile", "--strategy", "naive", "--optimizer", "adam", "--out", "x"], "argument --optimizer: invalid choice: 'adam'"),
+        (["versus", "--precision", "fp16"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["profile", "--strategies", "naive", "--optimizer", "adam", "--out", "x"], "--optimizer takes one or more of foreach, fused"),
         (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
-        (["profile", "--strategy", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
+        (["versus", "--precision", "fp32,bf16"], "--precision fp32,bf16: this command trains one configuration; give one value"),
+        (["profile", "--strategies", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
          "profiling torch with --grad-comm bf16 needs nccl"),
     ],
 )

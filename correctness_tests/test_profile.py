@@ -19,9 +19,10 @@ from ddp.analysis.overlap import (
     strategy_summary,
     union_intervals,
 )
-from ddp.analysis.profiles import profile_strategies
-from ddp.bench.profiling import ProfileConfig
+from ddp.analysis.profiles import write_profiles
 from ddp.bench.config import StepConfig
+from ddp.bench.profiling import ProfileConfig, profile_on
+from ddp.bench.records import load_profile_summary
 
 
 def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:
@@ -303,17 +304,18 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
         ProfileConfig(StepConfig(name, "tiny", batch_size=2, seq_len=16), warmup_steps=1, steps=2, out_dir=str(tmp_path))
         for name in ("naive", "overlap")
     ]
-    summary = profile_strategies(rank_group, configs, tmp_path)
+    group = rank_group
+    summary = write_profiles(group.world_size, group.backend, group.device, configs, profile_on(group, configs), tmp_path)
 
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    assert all(summary["strategies"][name]["comm_source"] == "collective_records" for name in ("naive", "overlap"))
-    naive, overlap = summary["strategies"]["naive"], summary["strategies"]["overlap"]
-    for rank in naive["ranks"]:
+    assert load_profile_summary(tmp_path / "summary.json") == summary
+    assert all(summary.strategies[name].comm_source == "collective_records" for name in ("naive", "overlap"))
+    naive, overlap = summary.strategies["naive"], summary.strategies["overlap"]
+    for rank in naive.ranks:
         # naive launches every collective after backward has returned
         assert rank["comm_seconds"] > 0
         assert rank["overlap_fraction"] == 0.0
         assert rank["exposed_comm_seconds"] == rank["comm_seconds"]
-    for rank in overlap["ranks"]:
+    for rank in overlap.ranks:
         # overlap launches from gradient hooks, before the last gradient is computed
         assert rank["overlap_fraction"] > 0
 

@@ -23,8 +23,9 @@ from ddp.analysis.figures import (
     resolved_apart,
     winners,
 )
-from ddp.analysis.markdown import plan_sentence, render_markdown, write_report
-from ddp.bench.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, RunFileError, StepRecord, load_run, to_extra_info
+from ddp.analysis.commentary import plan_sentence
+from ddp.analysis.markdown import render_markdown, write_report
+from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, SCHEMA_VERSION, StepRecord, load_run, to_extra_info
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
 from ddp.cli import main as ddp_main
 
@@ -155,12 +156,13 @@ def test_overheads_over_local_are_ratio_and_difference(baseline):
 def test_winner_is_fastest_strategy_with_margins_against_torch_and_naive(baseline):
     (win,) = winners(load_run(baseline).steps)
     assert win.winner.label == "bucketed 100 MB"
-    assert win.torch.label == "torch 100 MB"  # torch at its best cap
-    assert win.naive.label == "naive"
-    assert win.torch.step_seconds / win.winner.step_seconds == pytest.approx(115 / 110)
-    assert win.naive.step_seconds / win.winner.step_seconds == pytest.approx(200 / 110)
+    naive, torch = win.references  # the strategies that say they are references, in registry order
+    assert torch.label == "torch 100 MB"  # torch at its best cap
+    assert naive.label == "naive"
+    assert torch.step_seconds / win.winner.step_seconds == pytest.approx(115 / 110)
+    assert naive.step_seconds / win.winner.step_seconds == pytest.approx(200 / 110)
     # [110, 110] ms against [115, 115] ms: zero-width intervals at distinct medians are apart
-    assert resolved_apart(win.winner, win.torch)
+    assert resolved_apart(win.winner, torch)
 
 
 def test_bucket_plan_counts_are_not_total_over_cap(baseline):
@@ -206,7 +208,7 @@ def test_first_release_step_entry_still_loads(tmp_path):
     run = load_run(write(tmp_path / "first.json", run_json(benches)))
     local, naive = run.steps
     assert (local.model, local.kind, local.schema_version) == ("tiny", "step", SCHEMA_VERSION)
-    # before schema 3 every step was fp32 with torch's default AdamW (on CPU its for-loop), and the run says so
+    # before schema 4 every step was fp32 with torch's default AdamW (on CPU its for-loop), and the run says so
     assert (local.precision, local.optimizer, local.grad_comm) == ("fp32", "for-loop", "fp32")
     assert len(run.notes) == 1 and "read as fp32 with fp32 gradient communication" in run.notes[0]
     assert local.step_seconds == pytest.approx(0.100)
@@ -262,7 +264,7 @@ def test_overlapping_intervals_are_not_resolved(tmp_path):
     run = load_run(write(tmp_path / "overlap.json", run_json(steps)))
     (win,) = winners(run.steps)
     assert win.winner.step_seconds_ci95 == pytest.approx([0.105, 0.118])
-    assert not resolved_apart(win.winner, win.torch)
+    assert not resolved_apart(win.winner, win.references[-1])
     report = render_markdown([run], images=[])
     assert (
         "bucketed 100 MB is fastest at 110.00 ms: not resolved against torch 100 MB (115.00 ms: the 95% intervals "
@@ -323,23 +325,43 @@ def test_no_warning_for_runs_from_one_machine(baseline, tmp_path):
     assert "WARNING" not in render_markdown([load_run(baseline), load_run(again)], images=[])
 
 
-def test_race_gets_its_own_table(tmp_path):
-    # local 100 ms, bucketed 120 ms, torch 150 ms in every round: bucketed / torch = 0.8 in each round
-    rounds = {"local": [0.1] * 3, "bucketed": [0.12] * 3, "torch": [0.15] * 3}
-    record = RaceRecord(
-        model="mlp", parameters=10, bucket_size_mb=25.0, world_size=2, backend="gloo", round_seconds=rounds,
+def race_record_of(rounds: dict[str, list[float]]) -> RaceRecord:
+    return RaceRecord(
+        model="mlp", parameters=10, bucket_size_mb=25.0, world_size=2, backend="gloo", contenders=list(rounds),
+        reference="torch", round_seconds=rounds,
         median_step_seconds={name: r[0] for name, r in rounds.items()},
         median_step_seconds_ci95={name: [r[0], r[0]] for name, r in rounds.items()},
-        ratio_bucketed_over_torch=0.8, ratio_bucketed_over_torch_ci95=[0.8, 0.8],
+        ratio_over_reference={"bucketed": 0.8}, ratio_over_reference_ci95={"bucketed": [0.8, 0.8]},
         overhead_over_local_seconds={"bucketed": 0.02, "torch": 0.05},
         overhead_over_local_seconds_ci95={"bucketed": [0.02, 0.02], "torch": [0.05, 0.05]},
     )  # fmt: skip
-    race = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": _stats([0.3] * 3), "extra_info": to_extra_info(record)}
+
+
+def test_race_gets_its_own_table(tmp_path):
+    # local 100 ms, bucketed 120 ms, torch 150 ms in every round: bucketed / torch = 0.8 in each round
+    rounds = {"local": [0.1] * 3, "bucketed": [0.12] * 3, "torch": [0.15] * 3}
+    race = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": _stats([0.3] * 3),
+            "extra_info": to_extra_info(race_record_of(rounds))}
     run = load_run(write(tmp_path / "run.json", run_json([race])))
-    assert [r.ratio_bucketed_over_torch for r in run.races] == [0.8] and not run.others and not run.steps
+    assert [r.ratio_over_reference for r in run.races] == [{"bucketed": 0.8}] and not run.others and not run.steps
+    assert run.benchmarks[0].round_seconds == rounds["bucketed"]  # the benchmark stands for the first contender
     report = render_markdown([run], images=[])
     # [0.8, 0.8] lies below 1: bucketed resolved faster
-    assert table_row(report, "mlp") == ["mlp", "25", "100.00", "120.00", "150.00", "0.800 [0.800, 0.800]", "yes"]
+    assert table_row(report, "bucketed") == ["bucketed", "120.00", "[120.00, 120.00]", "0.800 [0.800, 0.800]", "yes"]
+    assert table_row(report, "torch", "150.00") == ["torch", "150.00", "[150.00, 150.00]", "reference", ""]
+
+
+def test_a_schema_2_race_loads_as_bucketed_against_torch(tmp_path):
+    rounds = {"local": [0.1] * 3, "bucketed": [0.12] * 3, "torch": [0.15] * 3}
+    info = to_extra_info(race_record_of(rounds))
+    for key in ("contenders", "reference", "ratio_over_reference", "ratio_over_reference_ci95"):
+        del info[key]
+    info.update(schema_version=2, ratio_bucketed_over_torch=0.8, ratio_bucketed_over_torch_ci95=[0.8, 0.8])
+    race = {"name": "test_versus_torch[mlp]", "group": "versus", "stats": _stats([0.3] * 3), "extra_info": info}
+    (record,) = load_run(write(tmp_path / "run.json", run_json([race]))).races
+    assert (record.contenders, record.reference) == (["local", "bucketed", "torch"], "torch")
+    assert (record.ratio_over_reference, record.ratio_over_reference_ci95) == ({"bucketed": 0.8}, {"bucketed": [0.8, 0.8]})
+    assert record.schema_version == SCHEMA_VERSION
 
 
 def test_torch_plan_explains_its_first_bucket(tmp_path):
@@ -348,7 +370,7 @@ def test_torch_plan_explains_its_first_bucket(tmp_path):
     bench["extra_info"]["bytes_per_step"] = MIB // 2
     (plan,) = bucket_plans(load_run(write(tmp_path / "run.json", run_json([bench]))).steps)
     assert (plan.num_buckets, plan.total_over_cap) == (1, 5)
-    assert "every gradient fits in PyTorch's first bucket" in plan_sentence(plan)
+    assert "every gradient fits in torch's first bucket, which it fills up to 1 MiB" in plan_sentence(plan)
 
 
 def test_noise_warning_when_a_strategy_beats_local(tmp_path):

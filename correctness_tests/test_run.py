@@ -22,7 +22,7 @@ from pytest_benchmark.storage.file import FileStorage
 import dataclasses
 
 from ddp.bench.records import StepRecord
-from ddp.cli.run import ENVIRONMENT
+from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT
 
 STEP_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "iterations", "ops", "data")
 STEP_EXTRA_INFO = tuple(field.name for field in dataclasses.fields(StepRecord))  # the schema, in order

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -13,17 +14,17 @@ from ddp.analysis.costmodel import (
     Compute,
     Gradient,
     Link,
-    bucket_launches,
     calibrate,
     channel_end,
     fit_link,
     gradients_in_backward_order,
     predict_grid,
     predict_step,
+    strategy_launches,
     ready_times,
     validation_rows,
 )
-from ddp.bench.records import AllReduceRecord, StepRecord, load_run, to_extra_info
+from ddp.bench.records import AllReduceRecord, PredictionRecord, StepRecord, ValidationRecord, load_records, load_run, to_extra_info
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
 
@@ -91,7 +92,7 @@ def test_bucket_schedule_exposed_time_by_hand() -> None:
     # Buckets of 2 MB: [a, b] ready at 2 s, 2 s long -> ends at 4 s (+ 2 flags); [c] starts after
     # it and ends at 6 s (+ all 3 flags): 2 s exposed after backward.
     assert plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], 2.0) == [[0, 1], [2]]
-    launches = bucket_launches(gradients, ready_times(gradients, 4.0), 2.0, link, 2)
+    launches = strategy_launches("bucketed", gradients, ready_times(gradients, 4.0), 0.0, 2.0, link, 2)
     assert [r for r, _ in launches] == pytest.approx([2.0, 4.0])
     assert [d for _, d in launches] == pytest.approx([2.0 + 2 * flag_seconds, 2.0 + flag_seconds])
     step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)
@@ -118,7 +119,7 @@ def test_buckets_follow_plan_buckets() -> None:
     sizes, kinds = [g.size_bytes for g in gradients], [g.element_size for g in gradients]
     # tiny: 259,392 parameters, 1 MB of float32 gradients: one bucket at 1 MB, nine at 0.1 MB
     # (ddp/strategies/bucketed.py reports the same counts).
-    assert len(bucket_launches(gradients, ready, 1.0, link, 2)) == len(plan_buckets(sizes, kinds, 1.0)) == 1
+    assert len(strategy_launches("bucketed", gradients, ready, 0.0, 1.0, link, 2)) == len(plan_buckets(sizes, kinds, 1.0)) == 1
     assert len(plan_buckets(sizes, kinds, 0.1)) == 9
     assert sum(g.size_bytes for g in gradients) == 259_392 * 4
     assert gradients[0].name == "lm_head.weight" and gradients[-1].name == "token_embedding.weight"
@@ -128,7 +129,7 @@ def test_buckets_follow_plan_buckets() -> None:
         (max(ready[i] for i in bucket), link.allreduce_seconds(sum(sizes[i] for i in bucket) + 4 * len(bucket), 2))
         for bucket in plan_buckets(sizes, kinds, 0.1)
     ]
-    launches = bucket_launches(gradients, ready, 0.1, link, 2)
+    launches = strategy_launches("bucketed", gradients, ready, 0.0, 0.1, link, 2)
     assert [x for launch in launches for x in launch] == pytest.approx([x for launch in expected for x in launch])
 
 
@@ -140,7 +141,7 @@ def test_buckets_never_mix_element_sizes() -> None:
     assert [buffer_bytes(100, 1, 4), buffer_bytes(100, 1, 2)] == [104, 102]
     link = Link("byte per second", latency_seconds=0.0, busbw_bytes_per_second=1.0)
     # 2 ranks: t = bytes x 2 x 1/2 / busbw = bytes seconds
-    launches = bucket_launches(gradients, [1.0, 2.0, 3.0], 1.0, link, 2)
+    launches = strategy_launches("bucketed", gradients, [1.0, 2.0, 3.0], 0.0, 1.0, link, 2)
     assert [x for launch in launches for x in launch] == pytest.approx([1.0, 104.0, 2.0, 102.0, 3.0, 104.0])
 
 
@@ -194,15 +195,15 @@ def test_validation_reads_a_saved_run(tmp_path) -> None:
     computes = {shape: Compute(seconds) for shape, seconds in calibration.local_seconds.items()}
     predictions = predict_grid("tiny", computes, [("local", None), ("flat", None)], [2], link, 0.0)
     rows = validation_rows(calibration, predictions)
-    flat = next(r for r in rows if r["strategy"] == "flat")
+    flat = next(r for r in rows if r.strategy == "flat")
     # tiny's 1,037,568 gradient bytes at 1 GB/s on 2 ranks: 1.04 ms after a 10 ms step.
-    assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 259_392 * 4 / 1e9)
-    assert flat["measured_step_seconds"] == pytest.approx(0.012)  # the median of 12, 11, 13 ms
-    assert flat["error"] == pytest.approx(flat["predicted_step_seconds"] / 0.012 - 1)
-    assert math.isclose(next(r for r in rows if r["strategy"] == "local")["error"], 0.0, abs_tol=1e-12)
+    assert flat.predicted_step_seconds == pytest.approx(0.010 + 259_392 * 4 / 1e9)
+    assert flat.measured_step_seconds == pytest.approx(0.012)  # the median of 12, 11, 13 ms
+    assert flat.error == pytest.approx(flat.predicted_step_seconds / 0.012 - 1)
+    assert math.isclose(next(r for r in rows if r.strategy == "local").error, 0.0, abs_tol=1e-12)
     # --statistic min: flat is measured by its fastest round, 11 ms
-    fastest = next(r for r in validation_rows(calibrate(load_run(path), "min"), predictions) if r["strategy"] == "flat")
-    assert fastest["measured_step_seconds"] == pytest.approx(0.011)
+    fastest = next(r for r in validation_rows(calibrate(load_run(path), "min"), predictions) if r.strategy == "flat")
+    assert fastest.measured_step_seconds == pytest.approx(0.011)
 
 
 def _simulate_error(capsys, argv) -> str:
@@ -243,9 +244,26 @@ def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
     argv = ["simulate", "--from", str(path), "--world-sizes", "2,8", "--json", str(predictions), "--validation-json", str(validation)]
     assert ddp_main(argv) == 0
     assert "busbw 1.000 GB/s" in capsys.readouterr().out
-    flat = next(r for r in json.loads(validation.read_text()) if r["strategy"] == "flat")
+    flat = next(r for r in load_records(validation, ValidationRecord) if r.strategy == "flat")
     # the fitted link all-reduces flat's one buffer of tiny's 1,037,568 gradient bytes in 20 us + 1.04 ms
-    assert flat["predicted_step_seconds"] == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
-    assert {(p["strategy"], p["world_size"]) for p in json.loads(predictions.read_text())} == {
-        ("local", 2), ("local", 8), ("flat", 2), ("flat", 8)
+    assert flat.predicted_step_seconds == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
+    assert {(p.strategy, p.world_size, p.kind) for p in load_records(predictions, PredictionRecord)} == {
+        ("local", 2, "prediction"), ("local", 8, "prediction"), ("flat", 2, "prediction"), ("flat", 8, "prediction")
     }  # fmt: skip
+
+
+def test_predictions_saved_before_their_schema_still_load() -> None:
+    old = Path(__file__).parents[1] / "docs" / "images" / "simulate_predictions.json"  # written without kind
+    predictions = load_records(old, PredictionRecord)
+    assert predictions and all(p.kind == "prediction" and p.comm_seconds is None for p in predictions)
+    assert predictions[0].label == "bucketed 1 MB" and predictions[0].step_seconds == pytest.approx(0.30063862844539624)
+
+
+def test_a_reduce_scatter_and_an_all_gather_cost_one_all_reduce() -> None:
+    # a sharded strategy's schedule: a ring all-reduce is a reduce-scatter then an all-gather
+    link, n, size = Link("l", 5e-6, 1e9), 8, 64 * MB
+    halves = [link.collective_seconds(c, size, n) for c in ("reduce_scatter", "all_gather")]
+    assert halves[0] == halves[1] == pytest.approx(5e-6 * (n - 1) + size * (n - 1) / n / 1e9)
+    assert sum(halves) == pytest.approx(link.collective_seconds("all_reduce", size, n))
+    with pytest.raises(ValueError, match="no cost of collective 'broadcast'"):
+        link.collective_seconds("broadcast", size, n)

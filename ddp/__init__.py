@@ -12,34 +12,7 @@ strategies and their registry) and ``ddp.model``; ``ddp.launcher`` (the ranks); 
 (figures, reports, plots, the cost model); ``ddp.cli`` (argument parsing and printing only).
 """
 
-from ddp.strategies import (
-    BUCKETED_STRATEGIES,
-    DDP_STRATEGIES,
-    STRATEGIES,
-    BucketedDDP,
-    DataParallel,
-    FlatDDP,
-    LocalTraining,
-    NaiveDDP,
-    OverlapDDP,
-    Strategy,
-    TorchDDP,
-    make_ddp,
-    resolve_strategy,
-)
+from ddp import strategies as _strategies
+from ddp.strategies import *  # noqa: F403 (the strategies' exports are the package's)
 
-__all__ = [
-    "BUCKETED_STRATEGIES",
-    "BucketedDDP",
-    "DDP_STRATEGIES",
-    "DataParallel",
-    "FlatDDP",
-    "LocalTraining",
-    "NaiveDDP",
-    "OverlapDDP",
-    "STRATEGIES",
-    "Strategy",
-    "TorchDDP",
-    "make_ddp",
-    "resolve_strategy",
-]
+__all__ = list(_strategies.__all__)

@@ -80,11 +80,6 @@ def choose_backend(backend: str, world_size: int) -> tuple[str, str]:
     return "gloo", "auto: no GPU"
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
-    """The backend ``choose_backend`` picks."""
-    return choose_backend(backend, world_size)[0]
-
-
 def unavailable_reason(backend: str, world_size: int, device: str) -> str | None:
     """Why this configuration cannot run here, phrased as what to do; None when it can."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -173,6 +168,60 @@ def share_cores(ranks_on_this_machine: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_on_this_machine))
 
 
+def join_process_group(
+    rank: int, world_size: int, local_rank: int, ranks_on_this_machine: int, backend: str, device_type: str, **init
+) -> Rank:
+    """Make this process rank ``rank``: its device (GPU ``local_rank``, or its share of the CPU
+    cores), the process group (``init`` goes to ``init_process_group``: a store, or env://), and
+    its ``Rank`` (``enter_rank``). Every rank joins here, ``RankGroup``'s workers and torchrun's
+    processes alike."""
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        share_cores(ranks_on_this_machine)
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, **({"device_id": device} if backend == "nccl" else {}), **init
+    )
+    return enter_rank(RankInfo(rank, world_size, backend, device))
+
+
+# What torchrun (or any env:// launcher) sets for each process it starts.
+TORCHRUN_ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class TorchrunRank:
+    """Where torchrun placed this process."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    """Ranks on this node."""
+
+    @classmethod
+    def from_environment(cls) -> TorchrunRank:
+        """This process's place; ``ValueError`` saying how to start it when torchrun did not."""
+        missing = [name for name in TORCHRUN_ENVIRONMENT if name not in os.environ]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} not set: start this under torchrun")
+        return cls(*(int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")))
+
+    def join(self, backend: str, device_type: str) -> Rank:
+        """Join the process group torchrun's environment describes (``join_process_group``)."""
+        return join_process_group(self.rank, self.world_size, self.local_rank, self.local_world_size, backend, device_type,
+                                  init_method="env://")
+
+    @staticmethod
+    def leave() -> None:
+        """Leave the process group together: every rank waits for the others (rank 0 may still be
+        writing the run) before the group is destroyed."""
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -190,24 +239,12 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    if device_type == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        share_cores(world_size)
     store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        # Longer than a call's timeout, so that a hang is reported by the parent with every
-        # rank's stack rather than ended by the collective's own timeout.
-        timeout=datetime.timedelta(seconds=timeout_seconds * 2),
-        **({"device_id": device} if backend == "nccl" else {}),
-    )
-    this_rank = enter_rank(RankInfo(rank, world_size, backend, device))
+    # Longer than a call's timeout, so that a hang is reported by the parent with every rank's
+    # stack rather than ended by the collective's own timeout.
+    timeout = datetime.timedelta(seconds=timeout_seconds * 2)
+    local_rank = rank % torch.cuda.device_count() if device_type == "cuda" else rank
+    this_rank = join_process_group(rank, world_size, local_rank, world_size, backend, device_type, store=store, timeout=timeout)
     conn.send(("ready", None))
     try:
         while True:
@@ -251,7 +288,7 @@ class RankGroup:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.world_size = world_size
-        self.backend = resolve_backend(backend, world_size)
+        self.backend = choose_backend(backend, world_size)[0]
         self.device = device or default_device(self.backend)
         reason = unavailable_reason(self.backend, world_size, self.device)
         if reason:
@@ -289,7 +326,7 @@ class RankGroup:
             self._conns.append(parent_conn)
         self.starts += 1
         try:
-            self._collect(None, timeout_seconds=120.0, what="starting the process group")
+            self._collect(timeout_seconds=120.0, what="starting the process group")
         except BaseException:
             self.kill()
             raise
@@ -308,14 +345,14 @@ class RankGroup:
         try:
             for conn in self._conns:
                 conn.send((fn, args, kwargs))
-            return self._collect(fn, timeout_seconds or self.timeout_seconds, what=_describe(fn))
+            return self._collect(timeout_seconds or self.timeout_seconds, what=_describe(fn))
         except BaseException:
             # Whatever went wrong (a rank's error, a hang, Ctrl-C), the ranks may be stuck in a
             # collective: replace them rather than reuse them.
             self.kill()
             raise
 
-    def _collect(self, fn, timeout_seconds: float, what: str) -> list[Any]:
+    def _collect(self, timeout_seconds: float, what: str) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         withdrawn: Withdrawn | None = None

@@ -5,21 +5,27 @@ run's closing summary of the precision each benchmark reached."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 
-from pathlib import Path
-
-from conftest import launch
-from ddp.analysis.compare import compare, failed, suspect_differences
-from ddp.analysis.compare import table as compare_table
-from ddp.bench.options import percent_type
+from ddp.analysis.compare import gate
+from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options, percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
-from ddp.bench.options import GridOptions, grid_options
 from ddp.bench.config import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()
+SESSION = pytest.StashKey[pytest.Session]()
+
+
+def launch(config: pytest.Config) -> ResolvedLaunch:
+    """The session's backend and device (validated by the root conftest before collection)."""
+    return launch_options(config.getoption).resolve()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SESSION] = session  # the gate sets its exit status
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,11 +109,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -> None:
     """``--ddp-fail-slower``: this run against the one ``--benchmark-compare`` loaded, through
     ``ddp.analysis.compare``; a resolved slowdown fails the session."""
+    # pytest-benchmark offers no public way to the runs --benchmark-compare loaded: its session is the one
     session = getattr(config, "_benchmarksession", None)
     terminalreporter.section("ddp-bench regression gate")
     if session is None or not session.compared_mapping:
         terminalreporter.write_line("--ddp-fail-slower needs --benchmark-compare and a saved run to compare with")
-        terminalreporter._session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        config.stash[SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     try:
         new = run_from_data(Path("this run"), {
@@ -118,21 +125,15 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
         olds = [load_run(Path(session.storage.path) / path) for path in session.compared_mapping]
     except RunFileError as error:
         terminalreporter.write_line(f"--ddp-fail-slower: {error}")
-        terminalreporter._session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        config.stash[SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     for path, old in zip(session.compared_mapping, olds):
-        differences = suspect_differences(old, new)
-        if differences:
-            facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())
-            terminalreporter.write_line(f"WARNING: different machines or setups ({facts})")
-        rows = compare(old, new, threshold)
+        judged = gate(old, new, threshold)  # the one gate, as `ddp compare` judges
         terminalreporter.write_line(f"against {path}:")
-        terminalreporter.write_line(compare_table(rows))
-        slower = failed(rows)
-        if slower:
-            terminalreporter.write_line(f"FAIL: {len(slower)} benchmark(s) slower by more than {threshold:.0%}: "
-                                        + ", ".join(r.name for r in slower))
-            terminalreporter._session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for line in [*judged.warnings, *judged.lines]:
+            terminalreporter.write_line(line)
+        if judged.failed:
+            config.stash[SESSION].exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def precision_summary(terminalreporter, config: pytest.Config) -> None:

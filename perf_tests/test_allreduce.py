@@ -8,11 +8,12 @@ one world size are measured together when its first test runs. Formulas: ddp/ben
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.measure import RoundPolicy
-from ddp.bench.records import to_extra_info
+from ddp.bench.records import allreduce_group_name, to_extra_info
 from ddp.bench.timing import record_rounds
 
 
@@ -24,11 +25,16 @@ def allreduce_records(grid) -> dict:
 
 def test_allreduce(benchmark, allreduce_group, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records) -> None:
     group = allreduce_group
-    benchmark.group = f"all_reduce: {group.backend}, {group.world_size} ranks"
+    benchmark.group = allreduce_group_name(group.backend, group.world_size)
     if allreduce_world_size not in allreduce_records:
-        records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], RoundPolicy.of(grid))
+        records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options())
         allreduce_records[allreduce_world_size] = dict(zip(grid.allreduce_sizes_mb, records))
     record = allreduce_records[allreduce_world_size][allreduce_size_mb]
     record_rounds(benchmark, record.round_seconds)
-    benchmark.extra_info.update(to_extra_info(record))  # measure_all_reduces raised if any sum was wrong
-    assert record.size_bytes == size_bytes_of(allreduce_size_mb) and record.world_size == allreduce_world_size
+    benchmark.extra_info.update(to_extra_info(record))
+    assert record.wrong == 0  # measure_all_reduces raises before this on a wrong sum
+    # nccl-tests' definitions, by hand: algbw = bytes / s; busbw = algbw x 2(n-1)/n
+    n, size_bytes = allreduce_world_size, int(allreduce_size_mb * 2**20)
+    assert record.algbw_gbps == pytest.approx(size_bytes / record.seconds / 1e9)
+    assert record.busbw_gbps == pytest.approx(size_bytes / record.seconds / 1e9 * 2 * (n - 1) / n)
+    assert record.seconds == pytest.approx(statistics.median(record.round_seconds))  # the slowest rank's, per round

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddp.bench.measure import RoundPolicy, timed_rounds
+from ddp.bench.measure import timed_rounds
 from ddp.bench.stats import paired_ratio_ci
 from ddp.bench.timing import record_rounds
 from ddp.bench.config import StepConfig
@@ -113,7 +113,7 @@ def test_harness_costs_what_a_plain_loop_does(benchmark, rank_group, grid) -> No
     try:
         rank_group.run(build_plain, config)
         rank_group.run(prepare, [config], grid.warmup_rounds)
-        outcome = timed_rounds(lambda index: rank_group.run(plain_and_harness_round, config, index), RoundPolicy.of(grid), 2)
+        outcome = timed_rounds(lambda index: rank_group.run(plain_and_harness_round, config, index), grid.round_options(), 2)
     finally:
         rank_group.run(free_plain)
     rounds, precision = outcome

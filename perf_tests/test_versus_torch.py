@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.measure import RoundPolicy, free
+from ddp.bench.measure import free
 from ddp.bench.race import race
 from ddp.bench.records import to_extra_info
 from ddp.bench.timing import record_rounds
@@ -33,11 +33,11 @@ def test_bucketed_versus_torch(benchmark, rank_group, grid) -> None:
     model, batch_size, seq_len = race_shape(grid, rank_group.device)
     benchmark.group = f"versus: {model}, bucket {BUCKET_SIZE_MB:g} MiB"
     try:
-        result = race(rank_group, model, batch_size, seq_len, BUCKET_SIZE_MB, RoundPolicy.of(grid))
+        result = race(rank_group, model, batch_size, seq_len, BUCKET_SIZE_MB, grid.round_options())
     except MemoryError as error:
         pytest.skip(str(error))
     finally:
         free(rank_group)
-    record_rounds(benchmark, result.record.round_seconds["bucketed"])
+    record_rounds(benchmark, result.record.round_seconds[result.record.primary])
     benchmark.extra_info.update(to_extra_info(result.record))
-    assert result.weights_differ is None, f"bucketed and torch trained differently: {result.weights_differ}"
+    assert result.weights_differ is None, f"trained differently: {result.weights_differ}"

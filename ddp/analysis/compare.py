@@ -7,7 +7,9 @@ threshold t (``ddp.bench.stats.verdict``): *slower* when the whole interval lies
 *faster* below 1 - t, *unchanged* inside [1 - t, 1 + t], *not resolved* when it straddles a
 threshold. The gate fails only on *slower*: a slowdown by more than the threshold that the rounds
 resolve. pytest-benchmark's own ``--benchmark-compare-fail`` compares medians alone; here noise
-widens the interval instead of failing the gate.
+widens the interval instead of failing the gate. ``gate`` is that gate, once: ``ddp compare`` and
+pytest's ``--ddp-fail-slower`` (perf_tests/conftest.py) print and judge through it, and ``table``
+is the one comparison table, in the terminal and in the report.
 
 **Drift between runs.** Two runs are taken minutes or days apart, and a machine's speed drifts
 by more than 10% over that on a shared host (measured here: ``local`` steps of one configuration
@@ -30,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tabulate import tabulate
-
 from ddp.analysis.figures import machine_differences
+from ddp.analysis.tables import ms, ratio_interval
+from ddp.analysis.tables import table as render
 from ddp.bench.records import Run, StepRecord
 from ddp.bench.stats import Verdict, ratio_of_medians_ci, verdict
 
@@ -127,16 +129,48 @@ def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
     return differences
 
 
-def table(rows: list[BenchmarkComparison]) -> str:
-    """The comparison as a text table: what ``ddp compare`` and the pytest gate print."""
-
-    def ms(seconds):
-        return "absent" if seconds is None else f"{seconds * 1e3:.2f}"
-
+def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
+    """The comparison as a table: what ``ddp compare``, the pytest gate (text) and the report
+    (``github``) show."""
     body = [
-        [r.name, ms(r.old_seconds), ms(r.new_seconds), "" if r.ratio is None else f"{r.ratio:.3f}",
-         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
+        [r.name, ms(r.old_seconds, missing="absent"), ms(r.new_seconds, missing="absent"),
+         "" if r.ratio is None else f"{r.ratio:.3f}", ratio_interval(r.ratio_ci95), r.verdict, r.basis]
         for r in rows
     ]
-    headers = ["benchmark", "old ms", "new ms", "new / old", "95% interval", "verdict", "basis"]
-    return tabulate(body, headers=headers, disable_numparse=True)
+    return render(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"], tablefmt)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The regression gate of one comparison, as ``ddp compare`` and pytest's ``--ddp-fail-slower``
+    both print it: warnings first (setups that differ), then the table and what it concluded."""
+
+    rows: list[BenchmarkComparison]
+    warnings: list[str]
+    lines: list[str]
+    failed: list[BenchmarkComparison]
+
+
+def gate(old: Run, new: Run, threshold: float) -> Gate:
+    """Compare ``new`` against ``old`` and judge: fails on a resolved slowdown beyond ``threshold``."""
+    warnings = []
+    differences = suspect_differences(old, new)
+    if differences:
+        facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())
+        warnings.append(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "
+                        "machine as much as the code")
+    rows = compare(old, new, threshold)
+    lines = [table(rows)]
+    drift = machine_drift(rows)
+    if drift:
+        lines.append(
+            f"NOTE: local, the machine's reference, changed in {len(drift)} configuration(s) ("
+            + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in drift) + "): the machine (or the model's own compute) "
+            "differed between the runs; strategies are compared against it round by round, so this does not fail the gate"
+        )
+    slower = failed(rows)
+    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {threshold:.0%})")
+    if slower:
+        lines.append(f"FAIL: {len(slower)} benchmark(s) slower by more than {threshold:.0%}: " + ", ".join(r.name for r in slower))
+    return Gate(rows, warnings, lines, slower)

@@ -13,12 +13,12 @@ ring all-reduce, the algorithm nccl-tests' busbw is defined for)::
                                                                           2 ceil(log2 n) for a tree
 
 ``alpha`` (seconds per step) and ``busbw`` (bytes/s) are fitted by least squares on the run's
-all-reduce microbenchmark rows (``extra_info`` ``size_bytes``, ``world_size``, ``stats.median``),
-or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
+all-reduce microbenchmark records (``AllReduceRecord``: ``size_bytes``, ``world_size``, and the
+median of ``round_seconds``, or their minimum with ``--statistic min``), or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
 term (NCCL's trees reach about the ring's bus bandwidth on large messages).
 
 **Compute.** A step without communication is the run's ``local`` row at the same batch and
-sequence length (its median step). Backward takes ``2/3`` of the part that is not optimizer
+sequence length (its median round, or its fastest with ``--statistic min``). Backward takes ``2/3`` of the part that is not optimizer
 (backward does two matmuls per forward matmul: the gradients of the input and of the weight),
 and ``--optimizer-fraction`` of the step is the optimizer (default 0: for the models here AdamW
 is a few per cent of a step, and it runs after gradient synchronization either way, so it only
@@ -32,15 +32,11 @@ counts), attention's own products (8 x d_model x seq_len per token per layer in 
 charged just before the block's q/k/v weights, and embedding and RMSNorm weights cost nothing.
 
 **Strategies.** One communication channel, all-reduces serialized in launch order (as on one
-NCCL communicator, or gloo's one pair of connections per rank pair):
-
-- ``naive``: after backward, one all-reduce per parameter, one after the other;
-- ``flat``: after backward, one all-reduce of all gradient bytes;
-- ``overlap``: one all-reduce per parameter, launched when its gradient is ready;
-- ``bucketed`` and ``torch``: the buckets of ``ddp.strategies.bucketed.plan_buckets`` (the same rule, on
-  the model's parameters built on the meta device), each launched when its last gradient is
-  ready and its predecessors were launched. (PyTorch's DDP plans a 1 MiB first bucket and then
-  re-plans by observed order; the same plan for both is an approximation.)
+NCCL communicator, or gloo's one pair of connections per rank pair). What each strategy launches
+and when is its own ``communication_schedule`` (``ddp.strategies.base.Strategy``, one per
+strategy file: ``naive`` after backward one per parameter, ``overlap`` one per parameter as it is
+ready, ``bucketed`` and ``torch`` the buckets of ``plan_buckets`` on the model's parameters built
+on the meta device, ...); a strategy that gives none is not modelled.
 
 ``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
 end minus the end of backward); ``step_seconds`` = compute + exposed.
@@ -66,10 +62,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddp.bench.records import Run, RunFileError
-from ddp.model import build_model
-from ddp.strategies.bucketed import buffer_bytes, plan_buckets
-from ddp.strategies.registry import BUCKETED_STRATEGIES, DDP_STRATEGIES
+from ddp.bench.records import PredictionRecord, Run, RunFileError, ValidationRecord
+from ddp.bench.workloads import build_workload
+from ddp.model import MODEL_SIZES, build_model
+from ddp.strategies.registry import traits
 
 ALGORITHMS = ("ring", "tree")
 
@@ -95,6 +91,20 @@ class Link:
             return 0.0
         bus_bytes = size_bytes * 2 * (world_size - 1) / world_size
         return self.latency_seconds * self.latency_steps(world_size) + bus_bytes / self.busbw_bytes_per_second
+
+    def collective_seconds(self, collective: str, size_bytes: float, world_size: int) -> float:
+        """Seconds for one ``collective`` whose full buffer is ``size_bytes``: an all-reduce, or a
+        reduce-scatter or all-gather, each half of a ring all-reduce (half its steps and bus bytes)."""
+        if collective == "all_reduce":
+            return self.allreduce_seconds(size_bytes, world_size)
+        if collective in HALF_ALL_REDUCE:
+            return self.allreduce_seconds(size_bytes, world_size) / 2
+        raise ValueError(f"no cost of collective {collective!r}: use all_reduce, {', '.join(HALF_ALL_REDUCE)}")
+
+
+# A ring all-reduce is a reduce-scatter followed by an all-gather, each of (n-1) steps moving
+# (n-1)/n of the buffer: each costs half the all-reduce.
+HALF_ALL_REDUCE = ("reduce_scatter", "all_gather")
 
 
 def latency_steps(world_size: int, algorithm: str) -> int:
@@ -228,31 +238,22 @@ def channel_end(launches: list[tuple[float, float]]) -> float:
     return end
 
 
-def bucket_launches(
-    gradients: list[Gradient], ready: list[float], bucket_size_mb: float, link: Link, world_size: int
+class NotModelled(ValueError):
+    """A strategy whose class gives no cost schedule (``Strategy.communication_schedule``)."""
+
+
+def strategy_launches(
+    strategy: str, gradients: list[Gradient], ready: list[float], backward_seconds: float, bucket_size_mb: float | None,
+    link: Link, world_size: int,
 ) -> list[tuple[float, float]]:
-    """``(ready, duration)`` of each bucket of ``plan_buckets``' plan, in launch order."""
-    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
-    launches = []
-    for bucket in plan:
-        gradient_bytes = sum(gradients[i].size_bytes for i in bucket)
-        size_bytes = buffer_bytes(gradient_bytes, len(bucket), gradients[bucket[0]].element_size)
-        launches.append((max(ready[i] for i in bucket), link.allreduce_seconds(size_bytes, world_size)))
-    return launches
+    """``(ready, duration)`` of each collective of the strategy's ``communication_schedule``, in launch order."""
+    schedule = traits(strategy).communication_schedule(gradients, ready, backward_seconds, bucket_size_mb)
+    if schedule is None:
+        raise NotModelled(f"strategy {strategy!r} gives no communication_schedule: the cost model cannot predict it")
+    return [(t.ready_seconds, link.collective_seconds(t.collective, t.size_bytes, world_size)) for t in schedule]
 
 
-@dataclass(frozen=True)
-class Prediction:
-    strategy: str
-    bucket_size_mb: float | None
-    batch_size: int
-    seq_len: int
-    world_size: int
-    step_seconds: float
-    exposed_comm_seconds: float
-    comm_seconds: float
-    """All-reduce time of the step on the channel, hidden or not."""
-    num_allreduces: int
+Prediction = PredictionRecord  # the cost model's output is the saved record (ddp.bench.records)
 
 
 @dataclass(frozen=True)
@@ -279,18 +280,9 @@ def predict_step(
     """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step."""
     backward = compute.backward_seconds
     ready = ready_times(gradients, backward)
-    if strategy == "local" or world_size <= 1:
+    if not traits(strategy).communicates or world_size <= 1:
         return compute.step_seconds, 0.0, 0.0, 0
-    if strategy == "naive":
-        launches = [(backward, link.allreduce_seconds(g.size_bytes, world_size)) for g in gradients]
-    elif strategy == "flat":
-        launches = [(backward, link.allreduce_seconds(sum(g.size_bytes for g in gradients), world_size))]
-    elif strategy == "overlap":
-        launches = [(r, link.allreduce_seconds(g.size_bytes, world_size)) for r, g in zip(ready, gradients)]
-    elif strategy in BUCKETED_STRATEGIES:
-        launches = bucket_launches(gradients, ready, bucket_size_mb, link, world_size)
-    else:
-        raise ValueError(f"no model of strategy {strategy!r}; simulate knows local, {', '.join(DDP_STRATEGIES)}")
+    launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
     comm = sum(duration for _, duration in launches)
     exposed = max(0.0, channel_end(launches) - backward)
     hidden = comm - exposed
@@ -358,21 +350,25 @@ def predict_grid(
     link: Link,
     overlap_slowdown: float,
 ) -> list[Prediction]:
+    """Every strategy at every world size and shape; a strategy with no cost schedule is left out."""
     predictions = []
     for (batch_size, seq_len), compute in sorted(computes.items()):
         gradients = gradients_of(model_size, seq_len)
         for world_size in world_sizes:
             for strategy, bucket_size_mb in strategies:
-                step, exposed, comm, calls = predict_step(
-                    strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
-                )
+                try:
+                    step, exposed, comm, calls = predict_step(
+                        strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
+                    )
+                except NotModelled:
+                    continue  # the caller names the strategies absent from the predictions
                 predictions.append(
                     Prediction(strategy, bucket_size_mb, batch_size, seq_len, world_size, step, exposed, comm, calls)
                 )
     return predictions
 
 
-def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[dict]:
+def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[ValidationRecord]:
     """Measured median against prediction for every step row of the run, at its world size."""
     by_key = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len, p.world_size): p for p in predictions}
     rows = []
@@ -382,50 +378,56 @@ def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[dic
             continue
         predicted = by_key[key]
         measured = run.seconds(step)
-        rows.append(
-            {
-                "strategy": step.strategy,
-                "bucket_size_mb": step.bucket_size_mb,
-                "batch_size": step.batch_size,
-                "seq_len": step.seq_len,
-                "measured_step_seconds": measured,
-                "predicted_step_seconds": predicted.step_seconds,
-                "error": predicted.step_seconds / measured - 1.0,
-                "measured_comm_wait_seconds": step.comm_wait_seconds,
-                "predicted_exposed_comm_seconds": predicted.exposed_comm_seconds,
-            }
-        )
+        rows.append(ValidationRecord(
+            strategy=step.strategy, bucket_size_mb=step.bucket_size_mb, batch_size=step.batch_size, seq_len=step.seq_len,
+            measured_step_seconds=measured, predicted_step_seconds=predicted.step_seconds,
+            error=predicted.step_seconds / measured - 1.0, measured_comm_wait_seconds=step.comm_wait_seconds,
+            predicted_exposed_comm_seconds=predicted.exposed_comm_seconds,
+        ))
     return rows
 
 
 CANDIDATE_BUCKET_SIZES_MB = (0.1, 0.25, 1, 5, 10, 25, 50, 100, 250, 1000)
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """The bucketed strategy's best and worst candidate cap at one batch, sequence length and world size."""
+
+    batch_size: int
+    seq_len: int
+    world_size: int
+    bucket_size_mb: float
+    step_seconds: float
+    exposed_comm_seconds: float
+    worst_bucket_size_mb: float
+    worst_step_seconds: float
+
+
 def recommend_bucket_sizes(
-    model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float
-) -> list[dict]:
-    """Per batch, sequence length and world size: the bucketed strategy's best bucket size.
-    ``model_size`` is an LM size or any module (see ``gradients_of``)."""
-    rows = []
+    model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float,
+    strategy: str = "bucketed",
+) -> list[Recommendation]:
+    """Per batch, sequence length and world size: ``strategy``'s best bucket size among
+    ``CANDIDATE_BUCKET_SIZES_MB``. ``model_size`` is an LM size or any module (see ``gradients_of``)."""
     grid = predict_grid(
-        model_size, computes, [("bucketed", mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
+        model_size, computes, [(strategy, mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
     )
     groups = defaultdict(list)
     for p in grid:
         groups[(p.batch_size, p.seq_len, p.world_size)].append(p)
+    rows = []
     for (batch_size, seq_len, world_size), options in sorted(groups.items()):
         best = min(options, key=lambda p: (p.step_seconds, -p.bucket_size_mb))
         worst = max(options, key=lambda p: p.step_seconds)
-        rows.append(
-            {
-                "batch_size": batch_size,
-                "seq_len": seq_len,
-                "world_size": world_size,
-                "bucket_size_mb": best.bucket_size_mb,
-                "step_seconds": best.step_seconds,
-                "exposed_comm_seconds": best.exposed_comm_seconds,
-                "worst_bucket_size_mb": worst.bucket_size_mb,
-                "worst_step_seconds": worst.step_seconds,
-            }
-        )
+        rows.append(Recommendation(batch_size, seq_len, world_size, best.bucket_size_mb, best.step_seconds,
+                                   best.exposed_comm_seconds, worst.bucket_size_mb, worst.step_seconds))
     return rows
+
+
+def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
+           overlap_slowdown: float) -> list[Recommendation]:
+    """The best bucketed cap per world size for a workload by name: the built-in LM by its size,
+    any other model from its parameters (built once on the CPU; no rank is involved)."""
+    subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
+    return recommend_bucket_sizes(subject, {(batch_size, seq_len): Compute(local_seconds)}, world_sizes, link, overlap_slowdown)

@@ -10,16 +10,19 @@ from dataclasses import dataclass
 from ddp.bench.records import Run, StepRecord
 from ddp.bench.config import PRECISIONS
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import BUCKETED_STRATEGIES, STRATEGIES
+from ddp.strategies.registry import STRATEGIES, traits
 
 STRATEGY_ORDER = tuple(STRATEGIES)
-# PyTorch's DDP fills its first bucket up to this, whatever bucket_cap_mb (dist._DEFAULT_FIRST_BUCKET_BYTES).
-TORCH_FIRST_BUCKET_BYTES = 2**20
+
+
+def strategy_rank(strategy: str, bucket_size_mb: float | None = None) -> tuple:
+    """Registry order, then a user's strategies by name, then by bucket cap."""
+    order = STRATEGY_ORDER.index(strategy) if strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
+    return (order, strategy, bucket_size_mb or 0.0)
 
 
 def _strategy_rank(step: StepRecord) -> tuple:
-    order = STRATEGY_ORDER.index(step.strategy) if step.strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
-    return (order, step.strategy, step.bucket_size_mb or 0.0)
+    return strategy_rank(step.strategy, step.bucket_size_mb)
 
 
 def sorted_steps(steps: list[StepRecord]) -> list[StepRecord]:
@@ -99,9 +102,9 @@ class Win:
     config: tuple[str, int, int, str]
     winner: StepRecord
     runner_up: StepRecord | None
-    torch: StepRecord | None
-    """PyTorch's DDP at its best bucket cap (None if it did not run)."""
-    naive: StepRecord | None
+    references: list[StepRecord]
+    """Each strategy the report measures a winner against (``Strategy.reference_in_reports``:
+    PyTorch's DDP, ``naive``) that ran here, at its best bucket cap."""
 
 
 def fastest(steps: list[StepRecord]) -> StepRecord | None:
@@ -123,8 +126,7 @@ def winners(steps: list[StepRecord]) -> list[Win]:
                 config=config,
                 winner=winner,
                 runner_up=fastest(others),
-                torch=fastest([s for s in here if s.strategy == "torch"]),
-                naive=fastest([s for s in here if s.strategy == "naive"]),
+                references=[s for s in sorted(best_per_strategy, key=_strategy_rank) if traits(s.strategy).reference_in_reports],
             )
         )
     return wins
@@ -158,12 +160,12 @@ class BucketPlan:
 def bucket_plans(steps: list[StepRecord]) -> list[BucketPlan]:
     plans = {}
     for s in sorted_steps(steps):
-        if s.strategy in BUCKETED_STRATEGIES and s.num_buckets is not None and s.bucket_size_mb is not None:
+        if s.num_buckets is not None and s.bucket_size_mb is not None:
             plans.setdefault(
                 (s.strategy, s.bucket_size_mb),
                 BucketPlan(s.strategy, s.bucket_size_mb, s.num_buckets, s.bytes_per_step, s.bucket_sizes_bytes),
             )
-    return [plans[key] for key in sorted(plans, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[1]))]
+    return [plans[key] for key in sorted(plans, key=lambda k: strategy_rank(*k))]
 
 
 def machine_summary(run: Run) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""``report.md``: tables and generated commentary from saved runs (``ddp.bench.records``), with
-the figures of ``ddp.analysis.figures`` and the plots of ``ddp.analysis.plots``.
+"""``report.md``: its sections and tables from saved runs (``ddp.bench.records``), with the
+figures of ``ddp.analysis.figures``, the commentary of ``ddp.analysis.commentary``, the comparison
+of ``ddp.analysis.compare`` and the plots of ``ddp.analysis.plots``.
 
 Nothing here reruns or parses printed output: every number comes from the JSON that
 ``--benchmark-json`` or ``--benchmark-save`` wrote. Time per step is the median round (one
@@ -15,15 +16,11 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from tabulate import tabulate
-
 from ddp.analysis import plots
 from ddp.analysis.compare import compare
+from ddp.analysis.compare import table as comparison_table
+from ddp.analysis.commentary import commentary_section
 from ddp.analysis.figures import (
-    BucketPlan,
-    STRATEGY_ORDER,
-    TORCH_FIRST_BUCKET_BYTES,
-    Win,
     _strategy_rank,
     bucket_plans,
     config_label,
@@ -31,34 +28,22 @@ from ddp.analysis.figures import (
     machine_differences,
     machine_summary,
     overheads_over_local,
-    resolved_apart,
-    winners,
+    strategy_rank,
 )
+from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
-from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 TABLE_FORMAT = "github"
-
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1e3:.2f}"
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / BYTES_PER_MB:.3g}"
-
-
-def _pct(fraction: float) -> str:
-    return f"{fraction:.1%}"
-
-
-def _interval_ms(interval: list[float] | None) -> str:
-    return "" if not interval else f"[{_ms(interval[0])}, {_ms(interval[1])}]"
+_ms, _mib, _pct, _interval_ms = ms, mib, pct, interval_ms
 
 
 def _table(rows: list, headers: list[str]) -> str:
-    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT, disable_numparse=True)
+    return table(rows, headers, TABLE_FORMAT)
+
+
+def section(title: str, intro: str, rows: list, headers: list[str]) -> list[str]:
+    """A report section: its title, what its table shows, the table."""
+    return [f"## {title}", "", intro, "", _table(rows, headers), ""]
 
 
 def header_section(run: Run) -> list[str]:
@@ -201,20 +186,17 @@ def overhead_section(run: Run) -> list[str]:
          {None: "unpaired", True: "yes", False: "not resolved"}[o.resolved]]
         for o in overheads
     ]
-    return [
-        "## Overhead over `local`",
-        "",
+    return section(
+        "Overhead over `local`",
         "`local` trains each rank's batch with no communication at all: the price of data parallelism is the rest. "
         "Where the run interleaved each round with one of `local`, the overhead is the median over rounds of the "
         "difference within a round, with its 95% interval; 'not resolved' means the interval includes 0.",
-        "",
-        _table(rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"]),
-        "",
-    ]
+        rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"],
+    )
 
 
 def bucket_section(run: Run) -> list[str]:
-    steps = [s for s in run.steps if s.strategy in BUCKETED_STRATEGIES and s.bucket_size_mb is not None]
+    steps = [s for s in run.steps if s.bucket_size_mb is not None]
     if not steps:
         return []
     plans = {(p.strategy, p.bucket_size_mb): p for p in bucket_plans(steps)}
@@ -222,7 +204,7 @@ def bucket_section(run: Run) -> list[str]:
     with_model = len({k[0] for k in keys}) > 1
     by = {(s.strategy, s.bucket_size_mb, s.grad_comm, s.config): s for s in steps}
     rows = []
-    lines_of = sorted({(s.strategy, s.bucket_size_mb, s.grad_comm) for s in steps}, key=lambda k: (STRATEGY_ORDER.index(k[0]), k[2], k[1]))
+    lines_of = sorted({(s.strategy, s.bucket_size_mb, s.grad_comm) for s in steps}, key=lambda k: (strategy_rank(k[0], k[1]), k[2]))
     for strategy, cap, comm in lines_of:
         plan = plans.get((strategy, cap))
         name = strategy if comm == "fp32" else f"{strategy} {comm} comm"
@@ -230,15 +212,12 @@ def bucket_section(run: Run) -> list[str]:
         row += [_ms(by[(strategy, cap, comm, k)].step_seconds) if (strategy, cap, comm, k) in by else "" for k in keys]
         rows.append(row)
     headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{config_label(k, with_model)} (ms)" for k in keys]
-    return [
-        "## By bucket size",
-        "",
+    return section(
+        "By bucket size",
         "Median step time, ms, with the number of buckets each cap produced and the count that "
         "total gradient bytes / cap would suggest (see the commentary for why they differ).",
-        "",
-        _table(rows, headers),
-        "",
-    ]
+        rows, headers,
+    )
 
 
 def allreduce_section(run: Run) -> list[str]:
@@ -246,42 +225,43 @@ def allreduce_section(run: Run) -> list[str]:
         return []
     results = sorted(run.allreduces, key=lambda a: (a.backend, a.world_size, a.size_bytes))
     rows = [
-        [a.backend, a.world_size, _mib(a.size_bytes), f"{a.seconds * 1e3:.3f}", f"{a.algbw_gbps:.3f}",
+        [a.backend, a.world_size, _mib(a.size_bytes), _ms(a.seconds, 3), f"{a.algbw_gbps:.3f}",
          f"{a.busbw_gbps:.3f}", a.wrong]
         for a in results
     ]
-    return [
-        "## All-reduce",
-        "",
+    return section(
+        "All-reduce",
         "float32 sum, time of the slowest rank (median). algbw = size / time; busbw = algbw x 2(n-1)/n "
         "(as nccl-tests), comparable with link bandwidth whatever the number of ranks. GB/s = 10^9 bytes/s.",
-        "",
-        _table(rows, ["backend", "ranks", "size (MiB)", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"]),
-        "",
-    ]
+        rows, ["backend", "ranks", "size (MiB)", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+    )
 
 
 def race_section(run: Run) -> list[str]:
     if not run.races:
         return []
-    rows = []
-    for r in run.races:
-        times = r.median_step_seconds
-        low, high = r.ratio_bucketed_over_torch_ci95
-        rows.append(
-            [r.model, f"{r.bucket_size_mb:g}", _ms(times.get("local")), _ms(times.get("bucketed")), _ms(times.get("torch")),
-             f"{r.ratio_bucketed_over_torch:.3f} [{low:.3f}, {high:.3f}]", "yes" if high < 1 or low > 1 else "not resolved"]
-        )
-    return [
-        "## Bucketed against PyTorch's DDP (alternating rounds)",
+    lines = [
+        "## Races (alternating rounds)",
         "",
-        "Both wrap the same model on the same ranks, one step of each per round in rotating order, so "
-        "drift in the machine falls on both alike. bucketed / torch (median of the per-round ratios, 95% interval) "
-        "below 1 means bucketed is faster.",
-        "",
-        _table(rows, ["model", "bucket cap (MB)", "local (ms)", "bucketed (ms)", "torch (ms)", "bucketed / torch", "resolved"]),
+        "The contenders wrap the same model on the same ranks, one step of each per round in rotating order, so "
+        "drift in the machine falls on all alike. Each contender's step / the reference's (median of the per-round "
+        "ratios, 95% interval) below 1 means it is faster.",
         "",
     ]
+    for r in run.races:
+        rows = [
+            [name, _ms(r.median_step_seconds[name]), _interval_ms(r.median_step_seconds_ci95[name]),
+             "reference" if name == r.reference else (
+                 f"{r.ratio_over_reference[name]:.3f} {ratio_interval(r.ratio_over_reference_ci95[name])}"
+                 if name in r.ratio_over_reference else ""),
+             "" if name not in r.ratio_over_reference else (
+                 "yes" if r.ratio_over_reference_ci95[name][1] < 1 or r.ratio_over_reference_ci95[name][0] > 1 else "not resolved")]
+            for name in r.contenders
+        ]
+        cap = "" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MB"
+        lines += [f"Model {r.model}{cap}, {r.world_size} ranks:", "",
+                  _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference} [95%]", "resolved"]), ""]
+    return lines
 
 
 def others_section(run: Run) -> list[str]:
@@ -296,145 +276,6 @@ def others_section(run: Run) -> list[str]:
         _table(rows, ["benchmark", "group", "median (ms)"]),
         "",
     ]
-
-
-def _times(faster: StepRecord, slower: StepRecord) -> str:
-    if not resolved_apart(faster, slower):
-        return f"not resolved against {slower.label} ({_ms(slower.step_seconds)} ms: the 95% intervals overlap)"
-    return (
-        f"{slower.step_seconds / faster.step_seconds:.2f}x faster than {slower.label} "
-        f"({_ms(slower.step_seconds)} ms, {_ms(slower.step_seconds - faster.step_seconds)} ms less per step)"
-    )
-
-
-def winner_sentence(win: Win, with_model: bool) -> str:
-    w = win.winner
-    text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {_ms(w.step_seconds)} ms"
-    margins = []
-    if win.torch is not None and win.torch.strategy != w.strategy:
-        margins.append(_times(w, win.torch))
-    elif win.runner_up is not None:
-        margins.append(_times(w, win.runner_up))
-    if win.naive is not None and win.naive.strategy != w.strategy:
-        margins.append(_times(w, win.naive))
-    return text + (": " + "; ".join(margins) if margins else "") + "."
-
-
-def plan_sentence(plan: BucketPlan) -> str:
-    text = (
-        f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MB: **{plan.num_buckets} bucket(s)** for "
-        f"{_mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
-    )
-    if plan.bucket_sizes_bytes is not None:
-        sizes = [float(_mib(size)) for size in plan.bucket_sizes_bytes]
-        listed = ", ".join(f"{s:g}" for s in sizes[:12]) + (f", ... ({len(sizes) - 12} more)" if len(sizes) > 12 else "")
-        text += f"; sizes in launch order, MiB: {listed}"
-        if plan.oversized_buckets and plan.strategy == "torch":
-            text += (
-                f"; {plan.oversized_buckets} bucket(s) exceed the cap (PyTorch closes a bucket once it has "
-                "reached the cap, not before the tensor that would overflow it)"
-            )
-        elif plan.oversized_buckets:
-            text += f"; {plan.oversized_buckets} bucket(s) hold a single tensor larger than the cap"
-    torch_first = plan.strategy == "torch" and plan.bucket_size_mb * BYTES_PER_MB < TORCH_FIRST_BUCKET_BYTES
-    if plan.num_buckets < plan.total_over_cap:
-        if torch_first and plan.total_bytes <= TORCH_FIRST_BUCKET_BYTES:
-            text += (
-                ". Fewer than total / cap: every gradient fits in PyTorch's first bucket, which DDP fills up "
-                "to 1 MiB whatever bucket_cap_mb says"
-            )
-        else:
-            text += ". Fewer than total / cap: some buckets hold more than the cap"
-            if plan.strategy != "torch":
-                text += ", a tensor larger than the cap in a bucket of its own"
-            if torch_first:
-                text += " (and PyTorch's first bucket, filled up to 1 MiB whatever bucket_cap_mb says)"
-    elif plan.num_buckets > plan.total_over_cap:
-        text += ". More than total / cap: a bucket is closed as soon as the next tensor would overflow it, so buckets are rarely full"
-    return text + "."
-
-
-def faster_than_local(steps: list[StepRecord]) -> list[StepRecord]:
-    """Data-parallel steps faster than ``local`` at their configuration: communication cannot make a
-    step faster, so each one is noise (or a machine busy with something else) larger than the difference."""
-    return [o.step for o in overheads_over_local(steps) if o.extra_seconds < 0]
-
-
-def median_spread(steps: list[StepRecord]) -> float | None:
-    """The median over benchmarks of the half-width of the median's 95% interval, relative to the median."""
-    spreads = sorted(
-        (s.step_seconds_ci95[1] - s.step_seconds_ci95[0]) / 2 / s.step_seconds
-        for s in steps if s.step_seconds_ci95 and s.step_seconds > 0
-    )
-    return spreads[len(spreads) // 2] if spreads else None
-
-
-def noise_sentence(steps: list[StepRecord]) -> str | None:
-    spread = median_spread(steps)
-    suspicious = faster_than_local(steps)
-    if not suspicious and (spread is None or spread < 0.03):
-        return None
-    parts = []
-    if spread is not None:
-        parts.append(f"the 95% intervals of the medians are +-{_pct(spread)} wide (median over benchmarks)")
-    if suspicious:
-        compared = len(overheads_over_local(steps))
-        parts.append(
-            f"{len(suspicious)} of {compared} data-parallel steps ran faster than `local`, which does no communication"
-        )
-    return (
-        "**Noise warning**: " + "; ".join(parts) + ". Differences of that order are not resolved by this run: "
-        "use more --rounds, larger steps (--batch-sizes, --seq-lens) or a machine nobody else is using."
-    )
-
-
-def commentary_section(run: Run) -> list[str]:
-    steps = run.steps
-    lines = ["## Commentary (generated from the numbers above)", ""]
-    noise = noise_sentence(steps)
-    if noise:
-        lines += [noise, ""]
-    wins = winners(steps)
-    with_model = len({w.config[0] for w in wins}) > 1
-    if wins:
-        counts = defaultdict(int)
-        for win in wins:
-            counts[win.winner.strategy] += 1
-        tally = ", ".join(f"{name} at {n} of {len(wins)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-        lines += [f"Fastest data-parallel strategy per configuration: {tally}.", ""]
-        lines += [f"- {winner_sentence(win, with_model)}" for win in wins]
-        lines.append("")
-    exposed = [s for s in steps if s.strategy != "local"]
-    if exposed:
-        worst = max(exposed, key=lambda s: s.comm_wait_seconds)
-        share = max(exposed, key=lambda s: s.comm_fraction)
-        text = (
-            f"Largest exposed communication: {worst.label} at {config_label(worst.config, with_model)} waits "
-            f"{_ms(worst.comm_wait_seconds)} ms per step for its gradients ({_pct(worst.comm_fraction)} of the step)"
-        )
-        if share is not worst:
-            text += (
-                f"; the largest share is {share.label} at "
-                f"{config_label(share.config, with_model)}: {_pct(share.comm_fraction)} ({_ms(share.comm_wait_seconds)} ms)"
-            )
-        local = [s.comm_wait_seconds for s in steps if s.strategy == "local"]
-        if local:
-            text += f". `local`, with nothing to wait for, measures up to {_ms(max(local))} ms: the floor of this figure"
-        lines += [text + ".", ""]
-    plans = bucket_plans(steps)
-    if plans:
-        lines += [
-            "Bucket plans. Buckets are filled in backward order and closed when the next tensor would "
-            "overflow the cap, and a tensor larger than the cap gets a bucket of its own, so the count is "
-            "not total / cap: it is at most the number of gradient tensors (when every tensor is at least "
-            "the cap, bucketing launches one all-reduce per tensor, like overlap) and can be far below total / cap.",
-            "",
-        ]
-        lines += [plan_sentence(plan) for plan in plans]
-        if all(plan.bucket_sizes_bytes is None for plan in plans):
-            lines.append("- (Per-bucket sizes are not in this run: its extra_info has no bucket_sizes_bytes.)")
-        lines.append("")
-    return lines
 
 
 # The threshold a report's comparison judges against, as `ddp compare`'s default.
@@ -463,17 +304,12 @@ def comparison_section(old: Run, new: Run) -> list[str]:
     verdicts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows if r.ratio_ci95)}
     if verdicts:
         summary += " Against a threshold of " + f"{COMPARISON_THRESHOLD:.0%}: " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + "."
-    body = [
-        [r.name, _ms(r.old_seconds) or "absent", _ms(r.new_seconds) or "absent", "" if r.ratio is None else f"{r.ratio:.3f}",
-         "" if r.ratio_ci95 is None else f"[{r.ratio_ci95[0]:.3f}, {r.ratio_ci95[1]:.3f}]", r.verdict, r.basis]
-        for r in rows
-    ]
     lines += [
         "Matched by benchmark name, as `ddp compare` does: new / old below 1 means the new run is faster, with a "
         "95% interval over both runs' rounds, taken on each round's step / local where both runs interleaved them "
         "(basis). " + summary,
         "",
-        _table(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"]),
+        comparison_table(rows, TABLE_FORMAT),
         "",
     ]
     return lines

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ddp.bench.trainer import PHASES  # the step's phases, named where the step is defined
+from ddp.bench.records import PHASES  # the step's phases, named once
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000
@@ -271,11 +271,11 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line
+# Timelines
 
 
 def timeline_record(strategy: str, summary: dict, rank_records: list[dict]) -> dict:
-    """What ``ddp.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
+    """What ``ddp.analysis.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
     origin = min(r["steps"][0]["forward"][0] for r in rank_records)
 
     def shift(step: dict) -> dict:

@@ -2,8 +2,8 @@
 (``ddp.bench.records``), every median with its 95% interval as an error bar.
 
 - ``report_step_vs_bucket_seq{N}.png``: step time against bucket cap, one figure per sequence
-  length, one line per batch size and bucketing strategy (bucketed solid, torch dashed), with
-  ``local`` as the floor (the seeds' figures, from saved data);
+  length, one line per batch size and bucketing strategy (in the strategy's own ``line_style``:
+  bucketed solid, torch dashed), with ``local`` as the floor (the seeds' figures, from saved data);
 - ``report_compute_vs_comm.png``: per configuration, each strategy's step split into compute and
   exposed communication (``comm_wait_seconds``), stacked;
 - ``report_allreduce.png``: all-reduce time and bus bandwidth against size, one line per backend
@@ -26,12 +26,11 @@ from matplotlib import ticker  # noqa: E402
 
 from ddp.analysis.costmodel import Prediction  # noqa: E402
 from ddp.analysis.figures import config_label, configs, sorted_steps  # noqa: E402
-from ddp.bench.records import Run  # noqa: E402
+from ddp.bench.records import Run, strategy_label  # noqa: E402
 from ddp.strategies.bucketed import BYTES_PER_MB  # noqa: E402
-from ddp.strategies.registry import BUCKETED_STRATEGIES  # noqa: E402
+from ddp.strategies.registry import traits  # noqa: E402
 
 DPI = 100  # keeps each PNG well under 200 KB
-_LINE_STYLES = {"bucketed": "-", "torch": "--"}
 
 
 def _yerr_ms(steps) -> list[list[float]] | None:
@@ -53,7 +52,7 @@ def _save(figure, path: Path) -> Path:
 
 def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
     steps = [s for s in run.steps if s.seq_len == seq_len]
-    bucketed = [s for s in steps if s.strategy in BUCKETED_STRATEGIES and s.bucket_size_mb is not None]
+    bucketed = [s for s in steps if s.bucket_size_mb is not None]
     if not bucketed:
         return None
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
@@ -63,7 +62,7 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
     colors = {group: f"C{i}" for i, group in enumerate(groups)}
     for batch, numerics in groups:
         suffix = f", {numerics}" if several else ""
-        for strategy in BUCKETED_STRATEGIES:
+        for strategy in dict.fromkeys(s.strategy for s in sorted_steps(bucketed)):
             for comm in sorted({s.grad_comm for s in bucketed}):
                 line = sorted(
                     (s for s in bucketed if (s.batch_size, s.numerics, s.strategy, s.grad_comm) == (batch, numerics, strategy, comm)),
@@ -75,15 +74,15 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
                         [s.step_seconds * 1e3 for s in line],
                         yerr=_yerr_ms(line),
                         capsize=3,
-                        linestyle=_LINE_STYLES[strategy],
+                        linestyle=traits(strategy).line_style,
                         marker="o" if comm == "fp32" else "x",
                         color=colors[(batch, numerics)],
-                        label=f"{line[0].label.split(' ')[0]}{'' if comm == 'fp32' else f' {comm} comm'}, batch {batch}{suffix}",
+                        label=f"{strategy}{'' if comm == 'fp32' else f' {comm} comm'}, batch {batch}{suffix}",
                     )
         local = [s for s in steps if s.batch_size == batch and s.numerics == numerics and s.strategy == "local"]
         if local:
-            axes.axhline(local[0].step_seconds * 1e3, color=colors[(batch, numerics)], linestyle=":", linewidth=1,
-                         label=f"local, batch {batch}{suffix}")
+            axes.axhline(local[0].step_seconds * 1e3, color=colors[(batch, numerics)], linestyle=traits("local").line_style,
+                         linewidth=1, label=f"local, batch {batch}{suffix}")
     axes.set_xscale("log")
     caps = sorted({s.bucket_size_mb for s in bucketed})
     axes.set_xticks(caps, [f"{cap:g}" for cap in caps])
@@ -170,7 +169,7 @@ def plot_scaling(predictions: list[Prediction], path: Path, title: str) -> None:
         lines = defaultdict(list)
         for p in predictions:
             if (p.batch_size, p.seq_len) == (batch_size, seq_len):
-                lines[p.strategy if p.bucket_size_mb is None else f"{p.strategy} {p.bucket_size_mb:g} MB"].append((p.world_size, p.step_seconds * 1e3))
+                lines[strategy_label(p.strategy, p.bucket_size_mb)].append((p.world_size, p.step_seconds * 1e3))
         for label, points in sorted(lines.items()):
             points.sort()
             axis.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)

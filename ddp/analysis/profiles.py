@@ -1,5 +1,6 @@
-"""The parent side of ``ddp profile``: from the ranks' step records and traces to ``summary.json``,
-per-strategy timelines (JSON and PNG) and the combined timeline."""
+"""The parent side of ``ddp profile``: from the ranks' step records and the traces they saved
+(``ddp.bench.profiling.profile_on`` runs the ranks) to ``summary.json``, per-strategy timelines
+(JSON and PNG) and the combined timeline. Reads files and records only: no rank runs here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, cuda_steps_from_trace, strategy_summary, timeline_record
-from ddp.bench.profiling import ProfileConfig, file_stem, profile_rank
+from ddp.bench.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
 
 
 def read_traces(rank_records: list[dict]) -> list[dict]:
@@ -28,8 +29,8 @@ def read_traces(rank_records: list[dict]) -> list[dict]:
     return records
 
 
-def write_profile(config: ProfileConfig, rank_records: list[dict], out_dir: Path) -> tuple[dict, dict]:
-    """Figures and timeline of one strategy; returns (its summary entry, its timeline record)."""
+def write_profile(config, rank_records: list[dict], out_dir: Path) -> tuple[ProfileRecord, dict]:
+    """Figures and timeline of one strategy; returns (its ``ProfileRecord``, its timeline record)."""
     records = read_traces(rank_records)
     entry = strategy_summary(records)
     strategy = config.step.strategy
@@ -38,26 +39,23 @@ def write_profile(config: ProfileConfig, rank_records: list[dict], out_dir: Path
     timeline_json = out_dir / f"timeline_{stem}.json"
     timeline_json.write_text(json.dumps(record, indent=1))
     timeline_png = timeline.plot_timeline(record, out_dir / f"timeline_{stem}.png")
-    entry = {**entry, "config": asdict(config), "timeline_json": str(timeline_json), "timeline_png": str(timeline_png)}
-    return entry, record
+    profile = ProfileRecord(strategy=strategy, **entry, config=asdict(config), timeline_json=str(timeline_json),
+                            timeline_png=str(timeline_png))
+    return profile, record
 
 
-def profile_strategies(ranks, configs: list[ProfileConfig], out_dir: Path) -> dict:
-    """Profile each configuration on ``ranks`` (a ``RankGroup``); write summary.json and the
-    timelines into ``out_dir``; return the summary."""
-    summary: dict = {"world_size": ranks.world_size, "backend": ranks.backend, "device": ranks.device, "strategies": {}}
-    timelines = []
-    for config in configs:
-        entry, record = write_profile(config, ranks.run(profile_rank, config), out_dir)
-        summary["strategies"][config.step.strategy] = entry
+def write_profiles(world_size: int, backend: str, device: str, configs: list, rank_records: list[list[dict]],
+                   out_dir: Path) -> ProfileSummary:
+    """From each configuration's (a ``ddp.bench.profiling.ProfileConfig``) per-rank records
+    (``profile_on``), write summary.json and the timelines into ``out_dir``; return the summary."""
+    profiles, timelines = {}, []
+    for config, records in zip(configs, rank_records, strict=True):
+        profile, record = write_profile(config, records, out_dir)
+        profiles[profile.strategy] = profile
         timelines.append(record)
-    return write_summary(summary, timelines, out_dir)
-
-
-def write_summary(summary: dict, timelines: list[dict], out_dir: Path) -> dict:
+    combined = None
     if len(timelines) > 1:
-        combined = out_dir / "timeline_combined.png"
-        timeline.plot_timelines(timelines, combined)
-        summary["timeline_combined_png"] = str(combined)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        combined = timeline.plot_timelines(timelines, out_dir / "timeline_combined.png")
+    summary = ProfileSummary(world_size, backend, device, profiles, None if combined is None else str(combined))
+    write_profile_summary(out_dir / "summary.json", summary)
     return summary

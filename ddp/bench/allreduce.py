@@ -24,12 +24,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import statistics
+
 import torch
 import torch.distributed as dist
 
-import statistics
-
-from ddp.bench.measure import RoundPolicy, timed_rounds
+from ddp.bench.measure import timed_rounds
+from ddp.bench.options import RoundOptions
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
 from ddp.bench.rank_state import RankBench, release
@@ -81,9 +82,13 @@ def _timed_all_reduce(rank: Rank, size_bytes: int) -> AllReduceTiming:
     if cuda:
         torch.cuda.synchronize(info.device)
     seconds = time.perf_counter() - start
-    expected = info.world_size * (info.world_size + 1) / 2  # exact in float32 for any sane world size
-    wrong = int((tensor != expected).sum().item())
-    return AllReduceTiming(info.rank, seconds, wrong)
+    return AllReduceTiming(info.rank, seconds, wrong_elements(tensor, info.world_size))
+
+
+def wrong_elements(tensor: torch.Tensor, world_size: int) -> int:
+    """Elements of a buffer that every rank filled with ``rank + 1`` and then all-reduced (SUM) that
+    do not hold 1 + 2 + ... + world_size (exact in float32 for any sane world size)."""
+    return int((tensor != world_size * (world_size + 1) / 2).sum().item())
 
 
 @on_rank
@@ -96,7 +101,7 @@ def timed_all_reduces(rank: Rank, sizes_bytes: list[int], round_index: int = 0) 
     return [timings[index] for index in range(len(sizes_bytes))]
 
 
-def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundPolicy) -> list[AllReduceRecord]:
+def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions) -> list[AllReduceRecord]:
     """Time all-reduces of every size on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``) through
     the one timing loop, every size in every round, so that each size's rounds are spread over the
     whole measurement rather than a few seconds of its own; raises if any element held a wrong sum."""

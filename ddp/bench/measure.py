@@ -24,31 +24,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.stats import relative_half_width
 from ddp.launcher import Rank, call_on_rank
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
 from ddp.bench.trainer import StepSetup, StepTiming
-
-
-@dataclass(frozen=True)
-class RoundPolicy:
-    """How many rounds a measurement runs (the fields of ``GridOptions`` of the same names)."""
-
-    min_rounds: int
-    max_rounds: int
-    warmup_rounds: int
-    target_precision: float
-    budget_seconds: float
-
-    @classmethod
-    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundPolicy:
-        """Exactly ``rounds`` timed rounds."""
-        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
-
-    @classmethod
-    def of(cls, grid) -> RoundPolicy:
-        return cls(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision, grid.round_budget_seconds())
 
 
 @dataclass
@@ -91,7 +72,7 @@ class MeasuredOutOfMemory:
     marker: OutOfMemory
 
 
-def timed_rounds(run_round: Callable[[int], list], policy: RoundPolicy, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
+def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
@@ -131,7 +112,7 @@ def _worst_precision(rounds: list[list]) -> float:
     )
 
 
-def measure(ranks, configs: Sequence[StepConfig], policy: RoundPolicy, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n). The
     configurations stay built on the ranks afterwards (``release`` frees them)."""
@@ -188,8 +169,6 @@ class InProcessRanks:
         return results
 
 
-INTERLEAVE = ("group", "local", "off")
-
 
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
@@ -205,7 +184,7 @@ class GridMeasurer:
     configuration too large does not take the others with it.
     """
 
-    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundPolicy, interleave: str) -> None:
+    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str) -> None:
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks

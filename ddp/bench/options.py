@@ -1,12 +1,16 @@
-"""One options layer: what a launch and a benchmark grid are, declared once, with their units, their
-defaults per backend, their parsing and their validation.
+"""One options layer: what a launch, a configuration, a measurement's rounds and a benchmark grid
+are, declared once, with their units, their defaults, their parsing and their validation.
 
-``LaunchOptions`` (backend, world size, device, timeout) and ``GridOptions`` (what is benchmarked
-and for how long) are the definitions. ``add_launch_options`` and ``add_grid_options`` bind them to
-an ``argparse`` parser or to pytest's (both take ``add(flag, **kwargs)``), so ``pytest perf_tests``,
-``python -m ddp run`` and the other commands share flags, help texts and parsers. Every check runs in
-the parent process, before any rank starts: a bad value is an ``OptionError`` whose one-line message
-says what to do, which pytest turns into a usage error and the command line into exit status 2.
+``LaunchOptions`` (backend, world size, device, timeout), ``RoundOptions`` (how many rounds a
+measurement runs), ``GridOptions`` (what is benchmarked and for how long) are the definitions, and
+every flag is an ``Option`` declared once below (``LAUNCH_OPTIONS``, ``CONFIG_OPTIONS``,
+``ROUND_OPTIONS``, ``GRID_OPTIONS``): its flag, the field it fills, its parser and its help.
+``bind`` adds options to an ``argparse`` parser or to pytest's (both take ``add(flag, **kwargs)``)
+with the defaults a command gives, so ``pytest perf_tests`` and every ``python -m ddp`` command
+share flags, help texts, parsers and meanings; only defaults differ per command (``--rounds`` is
+the fewest timed rounds everywhere). Every check runs in the parent process, before any rank
+starts: a bad value is an ``OptionError`` whose one-line message says what to do, which pytest
+turns into a usage error and the command line into exit status 2.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.measure import INTERLEAVE
 from ddp.bench.stats import parse_percent
 from ddp.bench.config import GRAD_COMMS, OPTIMIZERS, PRECISIONS
 from ddp.bench.workloads import check_workload, max_seq_len
@@ -28,6 +31,8 @@ from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size, takes_comm_dtype
 
 DEVICES = ("cpu", "cuda")
+# How a grid's configurations share rounds (``ddp.bench.measure.GridMeasurer``).
+INTERLEAVE = ("group", "local", "off")
 
 
 # Bounds of a benchmark's share of the session's round budget: at least enough for the minimum
@@ -95,19 +100,6 @@ def strategy_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def choices_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
-    """A parser of a comma-separated subset of ``choices``, e.g. ``--precision fp32,bf16``."""
-
-    def parse(text: str) -> tuple[str, ...]:
-        values = parse_list(text, str, f"{flag} values")
-        unknown = [value for value in values if value not in choices]
-        if unknown or len(set(values)) != len(values):
-            raise OptionError(f"{flag} takes one or more of {', '.join(choices)}, each once, comma-separated; got {text!r}")
-        return values
-
-    return parse
-
-
 def workload_name(text: str) -> str:
     try:
         return check_workload(text.strip())
@@ -140,6 +132,62 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     return positive_floats(text, "a positive number")[0]
+
+
+# ------------------------------------------------------------------------------------ definitions
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option, declared once and bound by pytest and every command."""
+
+    flag: str
+    dest: str
+    """The field it fills (of ``GridOptions``, ``RoundOptions``, ``LaunchOptions``, or the command's own)."""
+    parse: Callable[[str], object] | None
+    """Text to value, raising ``OptionError``; None with ``choices``."""
+    help: str
+    """What it means, the same for every command (the default is added per command)."""
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+
+    def bind(self, add: Callable, default: object = None, default_text: str | None = None, also: tuple[str, ...] = (),
+             **extra) -> None:
+        """Add this option to a parser (``add`` is ``parser.add_argument`` or pytest's ``addoption``);
+        ``also``: other spellings a command accepts, ``extra``: argparse keywords such as ``required``."""
+        shown = default_text if default_text is not None else _show(default)
+        if self.choices:
+            kwargs = {"choices": self.choices}
+        else:
+            parse = argument_type(self.parse, self.dest)
+            parse.option = self  # which definition a bound flag came from (tests read it)
+            kwargs = {"type": parse, "metavar": self.flag.lstrip("-").upper().replace("-", "_")}
+        help_text = f"{self.help} (default: {shown})" if not extra.get("required") else f"{self.help} (required)"
+        add(self.flag, *self.aliases, *also, dest=self.dest, default=default, help=help_text, **kwargs, **extra)
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "not given"
+    if isinstance(value, tuple):
+        return ",".join(_show(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def bind(add: Callable, options: tuple[Option, ...], defaults: dict[str, object] | object, skip: tuple[str, ...] = ()) -> None:
+    """Bind ``options`` with ``defaults`` (by ``dest``: a dict, or a dataclass such as ``RoundOptions``)."""
+    for option in options:
+        if option.flag in skip:
+            continue
+        default = defaults.get(option.dest) if isinstance(defaults, dict) else getattr(defaults, option.dest, None)
+        option.bind(add, default)
+
+
+def option(flag: str) -> Option:
+    """The definition of ``flag`` (tests read them)."""
+    return next(o for o in ALL_OPTIONS if o.flag == flag)
 
 
 # ------------------------------------------------------------------------------------ launch
@@ -190,18 +238,23 @@ class ResolvedLaunch:
         return f"{self.world_size} rank(s), {self.backend} on {self.device} ({self.why})"
 
 
-def add_launch_options(add: Callable, world_size: bool = True) -> None:
-    """Bind ``LaunchOptions`` to a parser: ``add`` is ``parser.add_argument`` or pytest's ``group.addoption``."""
-    add("--backend", default=LaunchOptions.backend, choices=BACKENDS,
-        help="process-group backend; auto = nccl with one GPU per rank, else gloo (default: auto)")
-    if world_size:
-        add("--world-size", type=argument_type(positive_int, "world_size"), default=LaunchOptions.world_size,
-            help=f"number of ranks (default: {LaunchOptions.world_size})")
-    add("--device", default=None, choices=DEVICES,
-        help="where tensors live; default: cuda for nccl, cpu for gloo (gloo also runs over cuda)")
-    add("--rank-timeout", type=argument_type(positive_float, "seconds"), default=LaunchOptions.timeout_seconds,
-        help="seconds one call on the ranks may take before it fails with every rank's stack "
-        f"(default: {LaunchOptions.timeout_seconds:g})")
+LAUNCH_OPTIONS = (
+    Option("--backend", "backend", None, "process-group backend; auto = nccl with one GPU per rank, else gloo", choices=BACKENDS),
+    Option("--world-size", "world_size", positive_int, "number of ranks"),
+    Option("--device", "device", None, "where tensors live; cuda for nccl, cpu for gloo when not given (gloo also runs over cuda)",
+           choices=DEVICES),
+    Option("--rank-timeout", "timeout_seconds", positive_float,
+           "seconds one call on the ranks may take before it fails with every rank's stack"),
+)
+
+
+def add_launch_options(add: Callable, world_size: bool = True, only: tuple[str, ...] | None = None) -> None:
+    """Bind ``LaunchOptions`` to a parser: ``add`` is ``parser.add_argument`` or pytest's ``group.addoption``;
+    ``only`` names the flags a command takes (``ddp run`` under torchrun: ``--backend``)."""
+    skip = () if world_size else ("--world-size",)
+    if only is not None:
+        skip = tuple(o.flag for o in LAUNCH_OPTIONS if o.flag not in only)
+    bind(add, LAUNCH_OPTIONS, LaunchOptions(), skip)
 
 
 def launch_options(get: Callable[[str], object], world_size: int | None = None) -> LaunchOptions:
@@ -211,51 +264,135 @@ def launch_options(get: Callable[[str], object], world_size: int | None = None) 
         backend=get("backend"),
         world_size=world_size if world_size is not None else get("world_size"),
         device=get("device"),
-        timeout_seconds=get("rank_timeout"),
+        timeout_seconds=get("timeout_seconds"),
     )
 
 
 # ------------------------------------------------------------------------------------ one configuration
 
 
-def add_config_options(add: Callable, *, model: str, batch_size: int, seq_len: int, bucket_size_mb: float | None = 25.0) -> None:
-    """Bind the options of commands that train one configuration (profile, versus, buckets):
-    ``--model``, ``--batch-size``, ``--seq-len`` and, where given a default, ``--bucket-size-mb``."""
-    add("--model", "--model-size", dest="model", default=model, type=argument_type(workload_name, "model"),
-        help=f"an LM size, a named model (mlp, wide-mlp, conv) or package.module:build (default: {model})")
-    add("--batch-size", type=argument_type(positive_int, "batch_size"), default=batch_size,
-        help=f"samples per rank per step (default: {batch_size})")
-    add("--seq-len", type=argument_type(positive_int, "seq_len"), default=seq_len,
-        help=f"tokens per sequence, where the model has them (default: {seq_len})")
-    if bucket_size_mb is not None:
-        add("--bucket-size-mb", type=argument_type(positive_float, "bucket_size_mb"), default=bucket_size_mb,
-            help=f"bucket cap in MiB for the strategies that take one (default: {bucket_size_mb:g})")
-    for flag, dest, choices, help_text in _NUMERICS_FLAGS:
-        add(flag, dest=dest, default=choices[0], choices=choices, help=f"{help_text} (default: {choices[0]})")
-
-
-# The step's numerics, the same flags in the grid (comma-separated lists) and in the commands that
-# train one configuration (one value): flag, StepConfig field, choices (the default first), help.
-_NUMERICS_FLAGS = (
-    ("--precision", "precision", PRECISIONS,
-     "fp32: fp32 matmuls; tf32: TF32 matmuls (on CPU the same as fp32); bf16: autocast to bf16 around forward "
-     "and loss with fp32 weights, gradients and optimizer (see docs/perf-suite.md)"),
-    ("--optimizer", "optimizer", OPTIMIZERS, "AdamW's implementation: foreach or fused"),
-    ("--grad-comm", "grad_comm", GRAD_COMMS,
-     "dtype gradients are all-reduced in, by the strategies that take comm_dtype (bucketed, torch); bf16 is "
-     "accumulated back into fp32 gradients"),
+CONFIG_OPTIONS = (
+    Option("--model", "model", workload_name,
+           "model to train: a size of ddp.model.MODEL_SIZES, a named model (mlp, wide-mlp, conv, ...), or your own "
+           "as package.module:build"),
+    Option("--model-size", "model", model_size_name, "a size of the built-in Transformer LM (the same as --model SIZE)"),
+    Option("--batch-size", "batch_size", positive_int, "samples (sequences) per rank per step"),
+    Option("--seq-len", "seq_len", positive_int, "tokens per sequence, where the model has them"),
+    Option("--bucket-size-mb", "bucket_size_mb", positive_float, "bucket cap in MiB for the strategies that take bucket_size_mb"),
+    Option("--strategies", "strategies", strategy_names, "strategies, comma-separated: registered names or package.module:ClassName"),
 )
 
 
+def add_config_options(add: Callable, *, model: str | None, batch_size: int | None, seq_len: int | None,
+                       bucket_size_mb: float | None = 25.0, strategies: tuple[str, ...] | None = None) -> None:
+    """Bind the options of commands that train one configuration (profile, versus, buckets):
+    ``--model``, ``--batch-size``, ``--seq-len``, the step's numerics (``NUMERICS_OPTIONS``, one
+    value each), and ``--bucket-size-mb`` and ``--strategies`` where given a default."""
+    skip = tuple(flag for flag, default in (("--bucket-size-mb", bucket_size_mb), ("--strategies", strategies)) if default is None)
+    bind(add, CONFIG_OPTIONS, {"model": model, "batch_size": batch_size, "seq_len": seq_len,
+                               "bucket_size_mb": bucket_size_mb, "strategies": strategies}, skip)
+    bind(add, NUMERICS_OPTIONS, NUMERICS_DEFAULTS)
+
+
+def choices_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated subset of ``choices``, e.g. ``--precision fp32,bf16``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = parse_list(text, str, f"{flag} values")
+        unknown = [value for value in values if value not in choices]
+        if unknown or len(set(values)) != len(values):
+            raise OptionError(f"{flag} takes one or more of {', '.join(choices)}, each once, comma-separated; got {text!r}")
+        return values
+
+    return parse
+
+
+# The step's numerics (``ddp.bench.config.StepConfig``; what each value means: ``ddp.bench.trainer``).
+# One definition each, list-valued: the grid runs every value given, a command that trains one
+# configuration takes one (``step_numerics``).
+NUMERICS_OPTIONS = (
+    Option("--precision", "precisions", choices_of("--precision", PRECISIONS),
+           "what the step computes in: fp32 (fp32 matmuls), tf32 (TF32 matmuls; on CPU the same as fp32), bf16 "
+           "(autocast around forward and loss, fp32 weights, gradients and AdamW); see docs/perf-suite.md"),
+    Option("--optimizer", "optimizers", choices_of("--optimizer", OPTIMIZERS), "AdamW's implementation: foreach or fused"),
+    Option("--grad-comm", "grad_comms", choices_of("--grad-comm", GRAD_COMMS),
+           "the dtype gradients are all-reduced in by the strategies that take comm_dtype (bucketed, torch): fp32, or "
+           "bf16 accumulated back into fp32 gradients"),
+)
+NUMERICS_DEFAULTS = {"precisions": (PRECISIONS[0],), "optimizers": (OPTIMIZERS[0],), "grad_comms": (GRAD_COMMS[0],)}
+
+
 def step_numerics(get: Callable[[str], object]) -> dict:
-    """The numerics of one configuration from a command's parsed options, as ``StepConfig`` keywords;
-    ``grad_comm`` for the strategies that take it is applied by ``numerics_for``."""
-    return {dest: get(dest) for _, dest, _, _ in _NUMERICS_FLAGS}
+    """The numerics of the one configuration a command trains, as ``StepConfig`` keywords
+    (``numerics_for`` keeps ``grad_comm`` to the strategies that take it)."""
+    numerics = {}
+    for o in NUMERICS_OPTIONS:
+        values = get(o.dest)
+        if len(values) != 1:
+            raise OptionError(f"{o.flag} {','.join(values)}: this command trains one configuration; give one value")
+        numerics[o.dest[:-1]] = values[0]  # precisions -> precision
+    return numerics
 
 
 def numerics_for(strategy: str, numerics: dict) -> dict:
     """``numerics`` with a reduced-precision ``grad_comm`` kept only for a strategy that takes ``comm_dtype``."""
     return numerics if takes_comm_dtype(strategy) else {**numerics, "grad_comm": "fp32"}
+
+
+# ------------------------------------------------------------------------------------ rounds
+
+
+@dataclass(frozen=True)
+class RoundOptions:
+    """How many rounds a measurement runs (``ddp.bench.measure``): at least ``min_rounds``, then
+    more until the median is precise enough or the budget is spent, at most ``max_rounds``."""
+
+    min_rounds: int
+    """Timed rounds every measurement gets at least (``--rounds``)."""
+    max_rounds: int
+    """Timed rounds no measurement gets more of."""
+    warmup_rounds: int
+    """Untimed rounds before the timed ones (a fresh build gets its own warm-up steps too)."""
+    target_precision: float
+    """Stop adding rounds once the 95% interval of the median is within +- this fraction of it
+    (0.02 means +-2%; 1.0 stops at ``min_rounds``)."""
+    budget_seconds: float
+    """Stop adding rounds once they took this long, precise or not (inf: no budget)."""
+
+    def __post_init__(self) -> None:
+        if self.min_rounds > self.max_rounds:
+            raise OptionError(f"--rounds {self.min_rounds} exceeds --max-rounds {self.max_rounds}: raise --max-rounds")
+
+    @classmethod
+    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundOptions:
+        """Exactly ``rounds`` timed rounds."""
+        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
+
+
+ROUND_OPTIONS = (
+    Option("--rounds", "min_rounds", positive_int, "timed rounds every benchmark gets at least"),
+    Option("--max-rounds", "max_rounds", positive_int, "timed rounds no benchmark gets more of"),
+    Option("--warmup-rounds", "warmup_rounds", non_negative_int, "untimed rounds before the timed ones"),
+    Option("--target-precision", "target_precision", lambda t: _fraction(t, "--target-precision"),
+           "add rounds until the 95%% interval of the median is within +- this of it, e.g. 2%%"),
+    Option("--round-budget", "budget_seconds", positive_float,
+           "seconds of rounds after which a benchmark stops adding rounds, precise or not"),
+)
+
+
+def add_round_options(add: Callable, defaults: RoundOptions) -> None:
+    """Bind ``RoundOptions`` with a command's defaults."""
+    bind(add, ROUND_OPTIONS, defaults)
+
+
+def round_options(get: Callable[[str], object], defaults: RoundOptions) -> RoundOptions:
+    """``RoundOptions`` from parsed values (None: not given, the default); ``--rounds`` above the
+    default ``--max-rounds`` raises it rather than failing."""
+    given = {o.dest: get(o.dest) for o in ROUND_OPTIONS}
+    given = {dest: value for dest, value in given.items() if value is not None}
+    if "min_rounds" in given and "max_rounds" not in given:
+        given["max_rounds"] = max(defaults.max_rounds, given["min_rounds"])
+    return dataclasses.replace(defaults, **given)
 
 
 def check_seq_len(model: str, seq_len: int) -> None:
@@ -317,8 +454,7 @@ class GridOptions:
     gradients as they are, once)."""
 
     def __post_init__(self) -> None:
-        if self.min_rounds > self.max_rounds:
-            raise OptionError(f"--rounds {self.min_rounds} exceeds --max-rounds {self.max_rounds}: raise --max-rounds")
+        self.round_options()  # refuses --rounds above --max-rounds
         limit = max_seq_len(self.model)
         if limit is not None and max(self.seq_lens) > limit:
             raise OptionError(
@@ -344,6 +480,10 @@ class GridOptions:
             return self.budget_seconds
         share = self.session_budget_seconds / max(1, self.num_step_benchmarks)
         return min(MAX_BENCHMARK_BUDGET_SECONDS, max(MIN_BENCHMARK_BUDGET_SECONDS, share))
+
+    def round_options(self) -> RoundOptions:
+        """The rounds of each of the grid's measurements."""
+        return RoundOptions(self.min_rounds, self.max_rounds, self.warmup_rounds, self.target_precision, self.round_budget_seconds())
 
 
 def gpu_world_sizes(gpus: int) -> tuple[int, ...]:
@@ -374,36 +514,33 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
     )
 
 
-# flag, GridOptions field, parser, help (the default is added per backend)
-_GRID_FLAGS: tuple[tuple[str, str, Callable, str], ...] = (
-    ("--model", "model", workload_name,
-     "model to benchmark: a size of ddp.model.MODEL_SIZES, a named model (mlp, conv, ...), or your own "
-     "as package.module:build"),
-    ("--model-size", "model", model_size_name, "a size of the built-in Transformer LM (same as --model SIZE)"),
-    ("--strategies", "strategies", strategy_names, "strategies, comma-separated, names or package.module:ClassName"),
-    ("--batch-sizes", "batch_sizes", lambda t: positive_ints(t, "batch sizes"), "samples per rank per step"),
-    ("--seq-lens", "seq_lens", lambda t: positive_ints(t, "sequence lengths"), "tokens per sequence"),
-    ("--bucket-sizes", "bucket_sizes_mb", lambda t: positive_floats(t, "bucket sizes in MiB"),
-     "bucket caps in MiB for the strategies that take bucket_size_mb"),
-    ("--rounds", "min_rounds", positive_int, "timed rounds every benchmark gets at least"),
-    ("--max-rounds", "max_rounds", positive_int, "timed rounds no benchmark gets more of"),
-    ("--warmup-rounds", "warmup_rounds", non_negative_int, "untimed rounds before the timed ones"),
-    ("--target-precision", "target_precision", lambda t: _fraction(t, "--target-precision"),
-     "add rounds until the 95%% interval of the median is within +- this of it, e.g. 2%%"),
-    ("--round-budget", "budget_seconds", positive_float,
-     "seconds of rounds after which a benchmark stops adding rounds (default: the session budget shared among benchmarks)"),
-    ("--session-budget", "session_budget_seconds", positive_float,
-     "seconds of timed rounds the whole grid may take, shared among its step benchmarks"),
-    ("--interleave", "interleave", lambda t: _choice(t, "--interleave", INTERLEAVE),
-     "group: all strategies of a batch and seq len in the same rounds, local included (paired comparisons); "
-     "local: each with a local twin; off: each alone (least memory)"),
-    ("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"),
-     "float32 all-reduce sizes in MiB"),
-    ("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
-     "ranks for the all-reduce benchmark"),
-    *((flag, f"{field}s", choices_of(flag, choices), f"{help_text}; comma-separated, e.g. {','.join(choices)}")
-      for flag, field, choices, help_text in _NUMERICS_FLAGS),
+def _list_of(config_flag: str, flag: str, dest: str, parse: Callable, what: str) -> Option:
+    """The list form of a configuration option (``--batch-sizes`` of ``--batch-size``): its meaning, a list."""
+    single = next(o for o in CONFIG_OPTIONS if o.flag == config_flag)
+    return Option(flag, dest, parse, f"{single.help}; a comma-separated list of {what}")
+
+
+# The grid's own options, and the definitions it shares with the other commands.
+GRID_OPTIONS = (
+    CONFIG_OPTIONS[0],  # --model
+    CONFIG_OPTIONS[1],  # --model-size
+    CONFIG_OPTIONS[5],  # --strategies
+    _list_of("--batch-size", "--batch-sizes", "batch_sizes", lambda t: positive_ints(t, "batch sizes"), "them"),
+    _list_of("--seq-len", "--seq-lens", "seq_lens", lambda t: positive_ints(t, "sequence lengths"), "them"),
+    _list_of("--bucket-size-mb", "--bucket-sizes", "bucket_sizes_mb", lambda t: positive_floats(t, "bucket sizes in MiB"), "them"),
+    *ROUND_OPTIONS,
+    Option("--session-budget", "session_budget_seconds", positive_float,
+           "seconds of timed rounds the whole grid may take, shared among its step benchmarks when --round-budget is not given"),
+    Option("--interleave", "interleave", lambda t: _choice(t, "--interleave", INTERLEAVE),
+           "group: all strategies of a batch and seq len in the same rounds, local included (paired comparisons); "
+           "local: each with a local twin; off: each alone (least memory)"),
+    Option("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"), "float32 all-reduce sizes in MiB"),
+    Option("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
+           "ranks for the all-reduce benchmark"),
+    *NUMERICS_OPTIONS,
 )
+
+ALL_OPTIONS = tuple(dict.fromkeys((*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *ROUND_OPTIONS, *GRID_OPTIONS)))
 
 
 def _fraction(text: str, flag: str) -> float:
@@ -426,18 +563,16 @@ def _choice(text: str, flag: str, choices: tuple[str, ...]) -> str:
 
 def add_grid_options(add: Callable, skip: tuple[str, ...] = ()) -> None:
     """Bind ``GridOptions`` to a parser (defaults are resolved per backend by ``grid_options``)."""
-    for flag, field, parse, help_text in _GRID_FLAGS:
-        if flag in skip:
-            continue
-        add(flag, dest=field, default=None, type=argument_type(parse, field),
-            help=f"{help_text} (default: per backend, see docs/perf-suite.md)")
+    for grid_option in GRID_OPTIONS:
+        if grid_option.flag not in skip:
+            grid_option.bind(add, None, "per backend, see docs/perf-suite.md")
 
 
 def grid_options(get: Callable[[str], object], backend: str, device: str, skip: tuple[str, ...] = ()) -> GridOptions:
     """The defaults of ``backend``/``device`` with every option given on the command line applied."""
     defaults = grid_defaults(backend, device)
-    given = {field: get(field) for flag, field, _, _ in _GRID_FLAGS if flag not in skip}
-    given = {field: value for field, value in given.items() if value is not None}
+    given = {o.dest: get(o.dest) for o in GRID_OPTIONS if o.flag not in skip}
+    given = {dest: value for dest, value in given.items() if value is not None}
     if "min_rounds" in given and "max_rounds" not in given:
         given["max_rounds"] = max(defaults.max_rounds, given["min_rounds"])
     return dataclasses.replace(defaults, **given)

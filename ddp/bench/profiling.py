@@ -9,8 +9,8 @@ the work's future on its own thread, which stamps the completion); for ``torch``
 launches the all-reduce through it too, so PyTorch's reducer is measured the same way.
 ``backward_compute_end`` is the trainer's end of backward's computation (``BackwardComputeEnd``).
 
-Each rank writes its Chrome/Perfetto trace and returns its step records; the parent turns them into
-figures (``ddp.analysis.overlap``).
+Each rank writes its Chrome/Perfetto trace and returns its step records (``profile_on`` runs them);
+the parent turns them into figures (``ddp.analysis.profiles``, ``ddp.analysis.overlap``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
+from ddp.bench.records import file_stem
 from ddp.bench.trainer import StepObserver, Trainer
 from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
@@ -68,23 +69,25 @@ class PhaseRecorder(StepObserver):
                 torch.cuda.nvtx.range_pop()
 
 
-def _recorded_allreduce_hook(process_group, bucket):
+def _recorded_allreduce_hook(model, bucket):
     """PyTorch's default DDP hook (sum, then divide by world size), launched through
-    ``ddp.strategies.tracing`` so that each bucket's launch and completion are recorded.
+    ``ddp.strategies.tracing`` with the model's ``collective_recorder``, so that each bucket's
+    launch and completion are recorded like any strategy's collectives.
 
     Unannotated on purpose: DDP accepts only the real classes as annotations, and this module's
     ``from __future__ import annotations`` would turn them into strings.
     """
-    world_size = dist.get_world_size(process_group)
-    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, process_group, f"bucket{bucket.index()}")
+    world_size = dist.get_world_size(model.process_group)
+    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, model.process_group, f"bucket{bucket.index()}",
+                                     model.collective_recorder)
     return work.get_future().then(lambda future: future.value()[0].div_(world_size))
 
 
 def _trace_torch_reducer(model) -> None:
     # DDP takes one comm hook: with comm_dtype the strategy's is PyTorch's compress hook, kept
     # (NCCL kernels in the trace then say when it communicated; ``ddp profile`` refuses it on gloo).
-    if isinstance(model, TorchDDP) and model.comm_dtype is None:  # must precede the first forward
-        model.ddp.register_comm_hook(model.process_group, _recorded_allreduce_hook)
+    if isinstance(model, TorchDDP) and model.comm_dtype is None:  # must precede the first forward; the hook's state is the model itself
+        model.ddp.register_comm_hook(model, _recorded_allreduce_hook)
 
 
 def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
@@ -96,11 +99,6 @@ def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
                 f"within {COMPLETION_STAMP_TIMEOUT_SECONDS:.0f} s after the step"
             )
         time.sleep(0.001)
-
-
-def file_stem(strategy: str) -> str:
-    """A strategy's name as a file name: ``pkg.mod:Class`` -> ``pkg.mod-Class``."""
-    return strategy.replace(":", "-").replace("/", "-")
 
 
 @on_rank
@@ -124,9 +122,13 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
         with torch.profiler.profile(activities=activities) as profiler:
             for _ in range(config.steps):
                 recorder = PhaseRecorder(on_cuda)
-                with tracing.recording() as collectives:
+                collectives = tracing.CollectiveRecorder()
+                trainer.model.collective_recorder = collectives
+                try:
                     trainer.step(recorder)
                     _wait_for_completion_stamps(collectives)
+                finally:
+                    trainer.model.collective_recorder = None
                 step = recorder.step
                 step["backward_compute_end"] = trainer.backward_compute_end.seconds
                 step["collectives"] = [asdict(span) for span in collectives.spans]
@@ -137,3 +139,9 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     finally:
         trainer.close()
     return {"rank": info.rank, "device": str(info.device), "trace_file": str(trace_file), "steps": steps}
+
+
+def profile_on(ranks, configs: list[ProfileConfig]) -> list[list[dict]]:
+    """Profile each configuration on ``ranks`` (a ``RankGroup``): per configuration, each rank's
+    record (its steps and the trace file it wrote). ``ddp.analysis.profiles`` reads them."""
+    return [ranks.run(profile_rank, config) for config in configs]

@@ -1,52 +1,83 @@
-"""``bucketed`` against PyTorch's DistributedDataParallel, side by side on one rank group.
+"""Strategies raced side by side on one rank group: by default ``bucketed`` against PyTorch's
+DistributedDataParallel, any list of contenders alike.
 
-Both strategies, and ``local`` (the floor with no communication), wrap the same workload built from
-the same seed, with the same bucket size, and train the same shards with the same step
-(``ddp.bench.trainer``). Every round runs one step of each in an order that rotates from round to
-round (``ddp.bench.measure``), so that drift in the machine falls on all of them alike; the ratio
-bucketed / torch and each DDP's overhead over ``local`` are paired over rounds, with intervals.
+Every contender, and ``local`` (the floor with no communication), wraps the same workload built
+from the same seed, with the same bucket size where it takes one, and trains the same shards with
+the same step (``ddp.bench.trainer``). Every round runs one step of each in an order that rotates
+from round to round (``ddp.bench.measure``), so that drift in the machine falls on all of them
+alike; each contender's ratio over the reference (the last contender given: PyTorch's DDP by
+default) and each one's overhead over ``local`` are paired over rounds, with intervals.
 
-After the race, bucketed and torch must hold the same weights: the correctness check inside the
-performance run, since a fast DDP that trains differently is no result. ``same_weights`` says where
-they differ; the callers (``ddp versus``, perf_tests) assert it.
+After the race, every contender must hold the reference's weights: the correctness check inside
+the performance run, since a fast DDP that trains differently is no result. ``weights_differ``
+says where they differ; the callers (``ddp versus``, perf_tests) assert it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, measure
+from ddp.bench.measure import MeasuredOutOfMemory, measure
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import RaceRecord, race_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason, parameters_of
+from ddp.strategies.registry import takes_bucket_size, traits
 
-CONTENDERS = ("local", "bucketed", "torch")
+DEFAULT_CONTENDERS = ("bucketed", "torch")
 
 
 @dataclass(frozen=True)
 class RaceResult:
     record: RaceRecord
     weights_differ: str | None
-    """None when bucketed and torch ended with the same weights; else where they differ."""
+    """None when every contender ended with the reference's weights; else which did not, and where."""
 
 
-def race_configs(model: str, batch_size: int, seq_len: int, bucket_size_mb: float, **numerics) -> list[StepConfig]:
-    """``numerics``: ``StepConfig``'s precision, optimizer and grad_comm (local communicates nothing)."""
-    local = StepConfig("local", model, batch_size, seq_len, **{**numerics, "grad_comm": "fp32"})
-    return [local] + [StepConfig(name, model, batch_size, seq_len, bucket_size_mb, **numerics) for name in CONTENDERS[1:]]
+def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
+    """The contenders as raced: ``ValueError`` unless at least one of them communicates (the
+    reference is the last one that does)."""
+    named = tuple(c for c in contenders if c != "local")
+    if not any(traits(c).communicates for c in named):
+        raise ValueError(f"a race needs a strategy that communicates among its contenders, got {', '.join(contenders) or 'none'}")
+    return named
 
 
-def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundPolicy, **numerics) -> RaceResult:
+def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float,
+                 **numerics) -> list[StepConfig]:
+    """``local`` first, then the contenders in the order given; ``numerics``: ``StepConfig``'s
+    precision, optimizer and grad_comm (bf16 communication for the contenders that take it)."""
+    return [
+        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None,
+                   **numerics_for(name, numerics))
+        for name in ("local", *check_contenders(contenders))
+    ]
+
+
+def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundOptions,
+         contenders: Sequence[str] = DEFAULT_CONTENDERS, **numerics) -> RaceResult:
     """Race the contenders on ``ranks``; raises ``MemoryError`` (with the skip reason) if a rank ran out."""
-    configs = race_configs(model, batch_size, seq_len, bucket_size_mb, **numerics)
+    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb, **numerics)
+    # Every contender warms up as long as the slowest to settle, so that all have trained the same
+    # steps when their weights are compared.
+    settled = max(traits(c.strategy).steps_to_settle for c in configs)
+    policy = dataclasses.replace(policy, warmup_rounds=max(policy.warmup_rounds, settled))
     measurement = measure(ranks, configs, policy)
     if isinstance(measurement, MeasuredOutOfMemory):
         raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))
-    bucketed = ranks.run(parameters_of, configs[1])[0]
-    reference = ranks.run(parameters_of, configs[2])[0]
-    return RaceResult(race_record(measurement, ranks.backend), weights_difference(bucketed, reference))
+    reference = [c.strategy for c in configs if traits(c.strategy).communicates][-1]
+    record = race_record(measurement, ranks.backend, reference)
+    weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in configs if traits(c.strategy).communicates}
+    reference = weights[record.reference]
+    for name, actual in weights.items():
+        where = weights_difference(actual, reference) if name != record.reference else None
+        if where is not None:
+            return RaceResult(record, f"{name} against {record.reference}: {where}")
+    return RaceResult(record, None)
 
 
 def weights_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> str | None:

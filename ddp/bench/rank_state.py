@@ -91,15 +91,17 @@ class RankBench:
         try:
             kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
             self.release(info)  # whatever is not asked for any more, before building (memory)
-            self.trainers = kept
+            self.trainers = dict(kept)  # a copy: ``kept`` must still tell the fresh builds apart below
             for config in configs:
                 if config not in self.trainers:
                     self.trainers[config] = Trainer(config, info)
             for config in configs:
                 fresh_steps = steps_to_settle(config.strategy)
                 steps = max(fresh_steps, warmup_steps) if config not in kept else warmup_steps
-                for _ in range(steps):
-                    self.trainers[config].step()
+                trainer = self.trainers[config]
+                for index in range(steps):
+                    counting = index == steps - 1 and config not in kept and not trainer.states_its_collectives
+                    trainer.count_collectives() if counting else trainer.step()
             return [self.trainers[config].setup() for config in configs]
         except Exception as error:
             if not is_out_of_memory(error):

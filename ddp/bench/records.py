@@ -8,16 +8,24 @@ are the schema: their fields are the keys, documented once, with units. Every co
 simulate, compare, versus) reads runs through ``load_run``, which fails with one ``RunFileError``
 naming the file and saying what to do.
 
+The same module owns the other files ddp-bench saves, each a typed record with ``kind`` and
+``schema_version``: the cost model's predictions and validation rows (``ddp simulate --json``,
+``--validation-json``: JSON lists of ``PredictionRecord`` / ``ValidationRecord``) and a profile's
+figures per strategy (``ddp profile``'s ``summary.json``: ``ProfileSummary``).
+
 Per-round data is saved in the record itself (``round_seconds``), because pytest-benchmark saves
 ``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
 
 Schema history: 2 added ``kind``, ``model`` (was ``model_size``), the rounds and the 95%
-intervals; version 1 records (the first release) are read with those fields missing. 3 added the
-step's numerics (``precision``, ``optimizer``, ``grad_comm``) and ``model_flops_per_token``,
-``achieved_tflops``, ``mfu``: older step records were all fp32 with foreach AdamW and fp32
-communication and PyTorch's default AdamW: ``foreach`` on GPUs, and on CPU, where torch's
-default is its per-tensor loop, ``for-loop``; they are read so, the run saying so in ``Run.notes``,
-and their FLOPs figures are computed on reading, by the same formula.
+intervals; version 1 records (the first release) are read with those fields missing. 3 lets a
+race hold any contenders: ``RaceRecord``'s ``ratio_bucketed_over_torch`` became
+``ratio_over_reference`` per contender, with ``contenders`` and ``reference``; version 2 races are
+read as bucketed against the reference torch.
+4 added the step's numerics (``precision``, ``optimizer``, ``grad_comm``, on races too) and
+``model_flops_per_token``, ``achieved_tflops``, ``mfu``: older records were all fp32 with fp32
+communication and PyTorch's default AdamW (``foreach`` on GPUs; on CPU, where torch's default is
+its per-tensor loop, ``for-loop``); they are read so, the run saying so in ``Run.notes``, and their
+FLOPs figures are computed on reading, by the same formula.
 """
 
 from __future__ import annotations
@@ -36,11 +44,23 @@ from pytest_benchmark.utils import get_commit_info
 from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The test file and function whose results step and all-reduce rows stand for: comparisons
 # match benchmarks on their names, the same for a pytest run and a torchrun run.
 STEP_TEST = "perf_tests/test_step.py::test_step"
+# The phases of the one step (``ddp.bench.trainer``), as profiles record and readers name them.
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 ALLREDUCE_TEST = "perf_tests/test_allreduce.py::test_allreduce"
+
+
+def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
+    """``bucketed 25 MB`` or ``naive``: a strategy as every table, plot and report names it."""
+    return strategy if bucket_size_mb is None else f"{strategy} {bucket_size_mb:g} MB"
+
+
+def file_stem(strategy: str) -> str:
+    """A strategy's name as a file name (profiles' traces and timelines): ``pkg.mod:Class`` -> ``pkg.mod-Class``."""
+    return strategy.replace(":", "-").replace("/", "-")
 
 
 class RunFileError(Exception):
@@ -106,7 +126,7 @@ class StepRecord:
     """What the step computed in: ``fp32``, ``tf32`` or ``bf16`` (``ddp.bench.trainer``)."""
     optimizer: str = "foreach"
     """AdamW's implementation: ``foreach`` or ``fused`` (``for-loop``: a CPU run saved before
-    schema 3, which used torch's default, its per-tensor loop on CPU)."""
+    schema 4, which used torch's default, its per-tensor loop on CPU)."""
     grad_comm: str = "fp32"
     """The dtype gradients were all-reduced in (``bf16``: accumulated back into fp32)."""
     model_flops_per_token: float | None = None
@@ -123,7 +143,7 @@ class StepRecord:
     @property
     def label(self) -> str:
         """``bucketed 25 MB``, ``bucketed 25 MB bf16 comm`` or ``naive``: the strategy as report columns name it."""
-        label = self.strategy if self.bucket_size_mb is None else f"{self.strategy} {self.bucket_size_mb:g} MB"
+        label = strategy_label(self.strategy, self.bucket_size_mb)
         return label if self.grad_comm == "fp32" else f"{label} {self.grad_comm} comm"
 
     @property
@@ -163,22 +183,28 @@ class AllReduceRecord:
 
 @dataclass(frozen=True)
 class RaceRecord:
-    """Strategies raced on one rank group, a step of each per round (``ddp versus``)."""
+    """Strategies raced on one rank group, a step of each per round (``ddp versus``, ``ddp.bench.race``)."""
 
     model: str
     parameters: int
-    bucket_size_mb: float
+    bucket_size_mb: float | None
+    """The cap of the contenders that take one."""
     world_size: int
     backend: str
+    contenders: list[str]
+    """``local`` first, then the contenders in the order raced."""
+    reference: str
+    """The contender every other is divided by (the last one that communicates: PyTorch's DDP by default)."""
     round_seconds: dict[str, list[float]]
     """Per strategy, each round's step time (slowest rank)."""
     median_step_seconds: dict[str, float]
     median_step_seconds_ci95: dict[str, list[float]]
-    ratio_bucketed_over_torch: float
-    """Median over rounds of bucketed / torch in the same round: below 1, bucketed is faster."""
-    ratio_bucketed_over_torch_ci95: list[float]
+    ratio_over_reference: dict[str, float]
+    """Per contender other than local and the reference, median over rounds of its step / the
+    reference's in the same round: below 1, it is faster."""
+    ratio_over_reference_ci95: dict[str, list[float]]
     overhead_over_local_seconds: dict[str, float]
-    """Per DDP, median over rounds of its step minus local's in the same round."""
+    """Per contender other than local, median over rounds of its step minus local's in the same round."""
     overhead_over_local_seconds_ci95: dict[str, list[float]]
     precision: str = "fp32"
     """What the steps computed in (``StepRecord.precision``)."""
@@ -189,8 +215,13 @@ class RaceRecord:
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def primary(self) -> str:
+        """The first contender after local: the benchmark's rounds are its rounds."""
+        return self.contenders[1]
+
+    @property
     def local_round_seconds(self) -> list[float]:
-        """``local``'s rounds, interleaved with bucketed's (the benchmark's rounds are bucketed's)."""
+        """``local``'s rounds, interleaved with the primary's."""
         return self.round_seconds["local"]
 
 
@@ -259,6 +290,29 @@ def benchmark_entry(name: str, fullname: str, group: str, param: str, params: di
     }
 
 
+def step_entry(config, record: StepRecord) -> dict:
+    """A step benchmark under perf_tests/test_step.py's names (``config`` is its ``StepConfig``), for
+    runs written outside pytest: comparisons match it with a pytest run's."""
+    return benchmark_entry(
+        f"test_step[{config.test_id}]", f"{STEP_TEST}[{config.test_id}]", config.group_name, config.test_id,
+        {"step_config": f"UNSERIALIZABLE[{config!r}]"}, record, record.round_seconds,
+    )
+
+
+def allreduce_group_name(backend: str, world_size: int) -> str:
+    """The benchmark group of the all-reduces of one backend and world size."""
+    return f"all_reduce: {backend}, {world_size} ranks"
+
+
+def allreduce_entry(record: AllReduceRecord, size_mb: float) -> dict:
+    """An all-reduce benchmark under perf_tests/test_allreduce.py's names."""
+    param = f"n{record.world_size}-{size_mb:g}mb"
+    return benchmark_entry(
+        f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", allreduce_group_name(record.backend, record.world_size), param,
+        {"allreduce_world_size": record.world_size, "allreduce_size_mb": size_mb}, record, record.round_seconds,
+    )
+
+
 def run_document(machine_info: dict, benchmarks: list[dict]) -> dict:
     """A whole saved run in pytest-benchmark's format, as ``--benchmark-json`` writes it."""
     return {
@@ -285,8 +339,6 @@ class Benchmark:
     name: str
     group: str | None
     median_seconds: float
-    min_seconds: float
-    iqr_seconds: float | None
     round_seconds: list[float] | None
     """The rounds, from the record or pytest-benchmark's ``stats.data``; None if neither was saved."""
     record: StepRecord | AllReduceRecord | RaceRecord | None
@@ -303,7 +355,7 @@ class Run:
     datetime: str | None
     benchmarks: list[Benchmark] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    """What reading assumed about the file, e.g. the precision of records older than schema 3."""
+    """What reading assumed about the file, e.g. the precision of records older than schema 4."""
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -367,17 +419,26 @@ def _kind(info: dict) -> str | None:
 
 
 def _upgrade(kind: str, info: dict, bench: dict) -> dict:
-    """An older record with the fields of the current schema it lacks: schema 2's filled from the
-    stats, schema 3's numerics the only ones the suite had (fp32, torch's default AdamW, fp32
-    communication) and its FLOPs figures computed."""
+    """An older record with the fields of the current schema it lacks: schema 1's filled from the
+    stats, schema 2's race read as bucketed against the reference torch, schema 4's numerics the
+    only ones the suite had (fp32, torch's default AdamW, fp32 communication) and its FLOPs figures
+    computed."""
     info = dict(info)
     stats = bench["stats"]
     data = stats.get("data")
-    if kind == "step" and info.get("schema_version", 1) < 3:
+    if kind == "race" and info.get("schema_version", 1) == 2 and "ratio_bucketed_over_torch" in info:
+        info.setdefault("contenders", list(info.get("round_seconds", {})))
+        info.setdefault("reference", "torch")
+        info.setdefault("ratio_over_reference", {"bucketed": info.pop("ratio_bucketed_over_torch")})
+        info.setdefault("ratio_over_reference_ci95", {"bucketed": info.pop("ratio_bucketed_over_torch_ci95", None)})
+    if kind in ("step", "race") and info.get("schema_version", 1) < 4:
         info.setdefault("precision", "fp32")
         # AdamW(lr) without foreach=: torch's foreach kernels on CUDA, its per-tensor loop on CPU
-        info.setdefault("optimizer", "for-loop" if info.get("device", "cpu") == "cpu" else "foreach")
+        # (a race records no device: gloo is read as CPU, nccl as GPUs)
+        on_cpu = info.get("device", "cpu") == "cpu" if kind == "step" else info.get("backend") != "nccl"
+        info.setdefault("optimizer", "for-loop" if on_cpu else "foreach")
         info.setdefault("grad_comm", "fp32")
+    if kind == "step" and info.get("schema_version", 1) < 4:
         model, seq_len, step = info.get("model") or info.get("model_size"), info.get("seq_len"), info.get("step_seconds")
         if model is not None and seq_len is not None and step is not None:
             flops_per_token = workload_flops_per_token(model, seq_len)
@@ -444,22 +505,20 @@ def run_from_data(path: Path, data: dict) -> Run:
             )
         kind = _kind(bench.get("extra_info") or {})
         record = _record(path, bench, kind) if kind is not None else None
-        if kind == "step" and bench["extra_info"].get("schema_version", 1) < 3 and not run.notes:
+        if kind == "step" and bench["extra_info"].get("schema_version", 1) < 4 and not run.notes:
             run.notes.append(
-                f"{path.name}: steps saved before schema 3 do not record their numerics; read as fp32 with fp32 "
+                f"{path.name}: steps saved before schema 4 do not record their numerics; read as fp32 with fp32 "
                 "gradient communication and torch's default AdamW (foreach on GPUs, its per-tensor for-loop on CPU), "
                 "the only numerics the suite had then"
             )
         rounds = getattr(record, "round_seconds", None)
-        if isinstance(rounds, dict):  # a race: its benchmark's rounds are bucketed's
-            rounds = rounds.get("bucketed")
+        if isinstance(rounds, dict):  # a race: its benchmark's rounds are its primary contender's
+            rounds = rounds.get(record.primary)
         if not isinstance(rounds, list):
             rounds = stats.get("data")
         run.benchmarks.append(
             Benchmark(
                 name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
-                min_seconds=float(stats.get("min", stats["median"])),
-                iqr_seconds=None if stats.get("iqr") is None else float(stats["iqr"]),
                 round_seconds=rounds, record=record,
             )
         )
@@ -468,20 +527,140 @@ def run_from_data(path: Path, data: dict) -> Run:
     return run
 
 
-def race_record(measurement, backend: str) -> RaceRecord:
-    """The record of a race (``ddp.bench.race``): ``local``, ``bucketed`` and ``torch`` in the same rounds."""
+def race_record(measurement, backend: str, reference: str) -> RaceRecord:
+    """The record of a race (``ddp.bench.race``): ``local`` (configuration 0) and the contenders in the
+    same rounds, each divided by ``reference``'s."""
     names = [config.strategy for config in measurement.configs]
     rounds = {name: measurement.round_seconds(index) for index, name in enumerate(names)}
-    ratio, *ratio_ci = paired_ratio_ci(rounds["bucketed"], rounds["torch"])
-    overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in ("bucketed", "torch")}
-    first = measurement.configs[names.index("bucketed")]
+    ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
+    overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in names[1:]}
+    caps = [config.bucket_size_mb for config in measurement.configs if config.bucket_size_mb is not None]
     return RaceRecord(
-        model=first.model, parameters=measurement.setups[0][0].num_parameters, bucket_size_mb=first.bucket_size_mb,
-        world_size=len(measurement.setups[0]), backend=backend, round_seconds=rounds,
+        model=measurement.configs[0].model, parameters=measurement.setups[0][0].num_parameters,
+        bucket_size_mb=caps[0] if caps else None, world_size=len(measurement.setups[0]), backend=backend,
+        contenders=names, reference=reference, round_seconds=rounds,
         median_step_seconds={name: statistics.median(r) for name, r in rounds.items()},
         median_step_seconds_ci95={name: list(median_ci(r)) for name, r in rounds.items()},
-        ratio_bucketed_over_torch=ratio, ratio_bucketed_over_torch_ci95=ratio_ci,
+        ratio_over_reference={name: value[0] for name, value in ratios.items()},
+        ratio_over_reference_ci95={name: list(value[1:]) for name, value in ratios.items()},
         overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
         overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
         precision=first.precision, optimizer=first.optimizer, grad_comm=first.grad_comm,
     )
+
+
+# ------------------------------------------------------------------------------------ predictions and profiles
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    """One training step predicted by the cost model (``ddp.analysis.costmodel``, ``ddp simulate --json``)."""
+
+    strategy: str
+    bucket_size_mb: float | None
+    batch_size: int
+    seq_len: int
+    world_size: int
+    step_seconds: float
+    exposed_comm_seconds: float
+    """What communication adds after backward ends."""
+    comm_seconds: float | None = None
+    """All-reduce time of the step on the channel, hidden or not (None in files of schema 2 and before)."""
+    num_allreduces: int | None = None
+    kind: str = "prediction"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        return strategy_label(self.strategy, self.bucket_size_mb)
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """A measured step beside the cost model's prediction at the run's world size (``ddp simulate``)."""
+
+    strategy: str
+    bucket_size_mb: float | None
+    batch_size: int
+    seq_len: int
+    measured_step_seconds: float
+    predicted_step_seconds: float
+    error: float
+    """predicted / measured - 1."""
+    measured_comm_wait_seconds: float
+    predicted_exposed_comm_seconds: float
+    kind: str = "validation"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        return strategy_label(self.strategy, self.bucket_size_mb)
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One strategy profiled by ``ddp profile`` (``ddp.analysis.overlap.strategy_summary``): the
+    slowest rank's figures, each per step, and every rank's."""
+
+    strategy: str
+    step_seconds: float
+    comm_seconds: float
+    """Length of the union of the collectives' intervals."""
+    overlap_fraction: float | None
+    """Share of ``comm_seconds`` inside backward's compute; None when nothing was communicated."""
+    exposed_comm_seconds: float
+    overlapped_comm_seconds: float
+    comm_source: str
+    """Where the communication intervals came from (``ddp.analysis.overlap.COMM_FROM_*``)."""
+    slowest_rank: int
+    ranks: list[dict]
+    """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""
+    config: dict
+    """The ``ProfileConfig`` profiled."""
+    timeline_json: str
+    timeline_png: str
+    kind: str = "profile"
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """``summary.json`` of ``ddp profile``."""
+
+    world_size: int
+    backend: str
+    device: str
+    strategies: dict[str, ProfileRecord]
+    timeline_combined_png: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+def write_records(path: Path, records) -> None:
+    """A JSON list of records (predictions, validation rows)."""
+    path.write_text(json.dumps([dataclasses.asdict(record) for record in records], indent=2))
+
+
+def load_records(path: str | Path, cls):
+    """A JSON list of ``cls`` records written by ``write_records``; files of schema 2 and before
+    (plain dicts, no ``kind``) load with the fields they lack at their defaults."""
+    path = Path(path)
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return [cls(**{**{k: v for k, v in row.items() if k in names}, "schema_version": SCHEMA_VERSION}) for row in rows]
+    except (TypeError, AttributeError) as error:
+        raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
+
+
+def write_profile_summary(path: Path, summary: ProfileSummary) -> None:
+    path.write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+
+
+def load_profile_summary(path: str | Path) -> ProfileSummary:
+    """``summary.json`` as ``ddp profile`` wrote it."""
+    data = json.loads(Path(path).read_text())
+    strategies = {name: ProfileRecord(**{"strategy": name, **entry}) for name, entry in data.pop("strategies").items()}
+    return ProfileSummary(strategies=strategies, **data)

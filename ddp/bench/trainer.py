@@ -76,7 +76,6 @@ from ddp.strategies.base import trainable_parameters
 from ddp.strategies.registry import make_ddp
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
-PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 # What each of ``ddp.bench.config.PRECISIONS`` sets: torch's float32 matmul precision, cudnn's TF32
 # switch, the autocast dtype (see the module docstring).
 _NUMERICS = {
@@ -145,7 +144,7 @@ class StepTiming:
 
 
 class StepObserver:
-    """What a tool attaches to the step: ``phase(name)`` wraps each of ``PHASES``. The default does nothing."""
+    """What a tool attaches to the step: ``phase(name)`` wraps each of ``ddp.bench.records.PHASES``. The default does nothing."""
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -229,12 +228,13 @@ class Trainer:
         comm_bytes = {"bf16": torch.bfloat16.itemsize}.get(config.grad_comm)  # None: each gradient's own size
         self.gradient_bytes = sum(p.numel() * (comm_bytes or p.element_size()) for p in params)
         self.backward_compute_end = BackwardComputeEnd(self.cuda)
+        self.counted_collectives: int | None = None  # see count_collectives
 
     def setup(self) -> StepSetup:
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
         calls = getattr(self.model, "num_allreduce_calls_per_step", None)
         if calls is None:
-            calls = self.count_collectives()
+            calls = self.counted_collectives if self.counted_collectives is not None else self.count_collectives()
         communicates = calls is None or calls > 0
         return StepSetup(
             rank=self.rank,
@@ -245,14 +245,23 @@ class Trainer:
             bytes_per_step=self.gradient_bytes if communicates else 0,
         )
 
+    @property
+    def states_its_collectives(self) -> bool:
+        return getattr(self.model, "num_allreduce_calls_per_step", None) is not None
+
     def count_collectives(self) -> int | None:
         """Collectives one step launches, counted from the profiler's record of c10d's operators
-        during one untimed step: for a user's class that does not say."""
+        during one untimed step (``RankBench.prepare`` makes it the last warm-up step, so that
+        counting adds no step: raced contenders must have trained alike): for a user's class that
+        does not say."""
         activities = [torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=activities) as profiler:
             self.step()
         names = [event.name for event in profiler.events()]
-        return sum(1 for name in names if name.startswith("c10d::") and "barrier" not in name and "_coalesced" not in name)
+        self.counted_collectives = sum(
+            1 for name in names if name.startswith("c10d::") and "barrier" not in name and "_coalesced" not in name
+        )
+        return self.counted_collectives
 
     def step(self, observer: StepObserver = NO_OBSERVER) -> StepTiming:
         """One step in this configuration's precision; setting and restoring it is outside the clock."""

@@ -46,17 +46,31 @@ def fail(prog: str, message: str):
     raise SystemExit(2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parser_for(command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``ddp-bench``, with ``command``'s arguments added (only that command's module
+    is imported)."""
     parser = _Parser(prog="ddp-bench", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
-        if argv and argv[0] == name:  # only the chosen command's module is imported
+        if name == command:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
             sub.set_defaults(run_command=module.main, prog=sub.prog)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """One command's parser on its own, its options bound as ``main`` binds them."""
+    module_name, summary = COMMANDS[command]
+    parser = _Parser(prog=f"ddp-bench {command}", description=summary)
+    importlib.import_module(module_name).add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser_for(argv[0] if argv else None).parse_args(argv)
     try:
         return args.run_command(args) or 0
     except (UsageError, OptionError, RunFileError, StrategyError) as error:

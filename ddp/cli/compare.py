@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddp.analysis.compare import compare, failed, machine_drift, suspect_differences, table
+from ddp.analysis.compare import gate
 from ddp.bench.options import percent_type
 from ddp.bench.records import load_run
 from ddp.cli import UsageError
@@ -25,23 +25,8 @@ def main(args: argparse.Namespace) -> int:
     old, new = load_run(args.old), load_run(args.new)
     if not set(old.by_name()) & set(new.by_name()):
         raise UsageError(f"{args.old} and {args.new} have no benchmark in common: compare runs of the same suite")
-    differences = suspect_differences(old, new)
-    if differences:
-        facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())
-        print(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "
-              "machine as much as the code", file=sys.stderr)
-    rows = compare(old, new, args.fail_slower)
-    print(table(rows))
-    drift = machine_drift(rows)
-    if drift:
-        print(f"NOTE: local, the machine's reference, changed in {len(drift)} configuration(s) ("
-              + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in drift) + "): the machine (or the model's own compute) "
-              "differed between the runs; strategies are compared against it round by round, so this does not fail the gate")
-    slower = failed(rows)
-    counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
-    print(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {args.fail_slower:.0%})")
-    if slower:
-        print(f"FAIL: {len(slower)} benchmark(s) slower by more than {args.fail_slower:.0%}: "
-              + ", ".join(r.name for r in slower))
-        return 1
-    return 0
+    judged = gate(old, new, args.fail_slower)
+    for warning in judged.warnings:
+        print(warning, file=sys.stderr)
+    print("\n".join(judged.lines))
+    return 1 if judged.failed else 0

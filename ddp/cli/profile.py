@@ -9,37 +9,36 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from ddp.analysis.profiles import profile_strategies
+from ddp.analysis.profiles import write_profiles
 from ddp.bench.options import (
     add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, numerics_for,
-    positive_int, step_numerics, strategy_names,
+    option, positive_int, step_numerics,
 )
-from ddp.bench.profiling import ProfileConfig
 from ddp.bench.config import StepConfig
-from ddp.strategies.registry import DEFAULT_STEPS_TO_SETTLE
+from ddp.bench.profiling import ProfileConfig, profile_on
+from ddp.bench.records import ProfileSummary
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
-from ddp.strategies.registry import takes_bucket_size
+from ddp.strategies.registry import takes_bucket_size, traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strategy", required=True, type=argument_type(strategy_names, "strategy"),
-                        help="one strategy or a comma list: names or package.module:ClassName")
+    option("--strategies").bind(parser.add_argument, also=("--strategy",), required=True)
     add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
-    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=DEFAULT_STEPS_TO_SETTLE,
-                        help="untraced steps before profiling; PyTorch's DDP rebuilds its buckets in its second "
-                        f"(default: {DEFAULT_STEPS_TO_SETTLE})")
+    parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=None,
+                        help="untraced steps before profiling (default: the steps after which the strategy's plan "
+                        "settles, e.g. 3 for torch, whose DDP rebuilds its buckets in its second step)")
     parser.add_argument("--steps", type=argument_type(positive_int, "steps"), default=2, help="profiled steps (default: 2)")
     add_launch_options(parser.add_argument)
     parser.add_argument("--out", required=True, type=Path, help="folder for traces, summary.json and timelines")
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: ProfileSummary) -> str:
     """The figures a reader wants first, one row per strategy (slowest rank)."""
     rows = [
-        [name, s["step_seconds"] * 1e3, s["comm_seconds"] * 1e3, s["overlap_fraction"],
-         s["exposed_comm_seconds"] * 1e3, s["slowest_rank"], s["comm_source"]]
-        for name, s in summary["strategies"].items()
+        [name, s.step_seconds * 1e3, s.comm_seconds * 1e3, s.overlap_fraction, s.exposed_comm_seconds * 1e3,
+         s.slowest_rank, s.comm_source]
+        for name, s in summary.strategies.items()
     ]
     headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "slowest_rank", "comm_from"]
     return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", ""), missingval="-")
@@ -48,24 +47,27 @@ def summary_table(summary: dict) -> str:
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     check_seq_len(args.model, args.seq_len)
-    if args.grad_comm != "fp32" and "torch" in args.strategy and resolved.backend != "nccl":
+    numerics = step_numerics(vars(args).get)
+    if numerics["grad_comm"] != "fp32" and "torch" in args.strategies and resolved.backend != "nccl":
         raise UsageError(
-            f"profiling torch with --grad-comm {args.grad_comm} needs nccl: on {resolved.backend} its collectives are "
-            "recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
+            f"profiling torch with --grad-comm {numerics['grad_comm']} needs nccl: on {resolved.backend} its collectives "
+            "are recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
         )
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
     configs = [
         ProfileConfig(
             StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None,
-                       **numerics_for(name, step_numerics(vars(args).get))),
-            warmup_steps=args.warmup_steps, steps=args.steps, out_dir=str(args.out.resolve()),
+                       **numerics_for(name, numerics)),
+            warmup_steps=traits(name).steps_to_settle if args.warmup_steps is None else args.warmup_steps,
+            steps=args.steps, out_dir=str(args.out.resolve()),
         )
-        for name in args.strategy
+        for name in args.strategies
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        summary = profile_strategies(group, configs, args.out)
+        rank_records = profile_on(group, configs)
+    summary = write_profiles(resolved.world_size, resolved.backend, resolved.device, configs, rank_records, args.out)
     print(summary_table(summary))
     print(f"\nwrote {args.out / 'summary.json'}, traces trace_<strategy>_rank<r>.json and timeline_<strategy>.png")
     return 0

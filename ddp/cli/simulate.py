@@ -7,9 +7,7 @@ measured run (``ddp.analysis.costmodel``, whose docstring states the model and i
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 
 from tabulate import tabulate
@@ -19,11 +17,12 @@ from ddp.analysis.costmodel import (
     ALGORITHMS, CANDIDATE_BUCKET_SIZES_MB, GB, LINKS, Compute, Link, calibrate, fit_link, predict_grid,
     default_overlap_slowdown, recommend_bucket_sizes, validation_rows,
 )
-from ddp.bench.options import argument_type, positive_float, positive_int, positive_ints, positive_floats, strategy_names
-from ddp.bench.records import load_run
+from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
+from ddp.analysis.tables import ms
+from ddp.bench.records import load_run, write_records
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
-from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
+from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the scaling plot (PNG) here")
     parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
-    by_hand.add_argument("--model-size", choices=sorted(MODEL_SIZES), default=None)
+    bind(by_hand.add_argument, tuple(option(flag) for flag in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")),
+         {"strategies": DDP_STRATEGIES, "bucket_sizes_mb": (1.0, 10.0, 100.0, 1000.0)})
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms")
-    by_hand.add_argument("--batch-size", type=argument_type(positive_int, "batch_size"), default=None)
-    by_hand.add_argument("--seq-len", type=argument_type(positive_int, "seq_len"), default=None)
-    by_hand.add_argument("--strategies", type=argument_type(strategy_names, "strategies"), default=DDP_STRATEGIES)
-    by_hand.add_argument("--bucket-sizes", type=argument_type(lambda t: positive_floats(t, "bucket sizes in MiB"), "bucket_sizes"),
-                         default=(1.0, 10.0, 100.0, 1000.0), help="MiB")
 
 
 def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
@@ -61,11 +56,7 @@ def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}"
-
-
-def _label(strategy: str, bucket_size_mb: float | None) -> str:
-    return f"{strategy} {bucket_size_mb:g} MB" if bucket_size_mb is not None else strategy
+    return ms(seconds, 1)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
     if args.overlap_slowdown is not None and args.overlap_slowdown < 0:
         raise UsageError(f"--overlap-slowdown must be 0 or more, got {args.overlap_slowdown}")
-    by_hand = {"--model-size": args.model_size, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
+    by_hand = {"--model-size": args.model, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
                "--seq-len": args.seq_len}
     if args.run is not None and any(value is not None for value in by_hand.values()):
         given = ", ".join(flag for flag, value in by_hand.items() if value is not None)
@@ -84,16 +75,15 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.run} benchmarks model {run.model!r}: simulate models the built-in LM sizes only")
         model_size = run.model
         computes = {shape: Compute(seconds, args.optimizer_fraction) for shape, seconds in run.local_seconds.items()}
-        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps if s.strategy in ("local", *DDP_STRATEGIES)},
-                            key=lambda s: (s[0], s[1] or 0))
+        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps}, key=lambda s: (s[0], s[1] or 0))
         cpu_gloo = run.backend == "gloo" and run.device == "cpu"
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
     else:
-        if args.link is None or None in (args.model_size, args.local_step_ms, args.batch_size, args.seq_len):
+        if args.link is None or None in (args.model, args.local_step_ms, args.batch_size, args.seq_len):
             raise UsageError("without --from, give --link, --model-size, --local-step-ms, --batch-size and --seq-len")
-        run, model_size, cpu_gloo, samples = None, args.model_size, False, []
+        run, model_size, cpu_gloo, samples = None, args.model, False, []
         computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
-        strategies = _strategy_grid([s for s in args.strategies if s in DDP_STRATEGIES], args.bucket_sizes)
+        strategies = _strategy_grid([s for s in args.strategies if traits(s).communicates], args.bucket_sizes_mb)
 
     if args.link is not None:
         preset = LINKS[args.link]
@@ -111,8 +101,11 @@ def main(args: argparse.Namespace) -> int:
 
     world_sizes = sorted(set(args.world_sizes) | ({run.world_size} if run else set()))
     predictions = predict_grid(model_size, computes, strategies, world_sizes, link, slowdown)
+    not_modelled = sorted({name for name, _ in strategies} - {p.strategy for p in predictions})
+    if not_modelled:
+        print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
-        [[p.world_size, p.batch_size, p.seq_len, _label(p.strategy, p.bucket_size_mb), p.num_allreduces,
+        [[p.world_size, p.batch_size, p.seq_len, p.label, p.num_allreduces,
           _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],
         headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
     ))
@@ -120,8 +113,8 @@ def main(args: argparse.Namespace) -> int:
     recommendations = recommend_bucket_sizes(model_size, computes, world_sizes, link, slowdown)
     print("\nrecommended bucket size (bucketed; candidates " + ", ".join(f"{mb:g}" for mb in CANDIDATE_BUCKET_SIZES_MB) + " MB)")
     print(tabulate(
-        [[r["world_size"], r["batch_size"], r["seq_len"], f"{r['bucket_size_mb']:g}", _ms(r["step_seconds"]),
-          f"{r['worst_bucket_size_mb']:g}", _ms(r["worst_step_seconds"])] for r in recommendations],
+        [[r.world_size, r.batch_size, r.seq_len, f"{r.bucket_size_mb:g}", _ms(r.step_seconds),
+          f"{r.worst_bucket_size_mb:g}", _ms(r.worst_step_seconds)] for r in recommendations],
         headers=["ranks", "batch", "seq len", "best bucket MB", "step ms", "worst bucket MB", "step ms"],
     ))
 
@@ -129,16 +122,15 @@ def main(args: argparse.Namespace) -> int:
         rows = validation_rows(run, predictions)
         print(f"\nvalidation at the run's {run.world_size} ranks: measured {args.statistic} against predicted")
         print(validation_table(rows))
-        errors = [abs(r["error"]) for r in rows if r["strategy"] != "local"]
+        errors = [abs(r.error) for r in rows if traits(r.strategy).communicates]
         if errors:
             within = sum(e <= 0.15 for e in errors)
             print(f"{within} of {len(errors)} communicating configurations within 15%; median |error| {statistics.median(errors):.1%}")
         if args.validation_json:
-            args.validation_json.write_text(json.dumps(rows, indent=2))
+            write_records(args.validation_json, rows)
 
     if args.json is not None:
-        keys = ("strategy", "bucket_size_mb", "batch_size", "seq_len", "world_size", "step_seconds", "exposed_comm_seconds")
-        args.json.write_text(json.dumps([{k: asdict(p)[k] for k in keys} for p in predictions], indent=2))
+        write_records(args.json, predictions)
         print(f"wrote {len(predictions)} predictions to {args.json}")
     if args.plot is not None:
         plots.plot_scaling(predictions, args.plot, f"ddp simulate: model {model_size}, link {link.name}")
@@ -146,10 +138,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def validation_table(rows: list[dict]) -> str:
+def validation_table(rows) -> str:
     return tabulate(
-        [[r["batch_size"], r["seq_len"], _label(r["strategy"], r["bucket_size_mb"]), _ms(r["measured_step_seconds"]),
-          _ms(r["predicted_step_seconds"]), f"{r['error']:+.1%}", _ms(r["measured_comm_wait_seconds"]),
-          _ms(r["predicted_exposed_comm_seconds"])] for r in rows],
+        [[r.batch_size, r.seq_len, r.label, _ms(r.measured_step_seconds), _ms(r.predicted_step_seconds), f"{r.error:+.1%}",
+          _ms(r.measured_comm_wait_seconds), _ms(r.predicted_exposed_comm_seconds)] for r in rows],
         headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
     )

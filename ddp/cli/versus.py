@@ -1,7 +1,7 @@
-"""``python -m ddp versus``: ``bucketed`` against PyTorch's DistributedDataParallel, raced on one
-rank group (``ddp.bench.race``), with ``local`` as the floor. Prints each median with its 95%
-interval, the paired ratio bucketed / torch (below 1: bucketed is faster) and each DDP's overhead
-over local; ``--json`` saves the ``RaceRecord``."""
+"""``python -m ddp versus``: strategies raced on one rank group (``ddp.bench.race``), by default
+``bucketed`` against PyTorch's DistributedDataParallel, with ``local`` as the floor. Prints each
+median with its 95% interval, each contender's paired ratio over the reference (the last one
+given; below 1: faster) and its overhead over local; ``--json`` saves the ``RaceRecord``."""
 
 from __future__ import annotations
 
@@ -10,71 +10,83 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from ddp.bench.measure import RoundPolicy
+from ddp.analysis.tables import interval_ms, ms
+from ddp.bench.machine import software_info
 from ddp.bench.options import (
-    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, positive_int,
+    RoundOptions, add_config_options, add_launch_options, add_round_options, check_seq_len, launch_options, round_options,
     step_numerics,
 )
-from ddp.bench.race import CONTENDERS, race
-from ddp.bench.machine import software_info
+from ddp.bench.race import DEFAULT_CONTENDERS, check_contenders, race
 from ddp.bench.records import benchmark_entry, run_document, write_new
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 
+# Exactly 10 timed rounds after 2 untimed ones unless told otherwise: a race is read by eye.
+ROUNDS = RoundOptions(min_rounds=10, max_rounds=10, warmup_rounds=2, target_precision=1.0, budget_seconds=float("inf"))
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_options(parser.add_argument, model="small", batch_size=1, seq_len=64)
-    parser.add_argument("--rounds", type=argument_type(positive_int, "rounds"), default=10,
-                        help="timed rounds, one step of each strategy per round (default: 10)")
-    parser.add_argument("--warmup-rounds", type=argument_type(non_negative_int, "warmup_rounds"), default=2,
-                        help="untimed rounds first (default: 2)")
+    add_config_options(parser.add_argument, model="small", batch_size=1, seq_len=64, strategies=DEFAULT_CONTENDERS)
+    add_round_options(parser.add_argument, ROUNDS)
     add_launch_options(parser.add_argument)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the result, every round included, as JSON")
 
 
-def _interval(values: list[float]) -> str:
-    return f"[{values[0] * 1e3:.1f}, {values[1] * 1e3:.1f}]"
-
-
 def table(record) -> str:
     rows = []
-    for name in CONTENDERS:
-        row = [name, f"{record.median_step_seconds[name] * 1e3:.1f}", _interval(record.median_step_seconds_ci95[name])]
-        if name == "local":
-            row += ["", ""]
+    for name in record.contenders:
+        row = [name, ms(record.median_step_seconds[name], 1), interval_ms(record.median_step_seconds_ci95[name], 1)]
+        if name in record.overhead_over_local_seconds:
+            row += [ms(record.overhead_over_local_seconds[name], 1), interval_ms(record.overhead_over_local_seconds_ci95[name], 1)]
         else:
-            row += [f"{record.overhead_over_local_seconds[name] * 1e3:.1f}", _interval(record.overhead_over_local_seconds_ci95[name])]
+            row += ["", ""]
+        if name in record.ratio_over_reference:
+            low, high = record.ratio_over_reference_ci95[name]
+            row.append(f"{record.ratio_over_reference[name]:.3f} [{low:.3f}, {high:.3f}]")
+        else:
+            row.append("reference" if name == record.reference else "")
         rows.append(row)
-    return tabulate(rows, headers=["strategy", "median step ms", "95% interval", "overhead over local ms", "95% interval"],
-                    disable_numparse=True)
+    headers = ["strategy", "median step ms", "95% interval", "overhead over local ms", "95% interval",
+               f"step / {record.reference} [95%]"]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def benchmark_name(contenders: tuple[str, ...], model: str) -> str:
+    """perf_tests' name for the default race (so that runs compare), one naming its contenders otherwise."""
+    if contenders == DEFAULT_CONTENDERS:
+        return f"test_bucketed_versus_torch[{model}]"
+    return f"test_versus[{'-'.join(contenders)}-{model}]"
 
 
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     check_seq_len(args.model, args.seq_len)
+    try:
+        contenders = check_contenders(args.strategies)
+    except ValueError as error:
+        raise UsageError(f"--strategies: {error}") from None
     if args.json is not None and args.json.exists():
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
-    policy = RoundPolicy.fixed(args.rounds, args.warmup_rounds)
+    rounds = round_options(vars(args).get, ROUNDS)
+    numerics = step_numerics(vars(args).get)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
-            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, policy,
-                          **step_numerics(vars(args).get))
+            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, rounds, contenders,
+                          **numerics)
         except MemoryError as error:
             raise UsageError(str(error)) from None
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
-          f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {args.rounds} rounds")
+          f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {len(record.round_seconds['local'])} rounds")
     print(table(record))
-    low, high = record.ratio_bucketed_over_torch_ci95
-    print(f"bucketed / torch, paired over rounds: {record.ratio_bucketed_over_torch:.3f} [{low:.3f}, {high:.3f}]")
     if result.weights_differ is not None:
-        print(f"FAIL: bucketed and torch trained differently: {result.weights_differ}")
+        print(f"FAIL: trained differently: {result.weights_differ}")
         return 1
-    print("bucketed and torch ended with the same weights")
+    print(f"{', '.join(contenders)} ended with the same weights")
     if args.json:
-        name = f"test_bucketed_versus_torch[{record.model}]"
-        entry = benchmark_entry(name, f"ddp versus::{name}", f"versus: {record.model}, bucket {record.bucket_size_mb:g} MiB",
-                                record.model, {}, record, record.round_seconds["bucketed"])
+        name = benchmark_name(contenders, record.model)
+        entry = benchmark_entry(name, f"ddp versus::{name}", f"versus: {record.model}, bucket {args.bucket_size_mb:g} MiB",
+                                record.model, {}, record, record.round_seconds[record.primary])
         write_new(args.json, run_document({"ddp_bench": software_info(resolved.backend, resolved.device, resolved.world_size,
                                                                       resolved.why)}, [entry]))
     return 0

@@ -1,7 +1,7 @@
 """The data-parallel strategies, one file each, behind one interface (``base.Strategy``), and the
 registry of their names (``registry``)."""
 
-from ddp.strategies.base import DataParallel, Strategy
+from ddp.strategies.base import DataParallel, Strategy, Traits, Transfer
 from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.local import LocalTraining
@@ -16,6 +16,7 @@ from ddp.strategies.registry import (
     resolve_strategy,
     supports_no_sync,
     takes_bucket_size,
+    traits,
 )
 from ddp.strategies.torch_ddp import TorchDDP
 
@@ -32,8 +33,11 @@ __all__ = [
     "Strategy",
     "StrategyError",
     "TorchDDP",
+    "Traits",
+    "Transfer",
     "make_ddp",
     "resolve_strategy",
     "supports_no_sync",
     "takes_bucket_size",
+    "traits",
 ]

@@ -18,14 +18,16 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import CollectiveRecorder, launch_all_reduce
 
 
 def require_process_group(strategy: str, process_group: dist.ProcessGroup | None) -> None:
@@ -66,11 +68,6 @@ def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def average_op(process_group: dist.ProcessGroup | None) -> dist.ReduceOp:
-    """AVG folds the division by world size into the collective; both gloo and NCCL implement it."""
-    return dist.ReduceOp.AVG
-
-
 @torch.no_grad()
 def broadcast_from_rank0(module: nn.Module, process_group: dist.ProcessGroup | None) -> None:
     """Give every rank rank 0's parameters and buffers, one collective per dtype and device."""
@@ -92,6 +89,24 @@ def broadcast_from_rank0(module: nn.Module, process_group: dist.ProcessGroup | N
 REQUIRED_METHODS = ("forward", "finish_gradient_synchronization")
 
 
+class GradientSize(Protocol):
+    """What a cost schedule reads of one gradient (``ddp.analysis.costmodel.Gradient`` has it)."""
+
+    size_bytes: int
+    element_size: int
+
+
+class Transfer(NamedTuple):
+    """One collective of a step in a cost schedule."""
+
+    ready_seconds: float
+    """When it can be launched, in seconds after backward started."""
+    size_bytes: int
+    """Bytes of the whole buffer (for a reduce-scatter its input, for an all-gather its output)."""
+    collective: str = "all_reduce"
+    """``all_reduce``, ``reduce_scatter`` or ``all_gather`` (a sharded strategy's)."""
+
+
 class Strategy(nn.Module, abc.ABC):
     """The interface of every strategy: wrap ``module``, ``forward``, ``finish_gradient_synchronization()``,
     optional ``no_sync()``.
@@ -99,13 +114,51 @@ class Strategy(nn.Module, abc.ABC):
     Two figures the benchmarks record are optional: ``num_allreduce_calls_per_step`` (collectives
     one synchronizing step launches) and ``bucket_sizes_bytes`` (the bucket plan). None means the
     strategy does not know; the benchmark then counts the collectives it launches itself.
+
+    **What a strategy says about itself.** The class attributes below and
+    ``communication_schedule`` are all that the harness, the cost model, the plots and the report
+    know of a strategy: a new strategy is one file, and none of them names it. A user's class that
+    does not derive from ``Strategy`` gets these defaults (``traits_of``).
     """
 
     module: nn.Module
+    collective_recorder: CollectiveRecorder | None = None
+    """Set on an instance while ``ddp profile`` records its collectives (``ddp.strategies.tracing``);
+    strategies pass it to every ``launch_all_reduce``."""
+
+    communicates: bool = True
+    """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
+    line_style: str = "-"
+    """matplotlib line style of the strategy in plots (``torch`` dashed beside ``bucketed``)."""
+    reference_in_reports: bool = False
+    """The report measures the fastest strategy against this one too (PyTorch's DDP, the one to
+    beat; ``naive``, the one every strategy improves on)."""
+    first_bucket_bytes: int | None = None
+    """Bytes the first bucket is filled up to whatever the cap (PyTorch's DDP: 1 MiB); None if
+    the first bucket follows the cap like the others. The report explains bucket counts with it."""
+    closes_bucket_after_cap: bool = False
+    """True where a bucket is closed once it has reached the cap (PyTorch's DDP), so buckets may
+    exceed it; False where it is closed before the tensor that would overflow it."""
+
+    @classmethod
+    def communication_schedule(
+        cls,
+        gradients: Sequence[GradientSize],
+        ready_seconds: Sequence[float],
+        backward_seconds: float,
+        bucket_size_mb: float | None,
+    ) -> list[Transfer] | None:
+        """The collectives of one step for the cost model (``ddp simulate``), in launch order:
+        ``gradients`` in the order backward produces them, ``ready_seconds[i]`` when gradient i is
+        ready, ``backward_seconds`` when backward ends. None: the strategy does not say (the
+        simulator then skips it); an empty list: it communicates nothing."""
+        return [] if not cls.communicates else None
 
     steps_to_settle: int = 1
     """Steps after which the strategy's plan (buckets, collectives per step) is final: the
-    harness runs at least this many untimed steps of a fresh build before timing it."""
+    harness runs at least this many untimed steps of a fresh build before timing it (a race, as
+    many of every contender as the slowest to settle needs). A class that does not derive from
+    ``Strategy`` and does not say gets ``DEFAULT_STEPS_TO_SETTLE``."""
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -131,6 +184,45 @@ class Strategy(nn.Module, abc.ABC):
     @property
     def bucket_sizes_bytes(self) -> list[int] | None:
         return None
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the suite reads of a strategy class: ``Strategy``'s attributes of the same names, the
+    class's own where it has them, ``Strategy``'s defaults where it does not."""
+
+    communicates: bool
+    steps_to_settle: int
+    line_style: str
+    reference_in_reports: bool
+    first_bucket_bytes: int | None
+    closes_bucket_after_cap: bool
+    communication_schedule: Callable[..., list[Transfer] | None]
+
+
+# Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
+DEFAULT_STEPS_TO_SETTLE = 3
+
+
+def traits_of(cls: type) -> Traits:
+    """The ``Traits`` of any strategy class, a user's that does not derive from ``Strategy`` included."""
+
+    def read(name: str):
+        return getattr(cls, name, getattr(Strategy, name))
+
+    schedule = getattr(cls, "communication_schedule", None)
+    if schedule is None:  # a user's class that says nothing: nothing the simulator can model
+        def schedule(*_args, **_kwargs):
+            return None
+    return Traits(
+        communicates=bool(read("communicates")),
+        steps_to_settle=int(getattr(cls, "steps_to_settle", DEFAULT_STEPS_TO_SETTLE)),
+        line_style=str(read("line_style")),
+        reference_in_reports=bool(read("reference_in_reports")),
+        first_bucket_bytes=read("first_bucket_bytes"),
+        closes_bucket_after_cap=bool(read("closes_bucket_after_cap")),
+        communication_schedule=schedule,
+    )
 
 
 class DataParallel(Strategy):
@@ -197,7 +289,7 @@ class DataParallel(Strategy):
             self._used_mask = self._ones_mask
         else:
             self._used_mask = torch.tensor(used_locally, dtype=torch.int32, device=device)
-        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask")
+        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask", self.collective_recorder)
 
     def used_somewhere(self) -> list[bool]:
         """After the mask's all-reduce completed: which parameters got a gradient on some rank."""

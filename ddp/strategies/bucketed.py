@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import DataParallel, check_bucket_size_mb, check_comm_dtype
+from ddp.strategies.base import DataParallel, Transfer, check_bucket_size_mb, check_comm_dtype
 from ddp.strategies.tracing import launch_all_reduce
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -88,6 +88,19 @@ class BucketedDDP(DataParallel):
     """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
 
     steps_to_settle = 3  # re-plans its buckets in the order of its first backward (see _rebuild_buckets_in_ready_order)
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """The buckets of ``plan_buckets`` in backward order, each launched when its last
+        gradient is ready (and, on one channel, after its predecessors)."""
+        plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
+        return [
+            Transfer(
+                max(ready_seconds[i] for i in bucket),
+                buffer_bytes(sum(gradients[i].size_bytes for i in bucket), len(bucket), gradients[bucket[0]].element_size),
+            )
+            for bucket in plan
+        ]
 
     def __init__(self, module, *, bucket_size_mb: float = 25.0, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
@@ -195,7 +208,9 @@ class BucketedDDP(DataParallel):
         sent = bucket.buffer
         if bucket.comm_buffer is not None:
             sent = bucket.comm_buffer.copy_(bucket.buffer)
-        bucket.work = launch_all_reduce(sent, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}")
+        bucket.work = launch_all_reduce(
+            sent, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder
+        )
         self._next_to_launch += 1
 
     def _launch_complete_buckets(self) -> None:

@@ -7,13 +7,20 @@ once per parameter. Gradients of different dtype or device get one flat buffer e
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.base import DataParallel, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
+
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """After backward, one all-reduce of all gradient bytes."""
+        return [Transfer(backward_seconds, sum(g.size_bytes for g in gradients))]
 
     def __init__(self, module, *, process_group=None) -> None:
         super().__init__(module, process_group=process_group)
@@ -29,7 +36,7 @@ class FlatDDP(DataParallel):
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_this_backward:
             return
-        op = average_op(self.process_group)
+        op = dist.ReduceOp.AVG  # the division by world size folded into the collective
         for group_index, params in enumerate(self._groups.values()):
             # One extra element per parameter says whether this rank produced its gradient; after
             # averaging, a zero there means no rank did, and the gradient is left untouched.
@@ -41,7 +48,7 @@ class FlatDDP(DataParallel):
             flags_in = params[0].new_ones(len(params)) if all_used else torch.tensor(used, dtype=params[0].dtype, device=params[0].device)
             pieces.append(flags_in)
             flat = torch.cat(pieces)
-            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}").wait()
+            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}", self.collective_recorder).wait()
             flags = [1.0] * len(params) if all_used else flat[-len(params) :].tolist()
             offset = 0
             for param, used_somewhere in zip(params, flags):

@@ -11,6 +11,9 @@ from ddp.strategies.base import Strategy, trainable_parameters
 class LocalTraining(Strategy):
     """The same interface as the strategies, communicating nothing at all."""
 
+    communicates = False
+    line_style = ":"  # drawn as the floor under the others
+
     def __init__(self, module: nn.Module, *, process_group=None) -> None:
         super().__init__()
         self.module = module

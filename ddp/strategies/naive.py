@@ -7,13 +7,22 @@ no overlap with the backward pass.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.base import DataParallel, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class NaiveDDP(DataParallel):
     """All-reduce each gradient after backward (``finish_gradient_synchronization``)."""
+
+    reference_in_reports = True  # the baseline the report measures the fastest strategy against
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """After backward, one all-reduce per parameter, one after the other (the used-mask's
+        few bytes are left out)."""
+        return [Transfer(backward_seconds, g.size_bytes) for g in gradients]
 
     @property
     def num_allreduce_calls_per_step(self) -> int:
@@ -26,10 +35,10 @@ class NaiveDDP(DataParallel):
         params = self.parameters_to_sync
         # Ranks must agree on which parameters to reduce, or their collectives would not pair up.
         self._all_reduce_used_mask([p.grad is not None for p in params]).wait()
-        op = average_op(self.process_group)
+        op = dist.ReduceOp.AVG  # the division by world size folded into the collective
         for index, (param, used_somewhere) in enumerate(zip(params, self.used_somewhere())):
             if not used_somewhere:
                 continue  # no rank produced a gradient: leave it as single-process training would
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            launch_all_reduce(param.grad, op, self.process_group, f"param{index}").wait()
+            launch_all_reduce(param.grad, op, self.process_group, f"param{index}", self.collective_recorder).wait()

@@ -9,12 +9,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, average_op
+from ddp.strategies.base import DataParallel, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
+
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """One all-reduce per parameter, launched when its gradient is ready."""
+        return [Transfer(ready, g.size_bytes) for ready, g in zip(ready_seconds, gradients, strict=True)]
 
     def __init__(self, module, *, process_group=None) -> None:
         super().__init__(module, process_group=process_group)
@@ -24,7 +30,7 @@ class OverlapDDP(DataParallel):
         self._order = list(reversed(self.parameters_to_sync))
         self._position = {id(p): i for i, p in enumerate(self._order)}
         self._names = {id(p): name for name, p in module.named_parameters()}
-        self._op = average_op(process_group)
+        self._op = dist.ReduceOp.AVG  # the division by world size folded into the collective
         self._reset()
         self._hook_gradients(self._order, self._on_gradient_ready)
 
@@ -50,7 +56,7 @@ class OverlapDDP(DataParallel):
         self._ready[position] = True
         while self._next_to_launch < len(self._order) and self._ready[self._next_to_launch]:
             grad = self._order[self._next_to_launch].grad
-            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}"))
+            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}", self.collective_recorder))
             self._next_to_launch += 1
 
     @torch.no_grad()
@@ -67,7 +73,7 @@ class OverlapDDP(DataParallel):
             else:
                 tensor = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
                 scratch[position] = tensor
-            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}"))
+            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}", self.collective_recorder))
         mask_work = self._all_reduce_used_mask(self._ready)
         for work in self._works:
             work.wait()

@@ -14,7 +14,7 @@ import inspect
 from torch import nn
 
 from ddp.importing import load_object
-from ddp.strategies.base import REQUIRED_METHODS
+from ddp.strategies.base import REQUIRED_METHODS, Strategy, Traits, traits_of
 from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.local import LocalTraining
@@ -31,8 +31,8 @@ STRATEGIES: dict[str, type[nn.Module]] = {
     "torch": TorchDDP,
 }
 
-# Strategies that train like one process on the whole batch (``local`` does not).
-DDP_STRATEGIES = tuple(name for name in STRATEGIES if name != "local")
+# Strategies that train like one process on the whole batch (``local``, which communicates nothing, does not).
+DDP_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if traits_of(cls).communicates)
 
 # Built-in strategies whose constructor takes ``bucket_size_mb``.
 BUCKETED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if "bucket_size_mb" in inspect.signature(cls).parameters)
@@ -103,19 +103,25 @@ def takes_comm_dtype(name: str) -> bool:
     return takes_option(name, "comm_dtype")
 
 
-# Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
-DEFAULT_STEPS_TO_SETTLE = 3
-
-
 def steps_to_settle(name: str) -> int:
     """Untimed steps a fresh build of the strategy runs before it is timed: its
-    ``steps_to_settle`` (``ddp.strategies.base.Strategy``), or ``DEFAULT_STEPS_TO_SETTLE``."""
-    return int(getattr(resolve_strategy(name), "steps_to_settle", DEFAULT_STEPS_TO_SETTLE))
+    ``steps_to_settle`` (``ddp.strategies.base.Strategy``), or ``base.DEFAULT_STEPS_TO_SETTLE``."""
+    return traits(name).steps_to_settle
 
 
 def supports_no_sync(name: str) -> bool:
     """Whether the strategy offers ``no_sync()`` for gradient accumulation."""
     return callable(getattr(resolve_strategy(name), "no_sync", None))
+
+
+def traits(name: str) -> Traits:
+    """What strategy ``name`` says about itself (``base.Strategy``'s attributes). A name saved in a
+    run that no longer resolves here (a user's class not importable now) gets ``Strategy``'s
+    defaults: readers of saved runs never fail on it."""
+    try:
+        return traits_of(resolve_strategy(name))
+    except (StrategyError, TypeError):
+        return traits_of(Strategy)
 
 
 def make_ddp(name: str, module: nn.Module, **options) -> nn.Module:

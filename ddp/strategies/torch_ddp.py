@@ -11,6 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp.strategies.base import Strategy, check_bucket_size_mb, check_comm_dtype, require_process_group, trainable_parameters
+from ddp.strategies.bucketed import BucketedDDP
 
 
 def bf16_compress_any_backend(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -33,6 +34,17 @@ class TorchDDP(Strategy):
     # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
     # and records the new plan (which bucket_sizes_bytes reads) in the third.
     steps_to_settle = 3
+
+    line_style = "--"  # dashed beside bucketed's solid line at the same bucket caps
+    reference_in_reports = True  # the one to beat
+    first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB, whatever bucket_cap_mb says
+    closes_bucket_after_cap = True
+
+    @classmethod
+    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
+        """``bucketed``'s plan (PyTorch plans a 1 MiB first bucket and then re-plans by observed
+        order; the same plan for both is an approximation)."""
+        return BucketedDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
 
     def __init__(
         self,

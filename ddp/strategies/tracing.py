@@ -1,17 +1,16 @@
 """When each gradient collective was launched and when it completed, recorded only on request.
 
-Strategies launch every collective through ``launch_all_reduce``; while a ``CollectiveRecorder``
-is active (``ddp profile`` and the benchmarks use one) it stamps the launch and, from the work's
-future, the completion, on the same ``time.perf_counter`` clock as the caller's own phases. With
-no recorder active it costs one attribute check.
+Strategies launch every collective through ``launch_all_reduce``, passing their
+``collective_recorder`` (``ddp.strategies.base.Strategy``): None, except while ``ddp profile``
+records a step, when it is a ``CollectiveRecorder`` that stamps the launch and, from the work's
+future, the completion, on the same ``time.perf_counter`` clock as the caller's own phases.
+Without a recorder it costs one comparison with None.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -45,31 +44,13 @@ class CollectiveRecorder:
         # the kernel is enqueued, so CUDA profiles take kernel times from the trace instead).
         work.get_future().add_done_callback(done)
 
-    def clear(self) -> None:
-        with self._lock:
-            self.spans = []
-
-
-_active: CollectiveRecorder | None = None
-
-
-@contextlib.contextmanager
-def recording(recorder: CollectiveRecorder | None = None) -> Iterator[CollectiveRecorder]:
-    """Record every collective the strategies launch inside this block."""
-    global _active
-    recorder = recorder or CollectiveRecorder()
-    previous, _active = _active, recorder
-    try:
-        yield recorder
-    finally:
-        _active = previous
-
 
 def launch_all_reduce(
-    tensor: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None, label: str
+    tensor: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None, label: str,
+    recorder: CollectiveRecorder | None = None,
 ) -> dist.Work:
-    """``dist.all_reduce(..., async_op=True)``, recorded when a recorder is active."""
+    """``dist.all_reduce(..., async_op=True)``, recorded by ``recorder`` when one is given."""
     work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
-    if _active is not None:
-        _active.launched(label, tensor, work)
+    if recorder is not None:
+        recorder.launched(label, tensor, work)
     return work

@@ -1,28 +1,27 @@
-"""Which bucket size for my model? A measured sweep of ``bucketed`` and ``torch`` over bucket caps
-on this machine, beside the cost model's recommendation for larger world sizes.
+"""Which bucket size for my model, measured: a sweep of the bucketing strategies over bucket caps on
+this machine's ranks, and the all-reduces a link is fitted on (``ddp buckets`` puts the cost
+model's recommendation for larger world sizes beside it).
 
 Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
 round, so its cost is a paired overhead over ``local`` with a 95% interval: caps are compared on
 what synchronizing costs, not on step times that drift with the machine. The best measured cap is
 the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
-(then the data do not tell them apart). The recommendation for other world sizes comes from
-``ddp.analysis.costmodel``: the model's gradients in backward order, the measured ``local`` step as
-compute, and a link fitted on all-reduces measured on the same ranks (or a ``--link`` preset).
+(then the data do not tell them apart). ``fitted_link`` measures all-reduces on the same ranks for
+the cost model's link (``ddp.analysis.costmodel.fit_link``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddp.analysis.costmodel import Compute, Link, fit_link, recommend_bucket_sizes
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
-from ddp.bench.measure import MeasuredOutOfMemory, RoundPolicy, free, measure
+from ddp.bench.measure import MeasuredOutOfMemory, free, measure
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import StepRecord, step_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason
-from ddp.bench.workloads import build_workload
-from ddp.model import MODEL_SIZES
+from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 # All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.
 FIT_SIZES_MB = (0.25, 4.0, 32.0)
@@ -46,13 +45,14 @@ class Sweep:
         return best is not None and all(best.overhead_seconds_ci95[1] < r.overhead_seconds_ci95[0] for r in others)
 
 
-def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundPolicy,
-          strategies: tuple[str, ...] = ("bucketed", "torch"), **numerics) -> Sweep:
-    """``numerics``: ``StepConfig``'s precision, optimizer and grad_comm."""
+def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundOptions,
+          strategies: tuple[str, ...] = BUCKETED_STRATEGIES, **numerics) -> Sweep:
+    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards. ``numerics``:
+    ``StepConfig``'s precision, optimizer and grad_comm."""
     records, skipped = [], []
     for strategy in strategies:
         for cap in caps_mb:
-            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics)
+            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics_for(strategy, numerics))
             result = measure(ranks, [config, config.local_twin()], policy)
             if isinstance(result, MeasuredOutOfMemory):
                 free(ranks)
@@ -63,16 +63,8 @@ def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float
     return Sweep(records, skipped)
 
 
-def fitted_link(ranks, policy: RoundPolicy) -> Link:
+def link_samples(ranks, policy: RoundOptions) -> list[tuple[int, int, float]]:
+    """``(size_bytes, world_size, seconds)`` of all-reduces at ``FIT_SIZES_MB`` on ``ranks``, to fit
+    the cost model's link on."""
     records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in FIT_SIZES_MB], policy)
-    samples = [(record.size_bytes, record.world_size, record.seconds) for record in records]
-    return fit_link(samples, name=f"fitted on {ranks.backend} {ranks.world_size} ranks here")
-
-
-def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
-           overlap_slowdown: float) -> list[dict]:
-    """The cost model's best bucketed cap per world size: the built-in LM by its size, any other
-    model from its parameters (built once on the CPU)."""
-    subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
-    computes = {(batch_size, seq_len): Compute(local_seconds)}
-    return recommend_bucket_sizes(subject, computes, world_sizes, link, overlap_slowdown)
+    return [(record.size_bytes, record.world_size, record.seconds) for record in records]
