@@ -535,6 +535,7 @@ def race_record(measurement, backend: str, reference: str) -> RaceRecord:
     ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
     overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in names[1:]}
     caps = [config.bucket_size_mb for config in measurement.configs if config.bucket_size_mb is not None]
+    numerics = measurement.configs[names.index(reference)]  # every contender's precision and optimizer
     return RaceRecord(
         model=measurement.configs[0].model, parameters=measurement.setups[0][0].num_parameters,
         bucket_size_mb=caps[0] if caps else None, world_size=len(measurement.setups[0]), backend=backend,
@@ -545,7 +546,7 @@ def race_record(measurement, backend: str, reference: str) -> RaceRecord:
         ratio_over_reference_ci95={name: list(value[1:]) for name, value in ratios.items()},
         overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
         overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
-        precision=first.precision, optimizer=first.optimizer, grad_comm=first.grad_comm,
+        precision=numerics.precision, optimizer=numerics.optimizer, grad_comm=numerics.grad_comm,
     )
 
 
