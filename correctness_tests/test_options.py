@@ -4,6 +4,7 @@ one-line errors of every command."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import subprocess
 import sys
@@ -122,13 +123,17 @@ def suite_parser() -> argparse.ArgumentParser:
 def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    names = [line.removeprefix("# ") for line in lines if line.startswith("#")]
+    planned = [re.fullmatch(r"# (.*) \(at most (\d+) s\)", line) for line in lines if line.startswith("#")][:-1]
+    names, limits = [m.group(1) for m in planned], [int(m.group(2)) for m in planned]
     commands = [shlex.split(line) for line in lines if not line.startswith("#")]
-    assert names == [name for name, _ in gpu_check.parts(tmp_path)] and len(commands) == 7
+    assert names == [part.name for part in gpu_check.parts(tmp_path)] and len(commands) == 6
+    # within 10 minutes in all: each part is ended at its limit
+    assert sum(limits) <= gpu_check.TOTAL_LIMIT_SECONDS == 600 and lines[-1] == f"# at most {sum(limits)} s in all"
     parsed = {}
     for name, command in zip(names, commands):
         assert command[:2] == [sys.executable, "-m"], name
         if command[2] == "pytest":
+            assert "-rs" in command, name  # skip reasons reach the summary
             args = suite_parser().parse_args(command[3:])
             assert all((ROOT / path).exists() for path in args.paths), f"{name}: {args.paths}"
             grid_options(vars(args).get, args.backend, args.device or "cuda")  # the grid is one the suite accepts
@@ -141,11 +146,17 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
         "correctness, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, None),
         "correctness, 1 NCCL rank": ("nccl", None, 1, None),
         "xl steps, 1 NCCL rank": ("nccl", None, 1, "xl"),
-        "xl in fp32, tf32 and bf16, 1 NCCL rank": ("nccl", None, 1, "xl"),
         "out of memory on real CUDA memory": ("nccl", None, 1, "2.7b"),
         "profile, 1 NCCL rank": ("nccl", None, 1, "medium"),
         "profile, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, "small"),
     }
+
+
+def test_gpu_check_summary_reads_counts_and_skip_reasons():
+    log = ("....s\nSKIPPED [4] correctness_tests/test_launcher.py:42: needs 2 ranks: no rank 1\n"
+           "======= 362 passed, 7 skipped in 173.16s =======\n")
+    assert gpu_check.outcome_of(log) == ("362 passed, 7 skipped in 173.16s", ["4 x needs 2 ranks: no rank 1"])
+    assert gpu_check.outcome_of("wrote profile\n") == ("wrote profile", [])
 
 
 def test_every_command_binds_the_shared_options_from_their_one_definition():

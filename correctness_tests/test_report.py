@@ -312,9 +312,10 @@ def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp
     assert "WARNING: the runs come from different machines or setups** (node: bench-a vs bench-b; torch: 2.13.0+cpu vs 2.12.0)" in report
     # the new run's naive has no local twin: compared raw; every round at the median, so the interval is a point
     assert table_row(report, "test_step[naive-b2-s32]") == [
-        "test_step[naive-b2-s32]", "200.00", "150.00", "0.750", "[0.750, 0.750]", "faster", "raw"
+        "test_step[naive-b2-s32]", "200.00", "150.00", "0.750", "[0.750, 0.750]", "faster", "raw",
+        "no rounds paired with local in both runs",
     ]  # fmt: skip
-    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", "", "", "only in old", "raw"]
+    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", "", "", "only in old", "raw", ""]
     # geometric mean of 0.5 and 0.75 = sqrt(0.375) = 0.612
     assert "2 benchmarks in both runs, geometric mean of new / old 0.612; 8 only in the old run, 1 only in the new one." in report
 

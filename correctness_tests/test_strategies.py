@@ -3,7 +3,7 @@
 On every rank, the test trains a single-process reference on the whole batch (no communication:
 the independent reference) and the strategy on that rank's rows. It checks that the wrapped
 module starts from rank 0's parameters, and after every step that the gradients and then the
-parameters agree. A mismatch fails with ``ddp.diagnose``'s message: the step, rank, parameter and
+parameters agree. A mismatch fails with ``correctness_tests.diagnose``'s message: the step, rank, parameter and
 size of the difference, and the likely mistake when it is a known one. The parent then checks
 that all ranks hold identical parameters.
 """
@@ -19,7 +19,7 @@ from torch.testing import assert_close
 
 import ddp
 from ddp.strategies.bucketed import BucketedDDP
-from ddp.diagnose import (
+from correctness_tests.diagnose import (
     Mismatch,
     diagnose_initial,
     diagnose_step,
@@ -31,6 +31,7 @@ from ddp.diagnose import (
 )
 from ddp.launcher import rank_info
 from ddp.strategies.registry import DDP_STRATEGIES, supports_no_sync, takes_bucket_size, traits
+from correctness_tests.collectives import CollectiveCheck, checking, side_group
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -108,18 +109,40 @@ def _raise_on(mismatch: Mismatch | None) -> None:
         raise AssertionError(str(mismatch))
 
 
+def _namer(module: torch.nn.Module):
+    """Names a tensor for collective messages: a parameter, or a parameter's gradient."""
+
+    def describe(tensor: torch.Tensor) -> str | None:
+        for name, param in module.named_parameters():
+            if tensor is param or tensor.data_ptr() == param.data_ptr():
+                return repr(name)
+            if param.grad is not None and tensor.data_ptr() == param.grad.data_ptr() and tensor.numel() == param.numel():
+                return f"{name!r} gradient"
+        return None
+
+    return describe
+
+
 def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
-    """Runs on every rank: train the strategy and the reference side by side, compare each step."""
+    """Runs on every rank: train the strategy and the reference side by side, compare each step.
+    Every rank's collectives are checked against the others' as they are issued (``collectives``)."""
     info = rank_info()
     case = MODEL_CASES[model_name]
     torch.manual_seed(0)
     reference = case.build().to(info.device)
     local = copy.deepcopy(reference)
+    check = CollectiveCheck(side_group(), _namer(local))
+    with checking(check):
+        return _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate)
+
+
+def _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate):
     with torch.no_grad():  # rank 0's parameters must win: start every other rank elsewhere
         for tensor in (*local.parameters(), *local.buffers()):
             if tensor.is_floating_point():
                 tensor.add_(info.rank)
     model = ddp.make_ddp(strategy, local, **_strategy_options(strategy, bucket_case, local, case.has_unused_parameters))
+    check.end()
     _raise_on(
         diagnose_initial(info.rank, named_values(reference), named_values(model.module))
         or diagnose_initial(info.rank, named_buffer_values(reference), named_buffer_values(model.module), kind="buffer")
@@ -143,6 +166,7 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         alone.zero_grad()  # the copy holds the last step's gradients
         case.loss(alone(mine), my_targets).backward()
         local_grads = named_gradients(alone)
+        check.begin(f"step {step}", [n for n, g in local_grads.items() if g is None and n not in frozen])
 
         reference_optimizer.zero_grad()
         case.loss(reference(inputs), targets).backward()
@@ -161,6 +185,7 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         model.finish_gradient_synchronization()
         grads = named_gradients(model.module)  # as synchronization left them, before the optimizer reads them
         optimizer.step()
+        check.end()
 
         _raise_on(
             diagnose_step(

@@ -34,7 +34,6 @@ from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
 
 TABLE_FORMAT = "github"
-_ms, _mib, _pct, _interval_ms = ms, mib, pct, interval_ms
 
 
 def _table(rows: list, headers: list[str]) -> str:
@@ -74,8 +73,8 @@ def _pivot(steps: list[StepRecord], cell) -> tuple[list, list[str]]:
 
 def step_section(run: Run) -> list[str]:
     steps = run.steps
-    time_rows, headers = _pivot(steps, lambda s: f"{_ms(s.step_seconds)} {_interval_ms(s.step_seconds_ci95)}")
-    share_rows, _ = _pivot(steps, lambda s: f"{_pct(s.comm_fraction)} ({_ms(s.comm_wait_seconds)} ms)")
+    time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}")
+    share_rows, _ = _pivot(steps, lambda s: f"{pct(s.comm_fraction)} ({ms(s.comm_wait_seconds)} ms)")
     world = sorted({s.world_size for s in steps})
     return [
         f"## Time per step ({', '.join(map(str, world))} ranks; batch is per rank)",
@@ -181,8 +180,8 @@ def overhead_section(run: Run) -> list[str]:
         return ["## Overhead over `local`", "", "No `local` benchmark in this run: nothing to measure overhead against.", ""]
     with_model = len({o.step.model for o in overheads}) > 1
     rows = [
-        [config_label(o.step.config, with_model), o.step.label, _ms(o.local_seconds), _ms(o.step.step_seconds),
-         f"{_ms(o.extra_seconds)} {_interval_ms(o.interval)}", f"{o.ratio:.3f}",
+        [config_label(o.step.config, with_model), o.step.label, ms(o.local_seconds), ms(o.step.step_seconds),
+         f"{ms(o.extra_seconds)} {interval_ms(o.interval)}", f"{o.ratio:.3f}",
          {None: "unpaired", True: "yes", False: "not resolved"}[o.resolved]]
         for o in overheads
     ]
@@ -209,7 +208,7 @@ def bucket_section(run: Run) -> list[str]:
         plan = plans.get((strategy, cap))
         name = strategy if comm == "fp32" else f"{strategy} {comm} comm"
         row = [name, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
-        row += [_ms(by[(strategy, cap, comm, k)].step_seconds) if (strategy, cap, comm, k) in by else "" for k in keys]
+        row += [ms(by[(strategy, cap, comm, k)].step_seconds) if (strategy, cap, comm, k) in by else "" for k in keys]
         rows.append(row)
     headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{config_label(k, with_model)} (ms)" for k in keys]
     return section(
@@ -225,7 +224,7 @@ def allreduce_section(run: Run) -> list[str]:
         return []
     results = sorted(run.allreduces, key=lambda a: (a.backend, a.world_size, a.size_bytes))
     rows = [
-        [a.backend, a.world_size, _mib(a.size_bytes), _ms(a.seconds, 3), f"{a.algbw_gbps:.3f}",
+        [a.backend, a.world_size, mib(a.size_bytes), ms(a.seconds, 3), f"{a.algbw_gbps:.3f}",
          f"{a.busbw_gbps:.3f}", a.wrong]
         for a in results
     ]
@@ -250,7 +249,7 @@ def race_section(run: Run) -> list[str]:
     ]
     for r in run.races:
         rows = [
-            [name, _ms(r.median_step_seconds[name]), _interval_ms(r.median_step_seconds_ci95[name]),
+            [name, ms(r.median_step_seconds[name]), interval_ms(r.median_step_seconds_ci95[name]),
              "reference" if name == r.reference else (
                  f"{r.ratio_over_reference[name]:.3f} {ratio_interval(r.ratio_over_reference_ci95[name])}"
                  if name in r.ratio_over_reference else ""),
@@ -267,7 +266,7 @@ def race_section(run: Run) -> list[str]:
 def others_section(run: Run) -> list[str]:
     if not run.others:
         return []
-    rows = [[o.name, o.group or "", _ms(o.median_seconds)] for o in run.others]
+    rows = [[o.name, o.group or "", ms(o.median_seconds)] for o in run.others]
     return [
         "## Other benchmarks",
         "",

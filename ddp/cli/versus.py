@@ -78,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
           f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {len(record.round_seconds['local'])} rounds")
+    print(f"contenders raced {result.interleaving}")
     print(table(record))
     if result.weights_differ is not None:
         print(f"FAIL: trained differently: {result.weights_differ}")
