@@ -83,12 +83,14 @@ class StepConfig:
         return f"step: model {self.model}, batch {self.batch_size}, seq len {self.seq_len}, {self.precision}{optimizer}"
 
     def describe(self) -> str:
-        """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512, fp32``."""
+        """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512, bf16``
+        (numerics named where they are not the defaults, as in ``test_id``)."""
         bucket = f" (bucket {self.bucket_size_mb:g} MB)" if self.bucket_size_mb is not None else ""
-        comm = f", {self.grad_comm} gradient all-reduce" if self.grad_comm != "fp32" else ""
+        precision = f", {self.precision}" if self.precision != "fp32" else ""
         optimizer = f", {self.optimizer} AdamW" if self.optimizer != "foreach" else ""
-        return (f"{self.strategy}{bucket}, model {self.model}, batch {self.batch_size} per rank, seq len {self.seq_len}, "
-                f"{self.precision}{optimizer}{comm}")
+        comm = f", {self.grad_comm} gradient all-reduce" if self.grad_comm != "fp32" else ""
+        return (f"{self.strategy}{bucket}, model {self.model}, batch {self.batch_size} per rank, seq len {self.seq_len}"
+                f"{precision}{optimizer}{comm}")
 
     def local_twin(self) -> StepConfig:
         """The same model, data, precision and optimizer with no communication: the floor this
