@@ -60,3 +60,30 @@ def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
     # counted from the collectives it launched: one used-mask all-reduce, then one per tensor
     assert mine["allreduce_calls_per_step"] == 21
     assert mine["bucket_sizes_bytes"] is None and len(mine["round_seconds"]) == 2
+
+
+def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases(tmp_path):
+    """The textbook per-parameter DDP (``wrong_ddps.PerParameterDDP``) through the suite as a user
+    runs it: exactly the cases on the model whose ranks use different parameters fail, each naming
+    the collectives that differ and the cause; every other case passes; all within a minute."""
+    import time
+    import xml.etree.ElementTree as ElementTree
+
+    report = tmp_path / "report.xml"
+    began = time.monotonic()
+    done = pytest_run("correctness_tests/test_strategies.py", "-q", "-k", "trains_like_one_process",
+                      "--strategies", "correctness_tests.wrong_ddps:PerParameterDDP", f"--junit-xml={report}")
+    seconds = time.monotonic() - began
+    assert done.returncode == 1, done.stdout[-3000:]
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    outcomes = {case.get("name"): case.find("failure") for case in cases if case.find("skipped") is None}
+    failed = sorted(name for name, failure in outcomes.items() if failure is not None)
+    strategy = "correctness_tests.wrong_ddps:PerParameterDDP"
+    assert failed == sorted(f"test_trains_like_one_process[{strategy}-routed_mlp-{optimizer}-{accumulate}]"
+                            for optimizer in ("sgd", "adamw") for accumulate in ("step", "no_sync")), failed
+    assert len(outcomes) - len(failed) == 12, f"every other case must pass: {sorted(outcomes)}"
+    for name in failed:
+        text = outcomes[name].text + outcomes[name].get("message", "")
+        assert "the ranks issued different collectives" in text, text[-2000:]
+        assert "a DDP must still reduce them, as PyTorch's does with find_unused_parameters=True" in text, text[-2000:]
+    assert seconds < 60, f"the run took {seconds:.0f} s"

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from ddp.analysis.compare import compare
+from ddp.analysis.compare import compare, decide, failed, settled
 from ddp.bench.records import StepRecord, load_run, to_extra_info
 from ddp.cli import main as ddp_main
 
@@ -118,8 +118,68 @@ def test_drift_of_the_machine_cancels_where_rounds_were_paired_with_local(files)
     new = load_run(files("new.json", run([step("bucketed", [0.3 * d * e for d, e in zip(drift_new, noisy(1.0, 30, 2, 0.01))],
                                                  [0.2 * d for d in drift_new])])))
     (row,) = compare(old, new, 0.10)
-    assert row.basis == "paired with local" and row.verdict == "unchanged"
-    assert row.new_seconds / row.old_seconds > 1.15  # the raw medians alone would have failed the gate
+    # the raw medians alone would have failed the gate; the step moved no more than local did
+    assert row.decision.raw.verdict == "slower" and row.decision.reference.verdict == "slower"
+    assert row.basis == "paired with local" and row.verdict == "machine slower" and not failed([row])
+    assert row.decision.paired.verdict == "unchanged"
+
+
+def paired_rounds(step_seconds: float, local_seconds: float, n: int, seed: int, shared: float = 0.03,
+                  own: float = 0.01, local_own: float = 0.01) -> tuple[list[float], list[float]]:
+    """A step and its local twin over n rounds: a drift both share, and noise of their own."""
+    drift = noisy(1.0, n, seed, shared)
+    step_noise, local_noise = noisy(1.0, n, seed + 100, own), noisy(1.0, n, seed + 200, local_own)
+    return ([step_seconds * d * e for d, e in zip(drift, step_noise)],
+            [local_seconds * d * e for d, e in zip(drift, local_noise)])
+
+
+def test_a_slowdown_that_also_disturbs_local_is_caught_on_the_raw_basis(files):
+    # issue 19's case: a class slowed by 15% moves +30% raw while local beside it moves and gets
+    # noisy, so that step / local resolves nothing: the raw ratio decides
+    old = load_run(files("old.json", run([step("slowed", *paired_rounds(0.0345, 0.009, 40, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *paired_rounds(0.0448, 0.0108, 40, 2, local_own=0.25))])))
+    (row,) = compare(old, new, 0.10)
+    assert row.decision.paired.verdict == "not resolved"  # dividing by local alone would not have caught it
+    assert row.decision.paired.low < 1.10 < row.decision.paired.high
+    assert row.verdict == "slower" and row.basis == "raw" and failed([row])
+    assert "does not show that it explains the step" in row.why
+
+
+def test_a_raw_slowdown_with_local_unmoved_is_caught_even_where_the_pairing_is_noisy(files):
+    old = load_run(files("old.json", run([step("slowed", *paired_rounds(0.03, 0.01, 40, 1, local_own=0.2))])))
+    new = load_run(files("new.json", run([step("slowed", *paired_rounds(0.036, 0.01, 40, 2, local_own=0.2))])))
+    (row,) = compare(old, new, 0.10)
+    assert row.verdict == "slower" and row.decision.reference.verdict in ("unchanged", "not resolved")
+
+
+def test_a_uniformly_slower_machine_is_not_blamed_and_the_output_says_why(files, capsys):
+    old_step, old_local = paired_rounds(0.03, 0.01, 40, 1)
+    old = files("old.json", run([step("slowed", old_step, old_local), step("local", old_local)]))
+    new_step, new_local = paired_rounds(0.03 * 1.3, 0.01 * 1.3, 40, 2)
+    new = files("new.json", run([step("slowed", new_step, new_local), step("local", new_local)]))
+    assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
+    out = capsys.readouterr().out
+    assert "machine slower" in out and "the step moved no more than local" in out
+    assert "NOTE: 1 step(s) moved, but no more than their local did (test_step[slowed-b4-s64])" in out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unchanged_paired_runs_pass(files, seed):
+    old = load_run(files("old.json", run([step("slowed", *paired_rounds(0.03, 0.01, 30, seed, local_own=0.05))])))
+    new = load_run(files("new.json", run([step("slowed", *paired_rounds(0.03, 0.01, 30, seed + 50, local_own=0.05))])))
+    (row,) = compare(old, new, 0.10)
+    assert not failed([row]) and row.verdict == "unchanged"
+
+
+def test_settled_only_once_more_rounds_cannot_change_the_decision():
+    old_step, old_local = paired_rounds(0.0345, 0.009, 40, 1)
+    new_step, new_local = paired_rounds(0.0448, 0.0108, 40, 2, local_own=0.25)
+    open_pairing = decide(old_step, new_step, 0.10, old_local, new_local)
+    assert open_pairing.verdict == "slower" and not settled(open_pairing)  # local moved: could still be the machine
+    resolved = decide(paired_rounds(0.03, 0.01, 40, 1)[0], paired_rounds(0.036, 0.01, 40, 2)[0], 0.10)
+    assert resolved.verdict == "slower" and resolved.basis == "raw" and settled(resolved)  # no pairing: raw decides
+    unclear = decide(noisy(0.3, 8, 1, 0.3), noisy(0.336, 8, 2, 0.3), 0.10)
+    assert unclear.verdict == "not resolved" and not settled(unclear)
 
 
 def test_a_slower_strategy_is_caught_through_the_pairing(files):

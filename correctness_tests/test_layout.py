@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "ddp"
 # layer of each top-level part; a module may import its own layer and those below it
-LAYERS = {"importing": 0, "strategies": 0, "model": 0, "diagnose": 0, "launcher": 1, "bench": 2, "analysis": 3, "cli": 4, "__main__": 5}
+LAYERS = {"importing": 0, "strategies": 0, "model": 0, "launcher": 1, "bench": 2, "analysis": 3, "cli": 4, "__main__": 5}
 
 
 def module_name(path: Path) -> str:

@@ -1,63 +1,83 @@
-"""Memory per rank, measured as the step rows record it, agrees with each strategy's formula.
-
-Every registered strategy is built by the benchmark's own trainer on the ``tiny`` LM and its state
-counted (``ddp.bench.memory``). Summed over the ranks, parameters, gradients and optimizer state
-must be what the strategy's ``Sharding`` says (replicated: N x 4, 4, 8 bytes a parameter; ZeRO-1:
-N x 4, N x 4, 8; full sharding: 4, 4, 8) within 1% (FSDP pads each unit to a multiple of N,
-bucketed strategies add a flag per tensor, AdamW a step counter per tensor). A ZeRO or FSDP rank
-must also hold less than a replicated one, which is the point of sharding.
-"""
+"""Commands that keep several models built race within memory: contenders that do not fit
+together run one at a time in alternating blocks, and one that cannot fit even alone is refused
+before anything is built, with the figures."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from ddp.bench.records import StepRecord
+import ddp.bench.race as race_module
+from ddp.bench.measure import measure_in_blocks
+from ddp.bench.options import RoundOptions
+from ddp.bench.memory import GIB, fit, parameter_count
+from ddp.bench.race import DEFAULT_CONTENDERS, race, race_configs
 from ddp.bench.config import StepConfig
-from ddp.bench.rank_state import prepare, release
-from ddp.strategies.base import Sharding
-from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
+from ddp.bench.rank_state import parameters_of
 
-KINDS = ("parameters", "gradients", "optimizer_state")
-
-
-@pytest.fixture(scope="module")
-def memory_by_strategy(rank_group):
-    configs = [StepConfig(name, "tiny", 2, 16, 1.0 if takes_bucket_size(name) else None) for name in STRATEGIES]
-    setups = rank_group.run(prepare, configs, 0)
-    rank_group.run(release)
-    return {config.strategy: [rank[i] for rank in setups] for i, config in enumerate(configs)}
+XL_PARAMETERS = 1_998_235_200
+H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_memory_per_rank_matches_the_formula(rank_group, memory_by_strategy, strategy):
-    setups = memory_by_strategy[strategy]
-    sharding: Sharding = resolve_strategy(strategy).sharding
-    world_size = len(setups)
-    per_parameter = sharding.bytes_per_parameter(world_size)
-    parameters = setups[0].num_parameters
-    for kind in KINDS:
-        measured = sum(getattr(setup.memory, f"{kind}_bytes") for setup in setups)
-        expected = world_size * per_parameter[kind] * parameters
-        assert measured == pytest.approx(expected, rel=0.01), f"{strategy} {kind}: {measured} bytes on {world_size} ranks, formula {expected:.0f}"
-    assert all(setup.memory.peak_bytes is None for setup in setups) or rank_group.device == "cuda"
+def test_xl_on_one_h100_fits_alone_but_not_three_together():
+    memory = fit(race_configs(DEFAULT_CONTENDERS, "xl", 2, 128, 25.0), XL_PARAMETERS, H100_BYTES)
+    assert not memory.together
+    assert all(memory.alone.values())
+    assert memory.too_large() is None
+    # local and bucketed keep 16 B a parameter, torch 20, and one step's temporaries 4
+    assert memory.needed_together_bytes == XL_PARAMETERS * (16 + 16 + 20 + 4)
+    assert "together they need about 104.2 GiB per rank, 71.7 GiB usable of 79.6 GiB" == memory.explain()
 
 
-def test_sharding_holds_less_than_replication(rank_group, memory_by_strategy):
-    if rank_group.world_size < 2:
-        pytest.skip("sharding saves nothing on one rank: run with --world-size 2 or more")
-
-    def total(strategy: str) -> int:
-        memory = memory_by_strategy[strategy][0].memory
-        return memory.parameters_bytes + memory.gradients_bytes + memory.optimizer_state_bytes
-
-    assert total("sharded_optimizer") < total("bucketed") and total("zero") < total("torch")
-    assert total("fsdp") < total("sharded_optimizer") and total("torch_fsdp") < total("zero")
+def test_a_model_too_large_alone_is_refused_with_what_it_needs():
+    parameters = 3_400_000_000
+    memory = fit(race_configs(DEFAULT_CONTENDERS, "2.7b", 2, 128, 25.0), parameters, H100_BYTES)
+    message = memory.too_large()
+    assert message.startswith("torch (bucket 25 MB), model 2.7b, batch 2 per rank, seq len 128 needs about 76.0 GiB")
+    assert "use a smaller --model" in message
 
 
-def test_formulas_read_as_the_course_writes_them():
-    assert Sharding().formula == "4 + 4 + 8"
-    assert Sharding(optimizer_state=True).formula == "4 + 4 + 8/N"
-    assert Sharding(parameters=True, gradients=True, optimizer_state=True).formula == "16/N"
-    assert Sharding(optimizer_state=True).bytes_per_parameter(4)["total"] == 10.0
-    assert StepRecord.__dataclass_fields__["formula_bytes"].default is None  # old runs load without it
+def test_small_models_stay_together():
+    configs = race_configs(DEFAULT_CONTENDERS, "mini", 2, 64, 1.0)
+    assert fit(configs, parameter_count("mini", 2, 64), 8 * GIB).together
+
+
+def test_parameters_are_counted_without_building():
+    assert parameter_count("tiny", 2, 16) == sum(p.numel() for p in __import__("ddp").model.build_model("tiny").parameters())
+    assert parameter_count("mlp", 2, 1) > 100_000_000  # 0.4 GB of weights: built on the meta device
+
+
+def test_blocks_pair_rounds_of_configurations_built_one_at_a_time(rank_group):
+    configs = [StepConfig("local", "tiny", 2, 16), StepConfig("bucketed", "tiny", 2, 16, 1.0)]
+    measurement, parameters = measure_in_blocks(rank_group, configs, RoundOptions.fixed(4, 1), collect=parameters_of)
+    assert measurement.configs == configs
+    assert len(measurement.rounds) == 4  # two blocks of two rounds, paired by index
+    assert all(len(round_) == 2 and len(round_[0]) == rank_group.world_size for round_ in measurement.rounds)
+    assert set(parameters) == set(configs) and len(parameters[configs[1]]) == rank_group.world_size
+
+
+def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_group, monkeypatch):
+    def not_together(ranks, configs):
+        return fit(configs, 10**9, 40 * GIB)  # a billion parameters each, 40 GiB: alone only
+
+    monkeypatch.setattr(race_module, "fit_on", not_together)
+    result = race(rank_group, "tiny", 2, 16, 1.0, RoundOptions.fixed(2, 1))
+    assert result.interleaving.startswith("one at a time in alternating blocks of rounds (they do not fit")
+    assert result.weights_differ is None  # bucketed and torch trained alike, block by block
+    assert {name: len(rounds) for name, rounds in result.record.round_seconds.items()} == {"local": 2, "bucketed": 2, "torch": 2}
+
+
+def test_versus_refuses_a_model_too_large_before_building_it():
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp", "versus", "--model", "2.7b", "--batch-size", "1", "--seq-len", "8", "--world-size", "2",
+         "--backend", "gloo"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    if done.returncode == 0:
+        pytest.skip("this host has the memory for 2.7b three times over")
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("ddp-bench versus: error: torch (bucket 25 MB), model 2.7b") and "GiB" in line, line

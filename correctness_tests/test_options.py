@@ -4,6 +4,7 @@ one-line errors of every command."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from ddp.bench.options import (
-    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
+    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, NUMERICS_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
     add_grid_options, add_launch_options, gpu_world_sizes, grid_defaults, grid_options, launch_options, option, parse_list,
     round_options,
 )
@@ -122,13 +123,17 @@ def suite_parser() -> argparse.ArgumentParser:
 def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    names = [line.removeprefix("# ") for line in lines if line.startswith("#")]
+    planned = [re.fullmatch(r"# (.*) \(at most (\d+) s\)", line) for line in lines if line.startswith("#")][:-1]
+    names, limits = [m.group(1) for m in planned], [int(m.group(2)) for m in planned]
     commands = [shlex.split(line) for line in lines if not line.startswith("#")]
-    assert names == [name for name, _ in gpu_check.parts(tmp_path)] and len(commands) == 6
+    assert names == [part.name for part in gpu_check.parts(tmp_path)] and len(commands) == 6
+    # within 10 minutes in all: each part is ended at its limit
+    assert sum(limits) <= gpu_check.TOTAL_LIMIT_SECONDS == 600 and lines[-1] == f"# at most {sum(limits)} s in all"
     parsed = {}
     for name, command in zip(names, commands):
         assert command[:2] == [sys.executable, "-m"], name
         if command[2] == "pytest":
+            assert "-rs" in command, name  # skip reasons reach the summary
             args = suite_parser().parse_args(command[3:])
             assert all((ROOT / path).exists() for path in args.paths), f"{name}: {args.paths}"
             grid_options(vars(args).get, args.backend, args.device or "cuda")  # the grid is one the suite accepts
@@ -147,16 +152,23 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
     }
 
 
+def test_gpu_check_summary_reads_counts_and_skip_reasons():
+    log = ("....s\nSKIPPED [4] correctness_tests/test_launcher.py:42: needs 2 ranks: no rank 1\n"
+           "======= 362 passed, 7 skipped in 173.16s =======\n")
+    assert gpu_check.outcome_of(log) == ("362 passed, 7 skipped in 173.16s", ["4 x needs 2 ranks: no rank 1"])
+    assert gpu_check.outcome_of("wrote profile\n") == ("wrote profile", [])
+
+
 def test_every_command_binds_the_shared_options_from_their_one_definition():
     """Each option a command shares with pytest or another command comes from its definition in
     ``ddp.bench.options``: the same flag, destination, parser and help text (only the default is the
     command's); the commands that time rounds take every round option, those that train one
     configuration every configuration option they need."""
     expected = {
-        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS},
+        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--bucket-size-mb"),
-                    option("--bucket-sizes")},
-        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS},
+                    option("--bucket-sizes"), *NUMERICS_OPTIONS},
+        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
         "simulate": {option(f) for f in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
         "compare": set(), "report": set(), "gpu-check": set(),
@@ -186,3 +198,54 @@ def test_rounds_mean_at_least_everywhere():
     grid = grid_defaults("gloo", "cpu")
     assert grid.round_options() == RoundOptions(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision,
                                                 grid.round_budget_seconds())
+
+
+def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
+    from ddp.bench.config import grid_configs
+
+    grid = GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "batch_sizes": (2,), "seq_lens": (32,),
+                          "strategies": ("local", "naive", "bucketed", "torch"), "bucket_sizes_mb": (1.0,),
+                          "precisions": ("fp32", "bf16"), "grad_comms": ("fp32", "bf16")})
+    ids = [config.test_id for config in grid_configs(grid)]
+    # per precision: local, naive (fp32 communication only), bucketed and torch in both
+    assert ids == [
+        "local-b2-s32", "naive-b2-s32", "bucketed-b2-s32-bucket1mb", "bucketed-b2-s32-bucket1mb-bf16comm",
+        "torch-b2-s32-bucket1mb", "torch-b2-s32-bucket1mb-bf16comm",
+        "local-b2-s32-bf16", "naive-b2-s32-bf16", "bucketed-b2-s32-bucket1mb-bf16", "bucketed-b2-s32-bucket1mb-bf16-bf16comm",
+        "torch-b2-s32-bucket1mb-bf16", "torch-b2-s32-bucket1mb-bf16-bf16comm",
+    ]
+    assert grid.num_step_benchmarks == len(ids)
+
+
+def test_the_default_grid_stays_fp32_with_foreach_adamw():
+    for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
+        grid = grid_defaults(backend, device)
+        assert (grid.precisions, grid.optimizers, grid.grad_comms) == (("fp32",), ("foreach",), ("fp32",))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["versus", "--precision", "fp16"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["profile", "--strategies", "naive", "--optimizer", "adam", "--out", "x"], "--optimizer takes one or more of foreach, fused"),
+        (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["versus", "--precision", "fp32,bf16"], "--precision fp32,bf16: this command trains one configuration; give one value"),
+        (["profile", "--strategies", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
+         "profiling torch with --grad-comm bf16 needs nccl"),
+    ],
+)
+def test_numerics_options_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(argv)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_pytest_refuses_an_unknown_precision_before_any_rank_starts():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "--precision", "fp16", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 4  # pytest's usage error
+    assert "--precision takes one or more of fp32, tf32, bf16" in result.stderr

@@ -208,6 +208,9 @@ def test_first_release_step_entry_still_loads(tmp_path):
     run = load_run(write(tmp_path / "first.json", run_json(benches)))
     local, naive = run.steps
     assert (local.model, local.kind, local.schema_version) == ("tiny", "step", SCHEMA_VERSION)
+    # before schema 4 every step was fp32 with torch's default AdamW (on CPU its for-loop), and the run says so
+    assert (local.precision, local.optimizer, local.grad_comm) == ("fp32", "for-loop", "fp32")
+    assert len(run.notes) == 1 and "read as fp32 with fp32 gradient communication" in run.notes[0]
     assert local.step_seconds == pytest.approx(0.100)
     assert local.round_seconds is None and local.step_seconds_ci95 is None  # rounds not saved: no interval
     assert naive.round_seconds == pytest.approx([0.190, 0.200, 0.230])
@@ -216,7 +219,9 @@ def test_first_release_step_entry_still_loads(tmp_path):
     assert (overhead.ratio, overhead.extra_seconds) == (pytest.approx(2.0), pytest.approx(0.100))  # unpaired: medians
     report = render_markdown([run], images=[])
     assert table_row(report, "model") == ["model", "tiny"]
-    assert table_row(report, "batch 2, seq 32", "naive") == ["batch 2, seq 32", "naive", "100.00", "200.00", "100.00", "2.000", "unpaired"]
+    # a CPU run of then used torch's per-tensor AdamW loop, not the foreach of runs today: its configs say so
+    label = "batch 2, seq 32, fp32 for-loop"
+    assert table_row(report, label, "naive") == [label, "naive", "100.00", "200.00", "100.00", "2.000", "unpaired"]
 
 
 def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, tmp_path):
@@ -307,9 +312,10 @@ def test_comparison_matches_by_name_and_warns_when_machines_differ(baseline, tmp
     assert "WARNING: the runs come from different machines or setups** (node: bench-a vs bench-b; torch: 2.13.0+cpu vs 2.12.0)" in report
     # the new run's naive has no local twin: compared raw; every round at the median, so the interval is a point
     assert table_row(report, "test_step[naive-b2-s32]") == [
-        "test_step[naive-b2-s32]", "200.00", "150.00", "0.750", "[0.750, 0.750]", "faster", "raw"
+        "test_step[naive-b2-s32]", "200.00", "150.00", "0.750", "[0.750, 0.750]", "faster", "raw",
+        "no rounds paired with local in both runs",
     ]  # fmt: skip
-    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", "", "", "only in old", "raw"]
+    assert table_row(report, "test_step[flat-b2-s32]") == ["test_step[flat-b2-s32]", "150.00", "absent", "", "", "only in old", "raw", ""]
     # geometric mean of 0.5 and 0.75 = sqrt(0.375) = 0.612
     assert "2 benchmarks in both runs, geometric mean of new / old 0.612; 8 only in the old run, 1 only in the new one." in report
 

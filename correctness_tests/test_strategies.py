@@ -6,7 +6,7 @@ makes (``ddp.strategies.base.make_optimizer``: a sharded one for ZeRO). It check
 module starts from rank 0's parameters, and after every step that the gradients and then the
 parameters agree, reading the parameters whole by name (``gather_full_params``) so that sharded
 strategies are checked like the others; a strategy that shards its gradients is judged by its
-parameters alone. A mismatch fails with ``ddp.diagnose``'s message: the step, rank, parameter and
+parameters alone. A mismatch fails with ``correctness_tests.diagnose``'s message: the step, rank, parameter and
 size of the difference, and the likely mistake when it is a known one. The parent then checks
 that all ranks hold identical parameters.
 """
@@ -23,7 +23,7 @@ from torch.testing import assert_close
 
 import ddp
 from ddp.strategies.bucketed import BucketedDDP
-from ddp.diagnose import (
+from correctness_tests.diagnose import (
     Mismatch,
     diagnose_initial,
     diagnose_step,
@@ -36,6 +36,7 @@ from ddp.diagnose import (
 from ddp.launcher import rank_info
 from ddp.strategies.base import REPLICATED, gather_full_params, make_optimizer, sharding_of, shards_parameters
 from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size, traits
+from correctness_tests.collectives import CollectiveCheck, checking, side_group
 from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
@@ -145,18 +146,40 @@ def _full_values(model) -> dict[str, torch.Tensor]:
     return {name: value.detach().clone() for name, value in gather_full_params(model).items()}
 
 
+def _namer(module: torch.nn.Module):
+    """Names a tensor for collective messages: a parameter, or a parameter's gradient."""
+
+    def describe(tensor: torch.Tensor) -> str | None:
+        for name, param in module.named_parameters():
+            if tensor is param or tensor.data_ptr() == param.data_ptr():
+                return repr(name)
+            if param.grad is not None and tensor.data_ptr() == param.grad.data_ptr() and tensor.numel() == param.numel():
+                return f"{name!r} gradient"
+        return None
+
+    return describe
+
+
 def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
-    """Runs on every rank: train the strategy and the reference side by side, compare each step."""
+    """Runs on every rank: train the strategy and the reference side by side, compare each step.
+    Every rank's collectives are checked against the others' as they are issued (``collectives``)."""
     info = rank_info()
     case = MODEL_CASES[model_name]
     torch.manual_seed(0)
     reference = case.build().to(info.device)
     local = copy.deepcopy(reference)
+    check = CollectiveCheck(side_group(), _namer(local))
+    with checking(check):
+        return _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate)
+
+
+def _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate):
     with torch.no_grad():  # rank 0's parameters must win: start every other rank elsewhere
         for tensor in (*local.parameters(), *local.buffers()):
             if tensor.is_floating_point():
                 tensor.add_(info.rank)
     model = ddp.make_ddp(strategy, local, **_strategy_options(strategy, bucket_case, local, case.has_unused_parameters))
+    check.end()
     module = getattr(model, "module", local)
     _raise_on(
         diagnose_initial(info.rank, named_values(reference), _full_values(model))
@@ -183,6 +206,7 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         alone.zero_grad()  # the copy holds the last step's gradients
         case.loss(alone(mine), my_targets).backward()
         local_grads = named_gradients(alone)
+        check.begin(f"step {step}", [n for n, g in local_grads.items() if g is None and n not in frozen])
 
         reference_optimizer.zero_grad()
         case.loss(reference(inputs), targets).backward()
@@ -203,6 +227,7 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
         # as synchronization left them, before the optimizer reads them
         grads = named_gradients(module) if compare_gradients else None
         optimizer.step()
+        check.end()
         values = _full_values(model)
         expected = named_values(reference)
 

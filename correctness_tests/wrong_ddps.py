@@ -138,3 +138,58 @@ class NeverSynchronizes(SimpleDDP):
 
     def finish_gradient_synchronization(self) -> None:
         pass
+
+
+class PerParameterDDP(nn.Module):
+    """The textbook per-parameter DDP, written apart from ``SimpleDDP`` as a student writes it:
+    broadcast at construction, a ``register_post_accumulate_grad_hook`` on every trainable
+    parameter that launches an async all-reduce (SUM, then divided by the world size) of its
+    gradient as soon as backward has accumulated it, and a wait for every handle in
+    ``finish_gradient_synchronization``. It does nothing about unused parameters: a parameter that
+    this rank's forward did not use gets no hook call, so this rank launches fewer all-reduces
+    than a rank that used it, and the ranks' collectives no longer match. Every other case trains
+    like one process."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        self._handles: list[tuple[dist.Work, torch.Tensor]] = []
+        self._sync = True
+        with torch.no_grad():
+            for tensor in (*module.parameters(), *module.buffers()):
+                dist.broadcast(tensor, src=0)
+        for param in module.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._on_gradient)
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if self._sync:
+            self._handles.append((dist.all_reduce(param.grad, async_op=True), param.grad))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def finish_gradient_synchronization(self) -> None:
+        for handle, grad in self._handles:
+            handle.wait()
+            grad.div_(self.world_size)
+        self._handles.clear()
+
+
+class ExtraCollectiveOnRankZero(SimpleDDP):
+    """Correct gradients, but rank 0 issues one collective more than the others (a barrier after
+    synchronizing): the ranks' collectives differ in count, with every parameter used everywhere."""
+
+    def finish_gradient_synchronization(self) -> None:
+        super().finish_gradient_synchronization()
+        if dist.get_rank(self.process_group) == 0:
+            dist.barrier(group=self.process_group)

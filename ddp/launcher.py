@@ -51,6 +51,10 @@ GRACE_AFTER_WITHDRAWAL_SECONDS = 10.0
 class RankError(RuntimeError):
     """A rank raised, died or hung; the message carries its traceback or every rank's stack."""
 
+    group_intact: bool = False
+    """True when every rank answered and each failed rank's exception said the process group is
+    still in step (``group_intact`` on the exception): the group is then kept for the next call."""
+
 
 class Withdrawn:
     """Base of results a rank returns when it leaves a call early without failing it (out of
@@ -257,8 +261,10 @@ def _worker_main(
             fn, args, kwargs = task
             try:
                 result = call_on_rank(this_rank, fn, args, kwargs)
-            except BaseException:
-                conn.send(("error", traceback.format_exc()))
+            except BaseException as error:
+                # An exception may say the ranks left the group in step (e.g. every rank stopped
+                # before the same collective): then the parent keeps the group.
+                conn.send(("error_intact" if getattr(error, "group_intact", False) else "error", traceback.format_exc()))
             else:
                 conn.send(("ok", result))
     finally:
@@ -346,6 +352,10 @@ class RankGroup:
             for conn in self._conns:
                 conn.send((fn, args, kwargs))
             return self._collect(timeout_seconds or self.timeout_seconds, what=_describe(fn))
+        except RankError as error:
+            if not error.group_intact:
+                self.kill()
+            raise
         except BaseException:
             # Whatever went wrong (a rank's error, a hang, Ctrl-C), the ranks may be stuck in a
             # collective: replace them rather than reuse them.
@@ -355,6 +365,7 @@ class RankGroup:
     def _collect(self, timeout_seconds: float, what: str) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        intact: set[int] = set()  # ranks whose error left the group in step
         withdrawn: Withdrawn | None = None
         withdrawal_deadline = float("inf")
         deadline = time.monotonic() + timeout_seconds
@@ -387,8 +398,10 @@ class RankGroup:
                 except EOFError:  # the rank's process ended without a word
                     errors[rank] = self._death_message(rank)
                     continue
-                if status == "error":
+                if status in ("error", "error_intact"):
                     errors[rank] = payload
+                    if status == "error_intact":
+                        intact.add(rank)
                 else:
                     results[rank] = payload
                     if isinstance(payload, Withdrawn) and withdrawn is None:
@@ -396,7 +409,9 @@ class RankGroup:
                         withdrawal_deadline = time.monotonic() + GRACE_AFTER_WITHDRAWAL_SECONDS
         if errors:
             shown = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items()))
-            raise RankError(f"{len(errors)} of {self.world_size} ranks failed in {what}:\n{shown}")
+            error = RankError(f"{len(errors)} of {self.world_size} ranks failed in {what}:\n{shown}")
+            error.group_intact = len(results) + len(errors) == self.world_size and intact == set(errors)
+            raise error
         if withdrawn is not None:
             stuck = [r for r in range(self.world_size) if r not in results]
             if stuck or any(isinstance(r, Withdrawn) and r.group_broken for r in results.values()):

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from ddp.analysis.compare import gate
+from ddp.analysis.compare import AimAtDecision, gate
 from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options, percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
 from ddp.bench.config import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()
+AIMED = pytest.StashKey[list]()
+DEFAULT_DECISION_THRESHOLD = 0.10  # what --benchmark-compare aims its rounds at without --ddp-fail-slower
 SESSION = pytest.StashKey[pytest.Session]()
 
 
@@ -99,8 +101,36 @@ def record_precision(request: pytest.FixtureRequest):
     return record
 
 
+def compared_runs(config: pytest.Config) -> list[tuple[str, object]]:
+    """(path, run) of each saved run ``--benchmark-compare`` loaded; raises ``RunFileError``."""
+    # pytest-benchmark offers no public way to the runs --benchmark-compare loaded: its session is the one
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not session.compared_mapping:
+        return []
+    # pytest-benchmark names compared runs relative to its storage folder
+    return [(path, load_run(Path(session.storage.path) / path)) for path in session.compared_mapping]
+
+
+@pytest.fixture(scope="session")
+def aim_at_decision(pytestconfig: pytest.Config) -> AimAtDecision | None:
+    """With ``--benchmark-compare``: the stop criterion that adds rounds until each step's comparison
+    with the saved run is settled (``ddp.analysis.compare.AimAtDecision``), at ``--ddp-fail-slower``
+    (default 10%). None without a saved run (the precision target decides)."""
+    try:
+        runs = compared_runs(pytestconfig)
+    except RunFileError:
+        return None  # the gate reports it at the end
+    if not runs:
+        return None
+    threshold = pytestconfig.getoption("ddp_fail_slower") or DEFAULT_DECISION_THRESHOLD
+    criterion = AimAtDecision(runs[-1][1], threshold, lambda config: f"test_step[{config.test_id}]")
+    pytestconfig.stash.setdefault(AIMED, []).append((runs[-1][0], criterion))
+    return criterion
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     precision_summary(terminalreporter, config)
+    aimed_summary(terminalreporter, config)
     threshold = config.getoption("ddp_fail_slower")
     if threshold is not None:
         regression_gate(terminalreporter, config, threshold)
@@ -121,13 +151,12 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
             "machine_info": session.get_machine_info(),
             "benchmarks": [bench.as_dict(include_data=False) for bench in session.benchmarks if not bench.has_error],
         })
-        # pytest-benchmark names compared runs relative to its storage folder
-        olds = [load_run(Path(session.storage.path) / path) for path in session.compared_mapping]
+        olds = compared_runs(config)
     except RunFileError as error:
         terminalreporter.write_line(f"--ddp-fail-slower: {error}")
         config.stash[SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    for path, old in zip(session.compared_mapping, olds):
+    for path, old in olds:
         judged = gate(old, new, threshold)  # the one gate, as `ddp compare` judges
         terminalreporter.write_line(f"against {path}:")
         for line in [*judged.warnings, *judged.lines]:
@@ -152,3 +181,23 @@ def precision_summary(terminalreporter, config: pytest.Config) -> None:
         for name, (r, t) in sorted(missed.items(), key=lambda item: -item[1][0]):
             terminalreporter.write_line(f"  {name}: +-{r:.1%} (target +-{t:.1%})")
         terminalreporter.write_line("raise --round-budget or --max-rounds, or run on a quieter machine")
+
+
+def aimed_summary(terminalreporter, config: pytest.Config) -> None:
+    """How the rounds aimed at the comparison with the saved run ended: settled, or budget spent."""
+    for path, criterion in config.stash.get(AIMED, []):
+        if not criterion.outcomes:
+            continue
+        terminalreporter.section("ddp-bench rounds aimed at the decision")
+        outcomes = criterion.outcomes
+        open_ = {name: o for name, o in outcomes.items() if not o.settled}
+        terminalreporter.write_line(
+            f"against {path} at {criterion.threshold:.0%}: {len(outcomes) - len(open_)} of {len(outcomes)} "
+            "step benchmarks settled before the budget"
+        )
+        for name, outcome in outcomes.items():
+            how = f"settled after {outcome.rounds} rounds" if outcome.settled else \
+                f"budget spent, not settled at {outcome.rounds} rounds"
+            terminalreporter.write_line(f"  {name}: {outcome.decision.verdict} ({outcome.decision.basis}); {how}")
+        if open_:
+            terminalreporter.write_line("raise --round-budget or --max-rounds to settle the others")

@@ -6,7 +6,8 @@ each strategy with a ``local`` twin, so that its overhead is paired over rounds;
 strategy of one batch size and sequence length in the same rounds (measured when the group's first
 test runs); ``off`` (the GPU default) each alone. A
 round's time is the slowest rank's step. Rounds are added until every median's 95% interval is
-within ``--target-precision`` or the budget is spent. The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
+within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
+comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
 the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``.
 """
 
@@ -24,9 +25,10 @@ from ddp.strategies.registry import traits
 
 
 @pytest.fixture(scope="module")
-def measurer(rank_group, grid):
-    """Measures the grid a group at a time; the last models are freed when this module is done."""
-    yield GridMeasurer(rank_group, grid_configs(grid), grid.round_options(), grid.interleave)
+def measurer(rank_group, grid, aim_at_decision):
+    """Measures the grid a group at a time, with rounds aimed at the comparison with a saved run
+    under ``--benchmark-compare``; the last models are freed when this module is done."""
+    yield GridMeasurer(rank_group, grid_configs(grid), grid.round_options(), grid.interleave, stop=aim_at_decision)
     if rank_group.started:
         rank_group.run(release)
 

@@ -16,9 +16,7 @@ from ddp.analysis.figures import (
     resolved_apart,
     winners,
 )
-from ddp.analysis.tables import mib as _mib
-from ddp.analysis.tables import ms as _ms
-from ddp.analysis.tables import pct as _pct
+from ddp.analysis.tables import mib, ms, pct
 from ddp.bench.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import traits
@@ -26,16 +24,16 @@ from ddp.strategies.registry import traits
 
 def _times(faster: StepRecord, slower: StepRecord) -> str:
     if not resolved_apart(faster, slower):
-        return f"not resolved against {slower.label} ({_ms(slower.step_seconds)} ms: the 95% intervals overlap)"
+        return f"not resolved against {slower.label} ({ms(slower.step_seconds)} ms: the 95% intervals overlap)"
     return (
         f"{slower.step_seconds / faster.step_seconds:.2f}x faster than {slower.label} "
-        f"({_ms(slower.step_seconds)} ms, {_ms(slower.step_seconds - faster.step_seconds)} ms less per step)"
+        f"({ms(slower.step_seconds)} ms, {ms(slower.step_seconds - faster.step_seconds)} ms less per step)"
     )
 
 
 def winner_sentence(win: Win, with_model: bool) -> str:
     w = win.winner
-    text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {_ms(w.step_seconds)} ms"
+    text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {ms(w.step_seconds)} ms"
     # the runner-up and every reference strategy, nearest first
     against = {r.strategy: r for r in [win.runner_up, *win.references] if r is not None and r.strategy != w.strategy}
     margins = [_times(w, other) for other in sorted(against.values(), key=lambda s: s.step_seconds)]
@@ -46,10 +44,10 @@ def plan_sentence(plan: BucketPlan) -> str:
     described = traits(plan.strategy)
     text = (
         f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MB: **{plan.num_buckets} bucket(s)** for "
-        f"{_mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
+        f"{mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
     )
     if plan.bucket_sizes_bytes is not None:
-        sizes = [float(_mib(size)) for size in plan.bucket_sizes_bytes]
+        sizes = [float(mib(size)) for size in plan.bucket_sizes_bytes]
         listed = ", ".join(f"{s:g}" for s in sizes[:12]) + (f", ... ({len(sizes) - 12} more)" if len(sizes) > 12 else "")
         text += f"; sizes in launch order, MiB: {listed}"
         if plan.oversized_buckets and described.closes_bucket_after_cap:
@@ -65,14 +63,14 @@ def plan_sentence(plan: BucketPlan) -> str:
         if large_first and plan.total_bytes <= first:
             text += (
                 f". Fewer than total / cap: every gradient fits in {plan.strategy}'s first bucket, which it fills up "
-                f"to {_mib(first)} MiB whatever the cap says"
+                f"to {mib(first)} MiB whatever the cap says"
             )
         else:
             text += ". Fewer than total / cap: some buckets hold more than the cap"
             if not described.closes_bucket_after_cap:
                 text += ", a tensor larger than the cap in a bucket of its own"
             if large_first:
-                text += f" (and {plan.strategy}'s first bucket, filled up to {_mib(first)} MiB whatever the cap says)"
+                text += f" (and {plan.strategy}'s first bucket, filled up to {mib(first)} MiB whatever the cap says)"
     elif plan.num_buckets > plan.total_over_cap:
         text += ". More than total / cap: a bucket is closed as soon as the next tensor would overflow it, so buckets are rarely full"
     return text + "."
@@ -100,7 +98,7 @@ def noise_sentence(steps: list[StepRecord]) -> str | None:
         return None
     parts = []
     if spread is not None:
-        parts.append(f"the 95% intervals of the medians are +-{_pct(spread)} wide (median over benchmarks)")
+        parts.append(f"the 95% intervals of the medians are +-{pct(spread)} wide (median over benchmarks)")
     if suspicious:
         compared = len(overheads_over_local(steps))
         parts.append(
@@ -134,16 +132,16 @@ def commentary_section(run: Run) -> list[str]:
         share = max(exposed, key=lambda s: s.comm_fraction)
         text = (
             f"Largest exposed communication: {worst.label} at {config_label(worst.config, with_model)} waits "
-            f"{_ms(worst.comm_wait_seconds)} ms per step for its gradients ({_pct(worst.comm_fraction)} of the step)"
+            f"{ms(worst.comm_wait_seconds)} ms per step for its gradients ({pct(worst.comm_fraction)} of the step)"
         )
         if share is not worst:
             text += (
                 f"; the largest share is {share.label} at "
-                f"{config_label(share.config, with_model)}: {_pct(share.comm_fraction)} ({_ms(share.comm_wait_seconds)} ms)"
+                f"{config_label(share.config, with_model)}: {pct(share.comm_fraction)} ({ms(share.comm_wait_seconds)} ms)"
             )
         local = [s.comm_wait_seconds for s in steps if s.strategy == "local"]
         if local:
-            text += f". `local`, with nothing to wait for, measures up to {_ms(max(local))} ms: the floor of this figure"
+            text += f". `local`, with nothing to wait for, measures up to {ms(max(local))} ms: the floor of this figure"
         lines += [text + ".", ""]
     plans = bucket_plans(steps)
     if plans:

@@ -11,18 +11,45 @@ widens the interval instead of failing the gate. ``gate`` is that gate, once: ``
 pytest's ``--ddp-fail-slower`` (perf_tests/conftest.py) print and judge through it, and ``table``
 is the one comparison table, in the terminal and in the report.
 
-**Drift between runs.** Two runs are taken minutes or days apart, and a machine's speed drifts
-by more than 10% over that on a shared host (measured here: ``local`` steps of one configuration
-differed by up to 26% between two default runs of the same code), which no interval over one
-run's rounds can show. Where both runs interleaved a step benchmark with ``local`` (its record has
-``local_round_seconds``), the ratio is taken on each round's step / local instead: a change in
-the machine slows both and cancels, a change in the strategy does not. The ``basis`` column says
-which; runs without pairing are compared raw. ``local`` itself has nothing to pair with: it is
-the machine's reference, and a resolved change there is reported as ``machine slower`` (or
-faster), not gated: between two runs of the same code on this project's machine, every ``local``
-benchmark once ran 11 to 28% slower (the whole machine was slower for that run) while every
-paired strategy comparison stayed inside the threshold. A change that slows the model's own
-compute shows there too, and is then a change of the workload rather than of a DDP.
+**Drift between runs, and a basis a regression cannot hide behind.** Two runs are taken minutes
+or days apart, and a machine's speed drifts by more than 10% over that on a shared host (measured
+here: ``local`` steps of one configuration differed by up to 26% between two default runs of the
+same code), which no interval over one run's rounds can show. Where both runs interleaved a step
+benchmark with ``local`` (its record has ``local_round_seconds``), three ratios are taken
+(``decide``): the *raw* ratio of the step's medians, the *paired* ratio of each round's step /
+local (a change in the machine slows both and cancels), and the *reference*: ``local``'s own raw
+ratio. Dividing by ``local`` alone let a regression hide (issue 19: a class slowed by 15% moved
++30% raw, but ``local`` beside it moved x1.34 and the paired interval [0.99, 1.19] resolved
+nothing), so the verdict combines them, and the ``why`` column says which decided:
+
+* the paired ratio resolved slower: **slower** (the step moved more than the machine did);
+* the raw ratio resolved slower and the paired ratio resolved *within* the threshold (or faster):
+  the step moved no more than ``local``, so the machine explains it: **machine slower**, reported,
+  not gated;
+* the raw ratio resolved slower and the paired ratio not resolved: **slower**. The burden of proof
+  lies on the machine explanation; where ``local`` did not move (its ratio resolved within the
+  threshold) the raw ratio is the right basis anyway;
+* otherwise the paired verdict where it is resolved, else the raw one (an *unchanged* raw ratio
+  stands only if ``local`` did not resolve faster, which could hide a slower step).
+
+A uniformly slower machine moves ``local`` and the step alike, the paired ratio resolves within
+the threshold, and nothing is blamed on the code; a change that also disturbs ``local`` is still
+caught by the raw ratio unless the pairing shows that the step moved no more than ``local``. What
+this cannot tell apart: load that slows ``local`` more than the step (a compute-bound ``local``
+beside a step that waits on communication) can explain away a regression smaller than that
+difference; such rows say ``machine slower`` and the NOTE names them. Runs without pairing are
+compared raw. ``local`` itself has nothing to pair with: it is the machine's reference, and a
+resolved change there is reported as ``machine slower`` (or faster), not gated.
+
+**Rounds aimed at the decision.** ``settled`` says whether more rounds could still change a
+decision; the timing loop (``ddp.bench.measure.timed_rounds``) asks it after each round when a run
+is compared with a saved one (pytest's ``--benchmark-compare``), and stops once every benchmark of
+the round is settled or the budget is spent. This is sequential testing in the plainest form: the
+interval is recomputed as rounds arrive and the run stops when it clears the threshold on one side.
+Looking repeatedly at a 95% interval raises its error rate above 5% (Armitage, McPherson and Rowe,
+"Repeated significance tests on accumulating data", JRSS A 132, 1969); the gate's margin (a
+threshold the interval must clear, not just 1.0) and the power study (``perf_tests/power_study.py``,
+docs/regression-gate.md) measure the false-alarm rate that results rather than assume it.
 
 Two runs from different machines, backends, devices, GPUs or torch versions measure the machine
 as much as the code: ``machine_differences`` names what differs, and the report says so first.
@@ -35,11 +62,170 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
-from ddp.bench.records import Run
+from ddp.bench.records import Run, StepRecord
 from ddp.bench.stats import Verdict, ratio_of_medians_ci, verdict
 
 # The facts whose difference makes a comparison suspect; machine_differences names them.
 MACHINE_FACTS = ("node", "cpu", "cpu count", "torch", "backend", "device", "world size", "GPU", "CUDA", "NCCL")
+
+
+RAW = "raw"
+PAIRED = "paired with local"
+MACHINE_REFERENCE = "raw (machine reference, not gated)"
+MACHINE = "machine"  # the prefix of the verdicts a moved machine explains: "machine slower", "machine faster"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """new / old with its 95% bootstrap interval, and where that interval lies against the threshold."""
+
+    point: float
+    low: float
+    high: float
+    verdict: Verdict
+
+    @classmethod
+    def of(cls, new: list[float], old: list[float], threshold: float) -> Ratio:
+        point, low, high = ratio_of_medians_ci(new, old)
+        return cls(point, low, high, verdict(low, high, threshold))
+
+    def __str__(self) -> str:
+        return f"x{self.point:.2f} [{self.low:.2f}, {self.high:.2f}]"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one benchmark, the basis that decided it and why (module docstring)."""
+
+    verdict: str
+    """slower, faster, unchanged, not resolved, machine slower or machine faster."""
+    basis: str
+    """``RAW``, ``PAIRED`` or ``MACHINE_REFERENCE``: the ratio the verdict was read from."""
+    why: str
+    raw: Ratio
+    paired: Ratio | None = None
+    """Each round's step / local, where both runs paired them."""
+    reference: Ratio | None = None
+    """``local``'s own raw ratio, from the rounds interleaved with this step."""
+
+    @property
+    def ratio(self) -> Ratio:
+        """The ratio the verdict was read from."""
+        return self.paired if self.basis == PAIRED else self.raw
+
+
+def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, old_local: list[float] | None = None,
+           new_local: list[float] | None = None, reference: bool = False) -> Decision:
+    """Judge one benchmark from its rounds in the two runs (and its ``local`` twin's, where both runs
+    paired them): the rules of the module docstring. ``reference``: the benchmark is ``local``, the
+    machine's reference, never gated."""
+    raw = Ratio.of(new_rounds, old_rounds, threshold)
+    if reference:
+        if raw.verdict in (Verdict.SLOWER, Verdict.FASTER):
+            return Decision(f"{MACHINE} {raw.verdict}", MACHINE_REFERENCE, "local is the machine's reference", raw)
+        return Decision(str(raw.verdict), RAW, "local is the machine's reference", raw)
+    paired_both = (old_local and new_local and len(old_local) == len(old_rounds) and len(new_local) == len(new_rounds))
+    if not paired_both:
+        return Decision(str(raw.verdict), RAW, "no rounds paired with local in both runs", raw)
+    paired = Ratio.of([s / l for s, l in zip(new_rounds, new_local)], [s / l for s, l in zip(old_rounds, old_local)],
+                      threshold)
+    local = Ratio.of(new_local, old_local, threshold)
+
+    def decision(verdict_: Verdict | str, basis: str, why: str) -> Decision:
+        return Decision(str(verdict_), basis, why, raw, paired, local)
+
+    if paired.verdict is Verdict.SLOWER:
+        return decision(Verdict.SLOWER, PAIRED, f"step / local resolved slower; local {local}")
+    if raw.verdict is Verdict.SLOWER:
+        if paired.verdict in (Verdict.UNCHANGED, Verdict.FASTER):
+            return decision(f"{MACHINE} slower", PAIRED,
+                            f"the step moved no more than local ({local}): step / local {paired}")
+        if local.verdict is Verdict.UNCHANGED:
+            return decision(Verdict.SLOWER, RAW, f"local did not move ({local})")
+        return decision(Verdict.SLOWER, RAW,
+                        f"local moved ({local}) but step / local {paired} does not show that it explains the step")
+    if paired.verdict is not Verdict.NOT_RESOLVED:
+        return decision(paired.verdict, PAIRED, f"step / local resolved; raw {raw}, local {local}")
+    if raw.verdict is Verdict.UNCHANGED and local.verdict is Verdict.FASTER:
+        return decision(Verdict.NOT_RESOLVED, RAW, f"raw unchanged but local got faster ({local}): step / local {paired}")
+    return decision(raw.verdict, RAW, f"step / local not resolved {paired}; local {local}")
+
+
+def settled(decision: Decision) -> bool:
+    """Whether more rounds could no longer change ``decision``'s verdict or its basis: it is resolved,
+    and either it was read from the paired ratio, or no pairing exists, or ``local`` did not move
+    (a raw verdict taken while the pairing is still open could turn into *machine slower*)."""
+    if decision.verdict == str(Verdict.NOT_RESOLVED):
+        return False
+    if decision.paired is None or decision.paired.verdict is not Verdict.NOT_RESOLVED:
+        return True
+    return decision.reference is not None and decision.reference.verdict is Verdict.UNCHANGED
+
+
+@dataclass
+class AimedRounds:
+    """How one benchmark's rounds aimed at the decision ended."""
+
+    rounds: int
+    decision: Decision
+    settled: bool
+    """False: the budget was spent first (``decision`` is then what those rounds gave)."""
+
+
+class AimAtDecision:
+    """A ``ddp.bench.measure.StopCriterion``: rounds go on until every configuration of the round
+    that ``old`` also measured has a ``settled`` decision against it (``local``, the machine's
+    reference, is not waited for). ``name_of(config)`` is the benchmark's name in the saved run.
+    ``outcomes`` keeps, per benchmark name, how its rounds ended.
+
+    The decision is recomputed on a geometric schedule (every round up to ``EVERY_ROUND_UNTIL``,
+    then each time the rounds grew by a tenth): three bootstraps a check would otherwise cost more
+    than a small model's step. The bootstrap's fixed seed makes every rank under torchrun take the
+    same decision from the same gathered times."""
+
+    EVERY_ROUND_UNTIL = 20
+    MIN_ROUNDS = 20
+    """No decision settles on fewer new rounds: a percentile bootstrap of a median is too narrow on
+    a handful of samples (its resamples take few distinct values; Efron and Tibshirani 1993,
+    section 7.3), and the distribution-free interval of a median needs 6 to reach 95% at all. On
+    this project's shared 2-core machine, 10 rounds once resolved an unchanged step x0.85
+    [0.65, 0.94] against a saved run."""
+
+    def __init__(self, old: Run, threshold: float, name_of) -> None:
+        self.old = old.by_name()
+        self.threshold = threshold
+        self.name_of = name_of
+        self.outcomes: dict[str, AimedRounds] = {}
+        self._next_check = 0
+        self._last_rounds = 0
+
+    def __call__(self, configs, seconds: list[list[float]]) -> bool | None:
+        strategies = [c.strategy for c in configs]
+        judged = []
+        for index, config in enumerate(configs):
+            old = self.old.get(self.name_of(config))
+            if config.strategy == "local" or old is None or not old.round_seconds:
+                continue
+            twin = strategies.index("local") if "local" in strategies else None
+            judged.append((self.name_of(config), old, seconds[index], None if twin is None else seconds[twin]))
+        if not judged:
+            return None  # nothing saved to compare with: the precision target decides
+        rounds = len(seconds[0])
+        if rounds <= self._last_rounds:  # the next measurement's rounds began
+            self._next_check = 0
+        self._last_rounds = rounds
+        if rounds < self._next_check:
+            return False
+        self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * 1.1) + 1
+        if rounds < self.MIN_ROUNDS:
+            return False
+        done = True
+        for name, old, new_rounds, new_local in judged:
+            decision = decide(old.round_seconds, new_rounds, self.threshold,
+                              getattr(old.record, "local_round_seconds", None), new_local)
+            self.outcomes[name] = AimedRounds(rounds, decision, settled(decision))
+            done = done and settled(decision)
+        return done
 
 
 @dataclass(frozen=True)
@@ -48,12 +234,15 @@ class BenchmarkComparison:
     old_seconds: float | None
     new_seconds: float | None
     ratio: float | None
-    """median(new) / median(old)."""
+    """new / old on the basis that decided: the medians' ratio (raw) or of step / local (paired)."""
     ratio_ci95: tuple[float, float] | None
     verdict: str
-    """slower, faster, unchanged, not resolved, or only in old / only in new / no rounds."""
-    basis: str = "raw"
+    """slower, faster, unchanged, not resolved, machine slower/faster, or only in old / only in new / no rounds."""
+    basis: str = RAW
     """``raw``: step times; ``paired with local``: each round's step / local (drift-corrected)."""
+    why: str = ""
+    """Why that basis decided (``Decision.why``)."""
+    decision: Decision | None = None
 
 
 def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
@@ -75,34 +264,13 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
             rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, b.median_seconds / a.median_seconds,
                                             None, "no rounds saved"))
             continue
-        basis, old_rounds, new_rounds = _rounds_to_compare(a, b)
-        ratio, low, high = ratio_of_medians_ci(new_rounds, old_rounds)
-        judged = str(verdict(low, high, threshold))
-        if getattr(a.record, "strategy", None) == "local" and judged in (str(Verdict.SLOWER), str(Verdict.FASTER)):
-            # local is what every strategy is measured against: nothing to pair it with, so a change
-            # there is the machine's (or the model's own compute), reported but not gated
-            judged = f"machine {judged}"
-            basis = MACHINE_REFERENCE
-        rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, ratio, (low, high), judged, basis))
+        judged = decide(a.round_seconds, b.round_seconds, threshold, getattr(a.record, "local_round_seconds", None),
+                        getattr(b.record, "local_round_seconds", None),
+                        reference=getattr(a.record, "strategy", None) == "local")
+        chosen = judged.ratio
+        rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, chosen.point, (chosen.low, chosen.high),
+                                        judged.verdict, judged.basis, judged.why, judged))
     return rows
-
-
-def _rounds_to_compare(old, new) -> tuple[str, list[float], list[float]]:
-    """What the ratio is taken on: each round's step / local where both runs paired them, else the rounds."""
-    pair_old = getattr(old.record, "local_round_seconds", None)
-    pair_new = getattr(new.record, "local_round_seconds", None)
-    if pair_old and pair_new and len(pair_old) == len(old.round_seconds) and len(pair_new) == len(new.round_seconds):
-        return (
-            PAIRED,
-            [s / l for s, l in zip(old.round_seconds, pair_old)],
-            [s / l for s, l in zip(new.round_seconds, pair_new)],
-        )
-    return RAW, old.round_seconds, new.round_seconds
-
-
-RAW = "raw"
-PAIRED = "paired with local"
-MACHINE_REFERENCE = "raw (machine reference, not gated)"
 
 
 def failed(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
@@ -111,13 +279,40 @@ def failed(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
 
 
 def machine_drift(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
-    """``local`` benchmarks resolved slower or faster: the machine (or the model's compute) changed."""
-    return [row for row in rows if row.basis == MACHINE_REFERENCE]
+    """Benchmarks whose change the machine explains: ``local`` resolved slower or faster, and steps
+    that moved no more than their ``local`` did (``machine slower``)."""
+    return [row for row in rows if row.verdict.startswith(MACHINE)]
+
+
+def machine_notes(rows: list[BenchmarkComparison]) -> list[str]:
+    """The lines that name what the machine explains (``machine_drift``): printed, never failed."""
+    drift = machine_drift(rows)
+    local = [r for r in drift if r.basis == MACHINE_REFERENCE]
+    steps = [r for r in drift if r.basis != MACHINE_REFERENCE]
+    lines = []
+    if local:
+        lines.append(f"NOTE: local, the machine's reference, changed in {len(local)} configuration(s) ("
+                     + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in local) + "): the machine (or the model's own "
+                     "compute) differed between the runs; this does not fail the gate")
+    if steps:
+        lines.append(f"NOTE: {len(steps)} step(s) moved, but no more than their local did ("
+                     + ", ".join(r.name for r in steps) + "): blamed on the machine, not failed; if the machine was "
+                     "the same, run both again on a quiet machine")
+    return lines
 
 
 def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
-    """Machine facts that differ between the runs and make their ratios suspect."""
-    return {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
+    """Machine facts that differ between the runs and make their ratios suspect, and the numerics
+    of steps matched by name that were not computed alike (a run saved before schema 3 on CPU used
+    torch's per-tensor AdamW loop, a run today foreach: same names, not the same step)."""
+    differences = {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
+    olds = old.by_name()
+    pairs = {(a.record.numerics, b.record.numerics) for name, b in new.by_name().items()
+             if name in olds and isinstance(b.record, StepRecord) and isinstance((a := olds[name]).record, StepRecord)}
+    unlike = sorted((a, b) for a, b in pairs if a != b)
+    if unlike:
+        differences["step numerics"] = (", ".join(a for a, _ in unlike), ", ".join(b for _, b in unlike))
+    return differences
 
 
 def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
@@ -125,10 +320,10 @@ def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
     (``github``) show."""
     body = [
         [r.name, ms(r.old_seconds, missing="absent"), ms(r.new_seconds, missing="absent"),
-         "" if r.ratio is None else f"{r.ratio:.3f}", ratio_interval(r.ratio_ci95), r.verdict, r.basis]
+         "" if r.ratio is None else f"{r.ratio:.3f}", ratio_interval(r.ratio_ci95), r.verdict, r.basis, r.why]
         for r in rows
     ]
-    return render(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis"], tablefmt)
+    return render(body, ["benchmark", "old (ms)", "new (ms)", "new / old", "95% interval", "verdict", "basis", "why"], tablefmt)
 
 
 @dataclass(frozen=True)
@@ -152,13 +347,7 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
                         "machine as much as the code")
     rows = compare(old, new, threshold)
     lines = [table(rows)]
-    drift = machine_drift(rows)
-    if drift:
-        lines.append(
-            f"NOTE: local, the machine's reference, changed in {len(drift)} configuration(s) ("
-            + ", ".join(f"{r.name} x{r.ratio:.2f}" for r in drift) + "): the machine (or the model's own compute) "
-            "differed between the runs; strategies are compared against it round by round, so this does not fail the gate"
-        )
+    lines += machine_notes(rows)
     slower = failed(rows)
     counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
     lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {threshold:.0%})")

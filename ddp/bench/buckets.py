@@ -3,8 +3,9 @@ this machine's ranks, and the all-reduces a link is fitted on (``ddp buckets`` p
 model's recommendation for larger world sizes beside it).
 
 Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
-round, so its cost is a paired overhead over ``local`` with a 95% interval: caps are compared on
-what synchronizing costs, not on step times that drift with the machine. The best measured cap is
+round (or, where the two do not fit in memory together, one at a time in alternating blocks of
+rounds: ``ddp.bench.measure.measure_in_blocks``), so its cost is a paired overhead over ``local``
+with a 95% interval: caps are compared on what synchronizing costs, not on step times that drift with the machine. The best measured cap is
 the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
 (then the data do not tell them apart). ``fitted_link`` measures all-reduces on the same ranks for
 the cost model's link (``ddp.analysis.costmodel.fit_link``).
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
-from ddp.bench.measure import MeasuredOutOfMemory, free, measure
-from ddp.bench.options import RoundOptions
+from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
+from ddp.bench.memory import device_memory_bytes, fit, parameter_count
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import StepRecord, step_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason
@@ -46,13 +48,24 @@ class Sweep:
 
 
 def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundOptions,
-          strategies: tuple[str, ...] = BUCKETED_STRATEGIES) -> Sweep:
-    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards."""
+          strategies: tuple[str, ...] = BUCKETED_STRATEGIES, **numerics) -> Sweep:
+    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards. ``numerics``:
+    ``StepConfig``'s precision, optimizer and grad_comm."""
     records, skipped = [], []
+    parameters = parameter_count(model, batch_size, seq_len)
+    memory_bytes = min(ranks.run(device_memory_bytes))
     for strategy in strategies:
         for cap in caps_mb:
-            config = StepConfig(strategy, model, batch_size, seq_len, cap)
-            result = measure(ranks, [config, config.local_twin()], policy)
+            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics_for(strategy, numerics))
+            pair = [config, config.local_twin()]
+            memory = fit(pair, parameters, memory_bytes)
+            if memory.too_large():
+                skipped.append(memory.too_large())
+                continue
+            if memory.together:
+                result = measure(ranks, pair, policy)
+            else:
+                result, _ = measure_in_blocks(ranks, pair, policy)
             if isinstance(result, MeasuredOutOfMemory):
                 free(ranks)
                 skipped.append(oom_reason(config, ranks.world_size, result.marker))

@@ -10,7 +10,11 @@ configuration is its slowest rank's step time: the next step cannot start before
 Rounds are added until at least ``min_rounds`` have run and the 95% interval of every
 configuration's median is within ``target_precision`` of it (``ddp.bench.stats.relative_half_width``),
 or the rounds have taken the budget, or ``max_rounds`` have run: noisy benchmarks get more rounds,
-steady ones fewer, and each record says the precision it reached.
+steady ones fewer, and each record says the precision it reached. A run compared with a saved one
+aims its rounds at that comparison instead: given a ``StopCriterion`` (pytest's
+``--benchmark-compare`` gives ``ddp.analysis.compare.AimAtDecision``), rounds are added until the
+criterion says the comparison is settled, or the budget is spent; the precision target then only
+applies to configurations the criterion has nothing to compare with.
 
 ``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
 ``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks.
@@ -72,12 +76,20 @@ class MeasuredOutOfMemory:
     marker: OutOfMemory
 
 
-def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1) -> tuple[list[list], float] | OutOfMemory:
+StopCriterion = Callable[[Sequence[StepConfig], list[list[float]]], "bool | None"]
+"""``criterion(configs, seconds)``, ``seconds`` holding per configuration its round times so far
+(slowest rank): True once the rounds have answered what they are measured for, False to go on,
+None when it has nothing to judge (the precision target then decides)."""
+
+
+def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1,
+                 settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
     ``OutOfMemory`` a rank returned. ``budget_scale`` multiplies the time budget: a round of a
-    group of n benchmarks holds n benchmarks' steps."""
+    group of n benchmarks holds n benchmarks' steps. ``settled(rounds)``, when given and not None,
+    replaces the precision target as the reason to stop before the budget."""
     rounds: list[list] = []
     spent = 0.0
     precision = float("inf")
@@ -93,10 +105,19 @@ def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_
         precision = _worst_precision(rounds) if len(rounds) > 1 else float("inf")
         if len(rounds) >= policy.max_rounds:
             break
-        enough = precision <= policy.target_precision or spent >= policy.budget_seconds * budget_scale
-        if len(rounds) >= policy.min_rounds and enough:
+        if len(rounds) < policy.min_rounds:
+            continue
+        if spent >= policy.budget_seconds * budget_scale:
+            break
+        answer = settled(rounds) if settled is not None else None
+        if answer if answer is not None else precision <= policy.target_precision:
             break
     return rounds, precision
+
+
+def config_round_seconds(rounds: list[list]) -> list[list[float]]:
+    """Per configuration, each round's time (its slowest rank's), from rounds as ``timed_rounds`` keeps them."""
+    return [[max(per_rank[index].seconds for per_rank in round_) for round_ in rounds] for index in range(len(rounds[0][0]))]
 
 
 def _seconds(result: list) -> float:
@@ -106,22 +127,26 @@ def _seconds(result: list) -> float:
 
 def _worst_precision(rounds: list[list]) -> float:
     """The widest relative half-width among the configurations of these rounds (slowest rank)."""
-    return max(
-        relative_half_width([max(per_rank[index].seconds for per_rank in round_) for round_ in rounds])
-        for index in range(len(rounds[0][0]))
-    )
+    return max(relative_half_width(seconds) for seconds in config_round_seconds(rounds))
 
 
-def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1) -> Measurement | MeasuredOutOfMemory:
+def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
+            stop: StopCriterion | None = None) -> Measurement | MeasuredOutOfMemory:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
-    of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n). The
-    configurations stay built on the ranks afterwards (``release`` frees them)."""
+    of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
+    ``stop`` (if given) says the rounds are settled. The configurations stay built on the ranks
+    afterwards (``release`` frees them)."""
     configs = list(configs)
     setups = ranks.run(prepare, configs, policy.warmup_rounds)
     marker = first_out_of_memory(setups)
     if marker is not None:
         return MeasuredOutOfMemory(configs[0], marker)
-    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks)
+
+    def settled(rounds: list[list]) -> bool | None:
+        return stop(configs, config_round_seconds(rounds))
+
+    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks,
+                           settled=None if stop is None else settled)
     if isinstance(outcome, OutOfMemory):
         return MeasuredOutOfMemory(configs[0], outcome)
     per_round, precision = outcome
@@ -184,19 +209,24 @@ class GridMeasurer:
     configuration too large does not take the others with it.
     """
 
-    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str) -> None:
+    def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
+                 stop: StopCriterion | None = None) -> None:
+        """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid."""
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks
         self.configs = list(configs)
         self.policy = policy
         self.interleave = interleave
+        self.stop = stop
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | MeasuredOutOfMemory] = {}
-        self._alone: set[tuple] = set()
+        self._alone: set[StepConfig] = set()
 
     @staticmethod
-    def _key(config: StepConfig) -> tuple:
-        return (config.model, config.batch_size, config.seq_len, config.seed)
+    def _key(config: StepConfig) -> StepConfig:
+        """The group: what a step's compute depends on (model, batch, seq len, seed, precision,
+        optimizer), which is its local twin."""
+        return config.local_twin()
 
     def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | MeasuredOutOfMemory:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
@@ -228,7 +258,7 @@ class GridMeasurer:
         group = [c for c in self.configs if self._key(c) == self._key(config)]
         local = next((c for c in group if c.strategy == "local"), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
-        result = measure(self.ranks, members, self.policy, benchmarks=len(group))
+        result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
         if isinstance(result, MeasuredOutOfMemory):
             free(self.ranks)
             self._alone.add(self._key(config))
@@ -239,9 +269,52 @@ class GridMeasurer:
     def _measure_alone(self, config: StepConfig) -> None:
         paired = self.interleave != "off" and config.strategy != "local"
         members = [config, config.local_twin()] if paired else [config]
-        result = measure(self.ranks, members, self.policy)
+        result = measure(self.ranks, members, self.policy, stop=self.stop)
         if isinstance(result, MeasuredOutOfMemory):
             free(self.ranks)
             self._measured[config] = result
         else:
             self._measured[config] = (result, 0, 1 if paired else None)
+
+
+BLOCKS = 2  # forward then reversed order: the fewest blocks in which a linear drift cancels
+
+
+def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions, collect=None, collect_for=None,
+                      blocks: int = BLOCKS) -> tuple[Measurement | MeasuredOutOfMemory, dict]:
+    """``measure`` for configurations that do not fit in memory together: each is built alone,
+    runs a block of rounds and is freed, in the order given and then reversed (A B C, C B A, ...).
+
+    Round i of a configuration's block is paired with round i of every other configuration's block
+    of the same index, so each paired comparison is between steps at most one block apart instead
+    of one round apart: drift slower than a block cancels in the ratios, and the reversed order
+    cancels a drift that is linear over the whole race; a faster drift widens the intervals
+    instead of biasing them. Every block is a fresh build with its own warm-up, so the time to
+    build is not in the rounds. Rounds: ``policy.min_rounds`` in all, split evenly among the
+    blocks (at least one each); the precision target and budget are not used.
+
+    ``collect(config)``, a rank function, runs after the last block of each configuration in
+    ``collect_for`` (default: all), while it is still built (e.g. ``parameters_of``); returns
+    (measurement, {config: per-rank results})."""
+    configs = list(configs)
+    blocks = max(1, min(blocks, policy.min_rounds))
+    block_policy = RoundOptions.fixed(-(-policy.min_rounds // blocks), policy.warmup_rounds)
+    timings: dict[StepConfig, list] = {config: [] for config in configs}
+    setups: dict[StepConfig, list[StepSetup]] = {}
+    collected = {}
+    for block in range(blocks):
+        order = configs if block % 2 == 0 else configs[::-1]
+        for config in order:
+            result = measure(ranks, [config], block_policy)
+            if isinstance(result, MeasuredOutOfMemory):
+                free(ranks)
+                return result, collected
+            setups.setdefault(config, result.setups[0])
+            timings[config] += [round_[0] for round_ in result.rounds]
+            if collect is not None and block == blocks - 1 and (collect_for is None or config in collect_for):
+                collected[config] = ranks.run(collect, config)
+            free(ranks)
+    count = min(len(rounds) for rounds in timings.values())
+    rounds = [[timings[config][index] for config in configs] for index in range(count)]
+    precision = max(relative_half_width([max(t.seconds for t in per_rank) for per_rank in timings[config]]) for config in configs)
+    return Measurement(configs, [setups[config] for config in configs], rounds, precision, policy.target_precision), collected

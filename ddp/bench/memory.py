@@ -1,90 +1,120 @@
-"""What a rank's training state occupies: parameters, gradients and optimizer state, counted once.
+"""Whether configurations fit in memory together, estimated before any is built.
 
-Counted the same way on every device: the bytes of the distinct storages behind the tensors a
-strategy trains with (a tied weight, or gradients that are views into one bucket, count once; a
-DTensor counts its local shard). Parameters are the strategy's ``parameters()`` (for FSDP the
-shards, plus frozen parameters it keeps whole); gradients are their ``.grad`` when
-synchronization has just finished (so a bucketed strategy's buckets count in full, flags
-included); optimizer state is every tensor in the optimizer's ``state``, and in that of any
-optimizer it wraps (a sharded optimizer keeps its shard's state in an inner one). What no
-tensor of those holds is not counted: PyTorch's reducer buckets, communication buffers,
-activations. On CUDA the allocator's peak over the same step (``peak_bytes``) shows all of it.
+Commands that keep several models built at once (``ddp versus``: local, bucketed and torch;
+``ddp buckets``: a strategy and its ``local`` twin) ask here first. On one 80 GB GPU the xl model
+(2.0B parameters) fits alone with any strategy but not three at once (about 3 x 40 GiB), and an
+attempt ends in out-of-memory after minutes of building. The estimate:
 
-Counting visits every parameter, so it runs in its own untimed step (``measure_memory``), never
-in a timed one.
+- what a built configuration keeps between steps: 16 bytes a parameter (fp32 weights 4, gradients
+  4, AdamW's two moments 8), and for PyTorch's DDP 4 more (its buckets, a second copy of the
+  gradients: this suite does not set gradient_as_bucket_view). One H100 run (torch 2.11, xl at
+  batch 4 x seq 128) peaked at 60.8 GiB for torch against local's 38.1 GiB, 12 bytes a parameter
+  more, but in a run known to keep memory of earlier configurations alive: the estimate keeps the
+  lower figure, so that it never refuses what may fit;
+- what only the running step needs, freed before the next configuration's step: 4 bytes a
+  parameter (foreach AdamW's temporaries: local's xl peak is 38.2 GiB, about 20 bytes a
+  parameter) plus the activations, which are not estimated: ``HEADROOM`` of the memory is left
+  for them.
+
+Configurations fit together when every kept state plus one step's needs fit; each fits alone
+when its own does. The estimate decides between racing the configurations built together or one
+at a time (``ddp.bench.measure.measure_in_blocks``), and refuses only what cannot fit even alone;
+a configuration the estimate let through may still run out of memory, which the callers handle
+as before. The parameters are counted on the meta device (no memory, no weights).
+On CPU the memory is the host's available memory shared by the ranks on it.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ddp.bench.config import StepConfig
+from ddp.bench.workloads import build_workload
+from ddp.launcher import Rank, on_rank
+
+KEPT_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+EXTRA_KEPT_BYTES_PER_PARAMETER = {"torch": 4}  # PyTorch's DDP's buckets (above)
+STEP_BYTES_PER_PARAMETER = 4  # foreach AdamW's temporaries during the step
+HEADROOM = 0.10  # of the memory, left for activations and the allocator
+GIB = 2**30
+
+
+def parameter_count(model: str, batch_size: int, seq_len: int) -> int:
+    """Trainable and frozen parameters of a workload, built on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        module = build_workload(model, batch_size, seq_len, "meta").module
+    return sum(p.numel() for p in module.parameters())
+
+
+def kept_bytes(config: StepConfig, parameters: int) -> int:
+    return parameters * (KEPT_BYTES_PER_PARAMETER + EXTRA_KEPT_BYTES_PER_PARAMETER.get(config.strategy, 0))
+
+
+def step_bytes(parameters: int) -> int:
+    return parameters * STEP_BYTES_PER_PARAMETER
+
+
+@on_rank
+def device_memory_bytes(rank: Rank) -> int:
+    """Runs on a rank: the memory this rank may use (its GPU's total, or its share of the host's
+    available memory among the ranks on this host)."""
+    info = rank.info
+    if info.device.type == "cuda":
+        return torch.cuda.get_device_properties(info.device).total_memory
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/meminfo") as meminfo:  # MemAvailable counts reclaimable caches, AVPHYS does not
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        pass
+    # RankGroup starts every rank on this host; torchrun says how many it started here.
+    return available // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size)))
+
 
 @dataclass(frozen=True)
-class StateMemory:
-    """One rank's training state, in bytes."""
+class Fit:
+    """What fits of a set of configurations in ``memory_bytes``."""
 
-    parameters_bytes: int
-    gradients_bytes: int
-    """Gradients held right after ``finish_gradient_synchronization()``."""
-    optimizer_state_bytes: int
-    peak_bytes: int | None
-    """CUDA: the allocator's peak over the measured step, activations and buffers included; None on CPU."""
+    together: bool
+    """All built at once, stepping one at a time."""
+    alone: dict[StepConfig, bool]
+    """Each one on its own."""
+    needed_together_bytes: int
+    needed_alone_bytes: dict[StepConfig, int]
+    memory_bytes: int
 
+    def explain(self) -> str:
+        usable = self.memory_bytes * (1 - HEADROOM)
+        return (f"together they need about {self.needed_together_bytes / GIB:.1f} GiB per rank, "
+                f"{usable / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB")
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor holds its shard
-
-
-def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (None skipped)."""
-    seen: dict[tuple[str, int], int] = {}
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        storage = _local(tensor).untyped_storage()
-        seen[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
-    return sum(seen.values())
-
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """Every tensor in the optimizer's state and in that of the optimizers it wraps."""
-    optimizers, stack = [], [optimizer]
-    while stack:
-        current = stack.pop()
-        if any(current is seen for seen in optimizers):
-            continue
-        optimizers.append(current)
-        stack += [value for value in vars(current).values() if isinstance(value, torch.optim.Optimizer)]
-    for current in optimizers:
-        for state in current.state.values():
-            yield from (value for value in state.values() if isinstance(value, torch.Tensor))
+    def too_large(self) -> str | None:
+        """A one-line error when some configuration does not fit even alone, else None."""
+        large = [c for c, fits in self.alone.items() if not fits]
+        if not large:
+            return None
+        usable = self.memory_bytes * (1 - HEADROOM)
+        worst = max(large, key=lambda c: self.needed_alone_bytes[c])
+        return (f"{worst.describe()} needs about {self.needed_alone_bytes[worst] / GIB:.1f} GiB per rank before "
+                f"activations, more than the {usable / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB: "
+                "use a smaller --model, or shard the model (this strategy keeps a full copy on every rank)")
 
 
-class _GradientCounter:
-    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) counting gradients after synchronization."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.gradients_bytes = 0
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        yield
-        if name == "gradient_sync":
-            self.gradients_bytes = storage_bytes(p.grad for p in self.model.parameters())
+def fit(configs: Sequence[StepConfig], parameters: int, memory_bytes: int) -> Fit:
+    """Whether ``configs`` (all of one workload, ``parameters`` each) fit together and alone."""
+    usable = memory_bytes * (1 - HEADROOM)
+    alone = {c: kept_bytes(c, parameters) + step_bytes(parameters) for c in configs}
+    together = sum(kept_bytes(c, parameters) for c in configs) + step_bytes(parameters)
+    return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes)
 
 
-def measure_memory(trainer) -> StateMemory:
-    """Run one untimed step of ``trainer`` (a ``ddp.bench.trainer.Trainer``) and count its state."""
-    counter = _GradientCounter(trainer.model)
-    timing = trainer.step(counter)
-    return StateMemory(
-        parameters_bytes=storage_bytes(trainer.model.parameters()),
-        gradients_bytes=counter.gradients_bytes,
-        optimizer_state_bytes=storage_bytes(optimizer_state_tensors(trainer.optimizer)),
-        peak_bytes=timing.peak_memory_bytes,
-    )
+def fit_on(ranks, configs: Sequence[StepConfig]) -> Fit:
+    """``fit`` against the smallest memory among ``ranks``."""
+    first = configs[0]
+    parameters = parameter_count(first.model, first.batch_size, first.seq_len)
+    return fit(configs, parameters, min(ranks.run(device_memory_bytes)))

@@ -8,6 +8,11 @@ from round to round (``ddp.bench.measure``), so that drift in the machine falls 
 alike; each contender's ratio over the reference (the last contender given: PyTorch's DDP by
 default) and each one's overhead over ``local`` are paired over rounds, with intervals.
 
+When the contenders do not fit in memory together (``ddp.bench.memory``: xl on one 80 GB GPU
+needs about 3 x 35 GiB), they race one at a time in alternating blocks of rounds instead
+(``ddp.bench.measure.measure_in_blocks``, which states what that pairing guarantees); when even
+one does not fit alone, the race is refused before anything is built.
+
 After the race, every contender must hold the reference's weights: the correctness check inside
 the performance run, since a fast DDP that trains differently is no result. ``weights_differ``
 says where they differ; the callers (``ddp versus``, perf_tests) assert it.
@@ -21,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.measure import MeasuredOutOfMemory, measure
-from ddp.bench.options import RoundOptions
+from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
+from ddp.bench.memory import fit_on
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import RaceRecord, race_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason, parameters_of
@@ -36,6 +42,9 @@ class RaceResult:
     record: RaceRecord
     weights_differ: str | None
     """None when every contender ended with the reference's weights; else which did not, and where."""
+    interleaving: str
+    """How the contenders shared the rounds, for the reader: built together, a step of each per
+    round, or one at a time in alternating blocks (and why)."""
 
 
 def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
@@ -47,34 +56,53 @@ def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
     return named
 
 
-def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float) -> list[StepConfig]:
-    """``local`` first, then the contenders in the order given."""
+def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float,
+                 **numerics) -> list[StepConfig]:
+    """``local`` first, then the contenders in the order given; ``numerics``: ``StepConfig``'s
+    precision, optimizer and grad_comm (bf16 communication for the contenders that take it)."""
     return [
-        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None)
+        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None,
+                   **numerics_for(name, numerics))
         for name in ("local", *check_contenders(contenders))
     ]
 
 
 def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundOptions,
-         contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
-    """Race the contenders on ``ranks``; raises ``MemoryError`` (with the skip reason) if a rank ran out."""
-    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb)
+         contenders: Sequence[str] = DEFAULT_CONTENDERS, **numerics) -> RaceResult:
+    """Race the contenders on ``ranks``: built together when they fit in memory (a step of each per
+    round, in rotating order), else one at a time in alternating blocks of rounds. Raises
+    ``MemoryError`` with a one-line reason when one cannot fit even alone (before anything is
+    built) or a rank ran out. ``numerics``: ``StepConfig``'s precision, optimizer and grad_comm."""
+    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb, **numerics)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
     # steps when their weights are compared.
     settled = max(traits(c.strategy).steps_to_settle for c in configs)
     policy = dataclasses.replace(policy, warmup_rounds=max(policy.warmup_rounds, settled))
-    measurement = measure(ranks, configs, policy)
-    if isinstance(measurement, MeasuredOutOfMemory):
-        raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))
-    reference = [c.strategy for c in configs if traits(c.strategy).communicates][-1]
-    record = race_record(measurement, ranks.backend, reference)
-    weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in configs if traits(c.strategy).communicates}
+    communicating = [c for c in configs if traits(c.strategy).communicates]
+    memory = fit_on(ranks, configs)
+    if memory.too_large():
+        raise MemoryError(memory.too_large())
+    measurement = measure(ranks, configs, policy) if memory.together else None
+    if measurement is not None and not isinstance(measurement, MeasuredOutOfMemory):
+        weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in communicating}
+        interleaving = "built together, one step of each per round in rotating order"
+    else:
+        if measurement is not None:
+            free(ranks)  # the estimate let them through, but they did not fit: one at a time
+        why = f"they do not fit in memory together: {memory.explain()}" if measurement is None else \
+            "they ran out of memory built together"
+        measurement, collected = measure_in_blocks(ranks, configs, policy, collect=parameters_of, collect_for=communicating)
+        if isinstance(measurement, MeasuredOutOfMemory):
+            raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))
+        weights = {c.strategy: collected[c][0] for c in communicating}
+        interleaving = f"one at a time in alternating blocks of rounds ({why})"
+    record = race_record(measurement, ranks.backend, communicating[-1].strategy)
     reference = weights[record.reference]
     for name, actual in weights.items():
         where = weights_difference(actual, reference) if name != record.reference else None
         if where is not None:
-            return RaceResult(record, f"{name} against {record.reference}: {where}")
-    return RaceResult(record, None)
+            return RaceResult(record, f"{name} against {record.reference}: {where}", interleaving)
+    return RaceResult(record, None, interleaving)
 
 
 def weights_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> str | None:

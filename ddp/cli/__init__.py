@@ -4,15 +4,20 @@ This package holds argument parsing and printing only; the work is done by ``ddp
 ``ddp.analysis``. Each command is a module with ``add_arguments(parser)`` and ``main(args)``,
 imported only when it runs. Every error a user can cause (a bad option, a file that is not a run)
 is one line, ``ddp-bench COMMAND: error: what to do``, with exit status 2 and no traceback, before
-any rank starts; under torchrun only rank 0 prints it.
+any rank starts. Under torchrun every rank validates the same options, and the line is printed
+exactly once on each node (see ``fail``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import os
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from ddp.bench.options import OptionError
 from ddp.bench.records import RunFileError
@@ -39,11 +44,44 @@ class _Parser(argparse.ArgumentParser):
         fail(self.prog, message)
 
 
+# How long a rank that did not print waits for the one that did before exiting (see fail).
+PRINTED_WAIT_SECONDS = 10.0
+
+
 def fail(prog: str, message: str):
-    """Print ``prog: error: message`` (rank 0 only, under torchrun) and exit 2."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"{prog}: error: {message}", file=sys.stderr)
+    """Print ``prog: error: message`` once and exit 2.
+
+    Under torchrun every rank of a node fails alike, and torchrun ends the other ranks as soon as
+    one exits: printing from rank 0 only loses the line when another rank exits first, and
+    printing from every rank repeats it. So the first rank of the node to fail takes a lock file
+    that names the job and prints; the others wait until it has printed before they exit.
+    """
+    line = f"{prog}: error: {message}"
+    if "LOCAL_RANK" not in os.environ:  # not under torchrun: this process is the only one
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    lock, printed = _job_files()
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another rank prints it; do not exit (and be ended) before it has
+        deadline = time.monotonic() + PRINTED_WAIT_SECONDS
+        while not printed.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not printed.exists():  # it died before printing: better twice than never
+            print(line, file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+        printed.touch()
     raise SystemExit(2)
+
+
+def _job_files() -> tuple[Path, Path]:
+    """The lock and the printed marker of this torchrun job on this node: torchrun gives each job
+    (and each restart of it) its own run id and rendezvous port."""
+    job = "/".join(os.environ.get(name, "") for name in
+                   ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT"))
+    stem = Path(tempfile.gettempdir()) / f"ddp-bench-error-{hashlib.sha1(job.encode()).hexdigest()[:16]}"
+    return stem.with_suffix(".lock"), stem.with_suffix(".printed")
 
 
 def parser_for(command: str | None) -> argparse.ArgumentParser:

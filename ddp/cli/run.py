@@ -4,12 +4,16 @@
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) starts one process per
 rank, on as many nodes as it likes; every process runs ``main`` here:
 
-    torchrun --standalone --nproc-per-node 2 -m ddp run --strategies naive,bucketed \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m ddp run --strategies naive,bucketed \\
         --model tiny --batch-sizes 2 --seq-lens 32 --bucket-sizes 1,100 --json out.json
+
+(``python -m torch.distributed.run`` is ``torchrun`` with this interpreter: a ``torchrun`` found on
+PATH may belong to another Python, without ddp-bench or with another torch.)
 
 Options are perf_tests' own (``ddp.bench.options``), with the same defaults per backend, and
 every rank validates them before joining the process group (``ddp.launcher.TorchrunRank``): a bad
-option is one line from rank 0 and exit status 2, with no group started. Each rank then runs,
+option is one line, printed once (by the first rank of a node to fail; ``ddp.cli.fail``) and
+exit status 2, with no group started. Each rank then runs,
 in-process, the same timing loop as perf_tests (``ddp.bench.grid`` through ``InProcessRanks``,
 which gathers every rank's result to every rank so that all take the same decisions), and rank 0
 writes ``--json`` in pytest-benchmark's format with perf_tests' names, groups and records: compare,
@@ -48,7 +52,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(
             f"ddp run must be started by torchrun ({error}), e.g. "
-            "torchrun --standalone --nproc-per-node 2 -m ddp run --model tiny --json out.json"
+            "python -m torch.distributed.run --standalone --nproc-per-node 2 -m ddp run --model tiny --json out.json "
+            "(torchrun with this interpreter)"
         ) from None
     # Rank placement is per node: every local rank needs its own GPU. Validated on every rank
     # before any joins the group.

@@ -55,10 +55,6 @@ def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
     ]
 
 
-def _ms(seconds: float) -> str:
-    return ms(seconds, 1)
-
-
 def main(args: argparse.Namespace) -> int:
     if not 0 <= args.optimizer_fraction < 1:
         raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
@@ -106,15 +102,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
         [[p.world_size, p.batch_size, p.seq_len, p.label, p.num_allreduces,
-          _ms(p.comm_seconds), _ms(p.exposed_comm_seconds), _ms(p.step_seconds)] for p in predictions],
+          ms(p.comm_seconds, 1), ms(p.exposed_comm_seconds, 1), ms(p.step_seconds, 1)] for p in predictions],
         headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
     ))
 
     recommendations = recommend_bucket_sizes(model_size, computes, world_sizes, link, slowdown)
     print("\nrecommended bucket size (bucketed; candidates " + ", ".join(f"{mb:g}" for mb in CANDIDATE_BUCKET_SIZES_MB) + " MB)")
     print(tabulate(
-        [[r.world_size, r.batch_size, r.seq_len, f"{r.bucket_size_mb:g}", _ms(r.step_seconds),
-          f"{r.worst_bucket_size_mb:g}", _ms(r.worst_step_seconds)] for r in recommendations],
+        [[r.world_size, r.batch_size, r.seq_len, f"{r.bucket_size_mb:g}", ms(r.step_seconds, 1),
+          f"{r.worst_bucket_size_mb:g}", ms(r.worst_step_seconds, 1)] for r in recommendations],
         headers=["ranks", "batch", "seq len", "best bucket MB", "step ms", "worst bucket MB", "step ms"],
     ))
 
@@ -140,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
 
 def validation_table(rows) -> str:
     return tabulate(
-        [[r.batch_size, r.seq_len, r.label, _ms(r.measured_step_seconds), _ms(r.predicted_step_seconds), f"{r.error:+.1%}",
-          _ms(r.measured_comm_wait_seconds), _ms(r.predicted_exposed_comm_seconds)] for r in rows],
+        [[r.batch_size, r.seq_len, r.label, ms(r.measured_step_seconds, 1), ms(r.predicted_step_seconds, 1), f"{r.error:+.1%}",
+          ms(r.measured_comm_wait_seconds, 1), ms(r.predicted_exposed_comm_seconds, 1)] for r in rows],
         headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
     )

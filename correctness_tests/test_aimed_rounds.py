@@ -1,0 +1,95 @@
+"""Rounds aimed at the decision: the one timing loop (``ddp.bench.measure``) adds rounds until the
+comparison with a saved run is settled (``ddp.analysis.compare.AimAtDecision``) or the budget is
+spent, on synthetic rounds with a known slowdown (no ranks: a stand-in answers ``prepare`` and
+``timed_round`` as the ranks would)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddp.analysis.compare import AimAtDecision
+from ddp.bench.config import StepConfig
+from ddp.bench.measure import measure
+from ddp.bench.options import RoundOptions
+from ddp.bench.rank_state import prepare, timed_round
+from ddp.bench.records import Run, run_from_data
+from correctness_tests.test_compare import run, step
+
+
+@dataclass(frozen=True)
+class Timing:
+    step_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.step_seconds
+
+
+STEP = StepConfig("slowed", "mini", batch_size=4, seq_len=64)  # named as test_compare.step names it
+LOCAL = STEP.local_twin()
+
+
+class SyntheticRanks:
+    """One rank whose rounds are drawn: the step and its local twin share each round's drift."""
+
+    world_size = 1
+
+    def __init__(self, step_seconds: float, local_seconds: float, seed: int, spread: float = 0.03) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.step_seconds, self.local_seconds, self.spread = step_seconds, local_seconds, spread
+        self.rounds = 0
+
+    def run(self, fn, configs, *args):
+        if fn is prepare:
+            return [[None for _ in configs]]
+        assert fn is timed_round
+        self.rounds += 1
+        drift = float(np.exp(self.rng.normal(0.0, self.spread)))
+        step, local = (float(np.exp(self.rng.normal(0.0, 0.01))) * drift for _ in range(2))
+        return [[Timing(self.step_seconds * step), Timing(self.local_seconds * local)]]
+
+
+def saved_run(step_seconds: float, local_seconds: float, rounds: int, seed: int) -> Run:
+    ranks = SyntheticRanks(step_seconds, local_seconds, seed)
+    measured = measure(ranks, [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
+    return run_from_data(Path("old.json"), run([step("slowed", measured.round_seconds(0), measured.round_seconds(1))]))
+
+
+def name(config: StepConfig) -> str:
+    return f"test_step[{config.test_id}]"
+
+
+POLICY = RoundOptions(min_rounds=5, max_rounds=400, warmup_rounds=0, target_precision=0.0001, budget_seconds=1e9)
+
+
+@pytest.mark.parametrize("slowdown, verdict", [(1.25, "slower"), (1.0, "unchanged")])
+def test_rounds_stop_once_the_comparison_is_settled(slowdown, verdict):
+    old = saved_run(0.03, 0.01, 40, seed=1)
+    criterion = AimAtDecision(old, 0.10, name)
+    ranks = SyntheticRanks(0.03 * slowdown, 0.01, seed=2)
+    measured = measure(ranks, [STEP, LOCAL], POLICY, stop=criterion)
+    outcome = criterion.outcomes[name(STEP)]
+    # a precision target of 0.01% is never reached: what stopped the rounds is the settled comparison
+    assert outcome.settled and outcome.decision.verdict == verdict
+    assert len(measured.rounds) == outcome.rounds < POLICY.max_rounds
+
+
+def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold():
+    old = saved_run(0.03, 0.01, 40, seed=1)
+    criterion = AimAtDecision(old, 0.10, name)
+    ranks = SyntheticRanks(0.03 * 1.10, 0.01, seed=3, spread=0.01)  # exactly at the threshold: never settles
+    policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
+    measured = measure(ranks, [STEP, LOCAL], policy, stop=criterion)
+    assert len(measured.rounds) == 60  # the precision target (+-50%) alone would have stopped at 5
+    assert not criterion.outcomes[name(STEP)].settled
+
+
+def test_without_a_saved_benchmark_the_precision_target_decides():
+    criterion = AimAtDecision(Run(Path("old.json"), {}, {}, None, []), 0.10, name)
+    policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
+    measured = measure(SyntheticRanks(0.03, 0.01, seed=4), [STEP, LOCAL], policy, stop=criterion)
+    assert len(measured.rounds) == 5 and criterion.outcomes == {}

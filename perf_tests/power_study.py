@@ -1,0 +1,212 @@
+"""The regression gate's power, measured: how often it catches an injected slowdown, and how often
+it cries wolf on unchanged code (docs/regression-gate.md holds the table and the command).
+
+    python perf_tests/power_study.py --models tiny,mini --pairs 10 --out power-study
+
+For each model, runs of ``pytest perf_tests/test_step.py --strategies local,<slowed class>``
+(examples/slowed.py, a ``bucketed`` that can wait a share of its median step in a chosen place),
+each a fresh pytest process as a user's run is, saved with ``--benchmark-save``:
+
+- ``pairs + 1`` unchanged runs u_0 .. u_N; the unchanged pairs are (u_i, u_i+1);
+- for every case (a place and a fraction), one slowed run s_i per unchanged run u_i (i < N),
+  compared with it: the slowed pair (u_i, s_i). Unchanged runs are reused by every case, and the
+  runs are ordered u_0, s_0 of every case, u_1, ... so that the machine's drift falls on all
+  cases alike.
+
+Every run after u_0 is taken with ``--benchmark-compare`` against its pair's first run and
+``--ddp-fail-slower``, so that its rounds aim at that decision (``ddp.analysis.compare.AimAtDecision``)
+as a user's would. Each pair is then judged from the saved files by ``ddp.analysis.compare.compare``,
+the gate itself. A catch is the slowed class's benchmark judged *slower*; a false alarm is an
+unchanged pair judged *slower*; for the ``machine`` case (every configuration slowed alike) a
+*slower* verdict is the gate blaming the code for the machine.
+
+The table reports, per model and case: pairs judged slower, machine slower, unchanged and not
+resolved, how many were settled at the end (``settled``), the median raw ratio of the step
+(what the injected wait cost, as measured), the median rounds of the new run, and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tabulate import tabulate  # noqa: E402
+
+from ddp.analysis.compare import compare, settled  # noqa: E402
+from ddp.bench.options import percent_type  # noqa: E402
+from ddp.bench.records import load_run  # noqa: E402
+
+SLOWED = "examples.slowed:SlowedBucketed"
+WARMUP_ROUNDS = 11  # examples.slowed: every configuration calibrates its median step during warm-up
+DEFAULT_CASES = "sync:5%,sync:10%,sync:15%,sync:25%,backward:15%,optimizer:15%,machine:15%"
+DEFAULT_SHAPES = {"tiny": (2, 32), "mini": (2, 64)}  # (batch, seq len) per rank
+
+
+@dataclass(frozen=True)
+class Case:
+    place: str
+    fraction: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.fraction:.0%} at {self.place}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.place}{round(self.fraction * 100)}"
+
+
+@dataclass
+class Pair:
+    model: str
+    case: str
+    index: int
+    threshold: float
+    verdict: str
+    basis: str
+    why: str
+    settled: bool
+    raw_ratio: float
+    rounds: int
+    run_seconds: float
+
+
+def parse_cases(text: str) -> list[Case]:
+    cases = []
+    for item in text.split(","):
+        place, _, fraction = item.strip().partition(":")
+        if place not in ("sync", "backward", "optimizer", "machine") or not fraction:
+            raise SystemExit(f"--cases takes place:percent items such as sync:15%, got {item!r}")
+        cases.append(Case(place, percent_type("--cases")(fraction)))
+    return cases
+
+
+class Runner:
+    """Runs and saves the pytest runs of one model, and remembers each one's saved file."""
+
+    def __init__(self, args: argparse.Namespace, model: str) -> None:
+        self.args = args
+        self.model = model
+        self.storage = (args.out / model / "storage").resolve()
+        self.saved: dict[str, Path] = {}
+        self.seconds: dict[str, float] = {}
+        batch, seq = DEFAULT_SHAPES.get(model, (2, 32))
+        self.grid = ["--model", model, "--batch-sizes", str(args.batch_size or batch),
+                     "--seq-lens", str(args.seq_len or seq), "--strategies", f"local,{SLOWED}", "--bucket-sizes", "1",
+                     "--warmup-rounds", str(WARMUP_ROUNDS), "--rounds", str(args.rounds),
+                     "--max-rounds", str(args.max_rounds), "--round-budget", str(args.round_budget)]
+
+    def run(self, name: str, case: Case | None, compared_with: str | None) -> Path:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_BENCH_SLOWDOWN")}
+        if case is not None:
+            env.update(DDP_BENCH_SLOWDOWN=str(case.fraction), DDP_BENCH_SLOWDOWN_AT=case.place)
+        command = [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "-q", "-p", "no:cacheprovider",
+                   *self.grid, f"--benchmark-storage=file://{self.storage}", f"--benchmark-save={name}"]
+        if compared_with is not None:
+            number = self.saved[compared_with].name.split("_", 1)[0]
+            command += [f"--benchmark-compare={number}", f"--ddp-fail-slower={self.args.fail_slower}"]
+        began = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        self.seconds[name] = time.perf_counter() - began
+        if done.returncode not in (0, 1):  # 1: the gate failed, which is a result here
+            raise SystemExit(f"run {name} of {self.model} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+        (saved,) = self.storage.glob(f"*/*_{name}.json")
+        self.saved[name] = saved
+        print(f"  {self.model} {name}: {self.seconds[name]:.0f} s", flush=True)
+        return saved
+
+    def judge(self, old: str, new: str, case_label: str, index: int) -> list[Pair]:
+        """The pair judged at the run's threshold and at every ``--also-judge-at``."""
+        pairs = []
+        for threshold in [self.args.fail_slower, *self.args.also_judge_at]:
+            rows = compare(load_run(self.saved[old]), load_run(self.saved[new]), threshold)
+            (row,) = [r for r in rows if SLOWED in r.name]
+            decision = row.decision
+            new_run = load_run(self.saved[new]).by_name()[row.name]
+            pairs.append(Pair(self.model, case_label, index, threshold, row.verdict, row.basis, row.why,
+                              decision is not None and settled(decision),
+                              decision.raw.point if decision else float("nan"),
+                              len(new_run.round_seconds or []), self.seconds[new]))
+        return pairs
+
+
+def study(args: argparse.Namespace) -> list[Pair]:
+    pairs: list[Pair] = []
+    for model in args.models:
+        runner = Runner(args, model)
+        for i in range(args.pairs + 1):
+            runner.run(f"u{i}", None, f"u{i - 1}" if i else None)
+            if i:
+                pairs.extend(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
+            if i == args.pairs:
+                break
+            for case in args.cases:
+                runner.run(f"s{i}_{case.key}", case, f"u{i}")
+                pairs.extend(runner.judge(f"u{i}", f"s{i}_{case.key}", case.label, i))
+    return pairs
+
+
+def table(pairs: list[Pair], threshold: float) -> str:
+    """The rates at one threshold, a row per model and case."""
+    pairs = [p for p in pairs if p.threshold == threshold]
+    rows = []
+    for (model, case) in dict.fromkeys((p.model, p.case) for p in pairs):
+        group = [p for p in pairs if p.model == model and p.case == case]
+
+        def count(verdict: str) -> int:
+            return sum(p.verdict == verdict for p in group)
+
+        meaning = "false alarms" if case == "unchanged" else "blamed on code" if case.endswith("machine") else "caught"
+        rows.append([model, case, len(group), f"{count('slower')}/{len(group)} {meaning}", count("machine slower"),
+                     count("unchanged"), count("not resolved"), sum(p.settled for p in group),
+                     f"x{statistics.median(p.raw_ratio for p in group):.3f}", statistics.median(p.rounds for p in group),
+                     f"{statistics.median(p.run_seconds for p in group):.0f}"])
+    headers = ["model", "case", "pairs", f"slower (gate at {threshold:.0%})", "machine slower", "unchanged",
+               "not resolved", "settled", "median raw new/old", "median rounds", "median run (s)"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,mini", type=lambda t: t.split(","))
+    parser.add_argument("--pairs", type=int, default=10, help="unchanged pairs, and slowed pairs per case (default 10)")
+    parser.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
+                        help=f"place:percent items (default {DEFAULT_CASES})")
+    parser.add_argument("--fail-slower", type=percent_type("--fail-slower"), default=0.05,
+                        help="the gate's threshold (default 5%%: a slowdown of 10%% must clear it to be caught)")
+    parser.add_argument("--also-judge-at", default=[], metavar="PERCENT,...",
+                        type=lambda t: [percent_type("--also-judge-at")(x) for x in t.split(",")],
+                        help="judge the same pairs at these thresholds too, e.g. 10%% (the rounds aim at --fail-slower)")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=10, help="minimum rounds of every run")
+    parser.add_argument("--max-rounds", type=int, default=300)
+    parser.add_argument("--round-budget", type=float, default=20.0, help="seconds of rounds per benchmark")
+    parser.add_argument("--out", type=Path, default=Path("power-study"))
+    args = parser.parse_args()
+    if args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"{args.out} is not empty: give a new --out (nothing saved is overwritten)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    pairs = study(args)
+    rendered = "\n\n".join(table(pairs, threshold) for threshold in [args.fail_slower, *args.also_judge_at])
+    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
+    report = (f"Command: `{command}`\n\nTotal wall time: {time.perf_counter() - began:.0f} s\n\n{rendered}\n")
+    (args.out / "power.md").write_text(report)
+    (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
