@@ -75,7 +75,7 @@ def test_step_records_carry_numerics_and_flops_and_mfu_only_where_a_peak_is_know
 def test_names_carry_what_differs_from_the_default_numerics():
     default = StepConfig("bucketed", "xl", 2, 128, 25.0)
     assert default.test_id == "bucketed-b2-s128-bucket25mb"  # as saved before precision existed: still comparable
-    assert default.group_name == "step: model xl, batch 2, seq len 128, fp32"
+    assert default.group_name == "step: model xl, batch 2, seq len 128"
     bf16 = StepConfig("bucketed", "xl", 2, 128, 25.0, precision="bf16", optimizer="fused", grad_comm="bf16")
     assert bf16.test_id == "bucketed-b2-s128-bucket25mb-bf16-fused-bf16comm"
     assert bf16.group_name == "step: model xl, batch 2, seq len 128, bf16, fused AdamW"

@@ -78,9 +78,10 @@ class StepConfig:
     @property
     def group_name(self) -> str:
         """The benchmark group: strategies of one model, batch, sequence length, precision and
-        optimizer side by side."""
+        optimizer side by side (numerics named where they are not the defaults, as in ``test_id``)."""
+        precision = f", {self.precision}" if self.precision != "fp32" else ""
         optimizer = f", {self.optimizer} AdamW" if self.optimizer != "foreach" else ""
-        return f"step: model {self.model}, batch {self.batch_size}, seq len {self.seq_len}, {self.precision}{optimizer}"
+        return f"step: model {self.model}, batch {self.batch_size}, seq len {self.seq_len}{precision}{optimizer}"
 
     def describe(self) -> str:
         """Human-readable, e.g. ``bucketed (bucket 25 MB), model xl, batch 4 per rank, seq len 512, bf16``
