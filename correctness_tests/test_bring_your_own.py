@@ -65,7 +65,11 @@ def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
 def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases(tmp_path):
     """The textbook per-parameter DDP (``wrong_ddps.PerParameterDDP``) through the suite as a user
     runs it: exactly the cases on the model whose ranks use different parameters fail, each naming
-    the collectives that differ and the cause; every other case passes; all within a minute."""
+    the collectives that differ and the cause; every other case passes. A failing case takes about
+    as long as a passing one (the mismatch is caught before the backend, and the group is kept, not
+    restarted), so the whole run takes what the passing cases take: 22 s alone on this project's
+    2-core machine, 36 to 44 s while the rest of the suite ran beside it. Timed against the passing
+    cases rather than the clock, so that a loaded machine cannot fail it."""
     import time
     import xml.etree.ElementTree as ElementTree
 
@@ -82,8 +86,11 @@ def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases
     assert failed == sorted(f"test_trains_like_one_process[{strategy}-routed_mlp-{optimizer}-{accumulate}]"
                             for optimizer in ("sgd", "adamw") for accumulate in ("step", "no_sync")), failed
     assert len(outcomes) - len(failed) == 12, f"every other case must pass: {sorted(outcomes)}"
+    seconds_of = {case.get("name"): float(case.get("time")) for case in ElementTree.parse(report).getroot().iter("testcase")}
+    slowest_passing = max(seconds_of[name] for name, failure in outcomes.items() if failure is None)
     for name in failed:
+        assert seconds_of[name] <= 3 * slowest_passing + 2, f"{name}: {seconds_of[name]:.1f} s, passing cases at most {slowest_passing:.1f} s"
         text = outcomes[name].text + outcomes[name].get("message", "")
         assert "the ranks issued different collectives" in text, text[-2000:]
         assert "a DDP must still reduce them, as PyTorch's does with find_unused_parameters=True" in text, text[-2000:]
-    assert seconds < 60, f"the run took {seconds:.0f} s"
+    assert seconds < 300, f"the run took {seconds:.0f} s: something waited for a timeout"
