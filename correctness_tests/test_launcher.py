@@ -46,7 +46,7 @@ def own_pid() -> int:
 def needs_a_second_rank(rank_group, what: str) -> None:
     """Skip, saying why, where the test's failure happens on rank 1 and there is none."""
     if rank_group.world_size < 2:
-        pytest.skip(f"needs 2 ranks: with one rank {what} (run with --world-size 2 or more)")
+        pytest.skip(f"needs 2 ranks: with one rank, {what} (run with --world-size 2 or more)")
 
 
 def test_runs_a_function_on_every_rank(rank_group):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ddp.bench.options import (
-    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
+    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, NUMERICS_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
     add_grid_options, add_launch_options, gpu_world_sizes, grid_defaults, grid_options, launch_options, option, parse_list,
     round_options,
 )
@@ -165,10 +165,10 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
     command's); the commands that time rounds take every round option, those that train one
     configuration every configuration option they need."""
     expected = {
-        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS},
+        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--bucket-size-mb"),
-                    option("--bucket-sizes")},
-        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS},
+                    option("--bucket-sizes"), *NUMERICS_OPTIONS},
+        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
         "simulate": {option(f) for f in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
         "compare": set(), "report": set(), "gpu-check": set(),
@@ -198,3 +198,54 @@ def test_rounds_mean_at_least_everywhere():
     grid = grid_defaults("gloo", "cpu")
     assert grid.round_options() == RoundOptions(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision,
                                                 grid.round_budget_seconds())
+
+
+def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
+    from ddp.bench.config import grid_configs
+
+    grid = GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "batch_sizes": (2,), "seq_lens": (32,),
+                          "strategies": ("local", "naive", "bucketed", "torch"), "bucket_sizes_mb": (1.0,),
+                          "precisions": ("fp32", "bf16"), "grad_comms": ("fp32", "bf16")})
+    ids = [config.test_id for config in grid_configs(grid)]
+    # per precision: local, naive (fp32 communication only), bucketed and torch in both
+    assert ids == [
+        "local-b2-s32", "naive-b2-s32", "bucketed-b2-s32-bucket1mb", "bucketed-b2-s32-bucket1mb-bf16comm",
+        "torch-b2-s32-bucket1mb", "torch-b2-s32-bucket1mb-bf16comm",
+        "local-b2-s32-bf16", "naive-b2-s32-bf16", "bucketed-b2-s32-bucket1mb-bf16", "bucketed-b2-s32-bucket1mb-bf16-bf16comm",
+        "torch-b2-s32-bucket1mb-bf16", "torch-b2-s32-bucket1mb-bf16-bf16comm",
+    ]
+    assert grid.num_step_benchmarks == len(ids)
+
+
+def test_the_default_grid_stays_fp32_with_foreach_adamw():
+    for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
+        grid = grid_defaults(backend, device)
+        assert (grid.precisions, grid.optimizers, grid.grad_comms) == (("fp32",), ("foreach",), ("fp32",))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["versus", "--precision", "fp16"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["profile", "--strategies", "naive", "--optimizer", "adam", "--out", "x"], "--optimizer takes one or more of foreach, fused"),
+        (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
+        (["versus", "--precision", "fp32,bf16"], "--precision fp32,bf16: this command trains one configuration; give one value"),
+        (["profile", "--strategies", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
+         "profiling torch with --grad-comm bf16 needs nccl"),
+    ],
+)
+def test_numerics_options_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ddp_main(argv)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_pytest_refuses_an_unknown_precision_before_any_rank_starts():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "--precision", "fp16", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 4  # pytest's usage error
+    assert "--precision takes one or more of fp32, tf32, bf16" in result.stderr

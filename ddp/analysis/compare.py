@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
-from ddp.bench.records import Run
+from ddp.bench.records import Run, StepRecord
 from ddp.bench.stats import Verdict, ratio_of_medians_ci, verdict
 
 # The facts whose difference makes a comparison suspect; machine_differences names them.
@@ -302,8 +302,17 @@ def machine_notes(rows: list[BenchmarkComparison]) -> list[str]:
 
 
 def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
-    """Machine facts that differ between the runs and make their ratios suspect."""
-    return {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
+    """Machine facts that differ between the runs and make their ratios suspect, and the numerics
+    of steps matched by name that were not computed alike (a run saved before schema 3 on CPU used
+    torch's per-tensor AdamW loop, a run today foreach: same names, not the same step)."""
+    differences = {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
+    olds = old.by_name()
+    pairs = {(a.record.numerics, b.record.numerics) for name, b in new.by_name().items()
+             if name in olds and isinstance(b.record, StepRecord) and isinstance((a := olds[name]).record, StepRecord)}
+    unlike = sorted((a, b) for a, b in pairs if a != b)
+    if unlike:
+        differences["step numerics"] = (", ".join(a for a, _ in unlike), ", ".join(b for _, b in unlike))
+    return differences
 
 
 def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:

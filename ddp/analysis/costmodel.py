@@ -326,6 +326,12 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     worlds = {s.world_size for s in steps}
     if len(models) != 1 or len(worlds) != 1:
         raise RunFileError(f"{run.path} mixes models {sorted(models)} or world sizes {sorted(worlds)}; give one run of one model")
+    numerics = {s.numerics for s in steps}
+    if len(numerics) != 1 or any(s.grad_comm != "fp32" for s in steps):
+        raise RunFileError(
+            f"{run.path} mixes numerics {sorted(numerics)} or communicates gradients in bf16; the cost model takes one "
+            "precision and fp32 gradient all-reduces: give a run of one --precision without --grad-comm bf16"
+        )
     local = {(s.batch_size, s.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic) for s in steps if s.strategy == "local"}
     if not local:
         raise RunFileError(

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ddp.bench.records import Run, StepRecord
+from ddp.bench.config import PRECISIONS
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import STRATEGIES, traits
 
@@ -29,13 +30,20 @@ def sorted_steps(steps: list[StepRecord]) -> list[StepRecord]:
     return sorted(steps, key=lambda s: (s.config, _strategy_rank(s)))
 
 
-def configs(steps: list[StepRecord]) -> list[tuple[str, int, int]]:
-    return sorted({s.config for s in steps})
+def configs(steps: list[StepRecord]) -> list[tuple[str, int, int, str]]:
+    return sorted({s.config for s in steps}, key=lambda c: (c[:3], NUMERICS_ORDER.get(c[3].split()[0], len(NUMERICS_ORDER)), c[3]))
 
 
-def config_label(config: tuple[str, int, int], with_model: bool) -> str:
-    model, batch, seq = config
-    text = f"batch {batch}, seq {seq}"
+# Precisions in the order reports show them side by side; the numerics a name leaves out (fp32).
+NUMERICS_ORDER = {precision: index for index, precision in enumerate(PRECISIONS)}
+DEFAULT_NUMERICS = PRECISIONS[0]
+
+
+def config_label(config: tuple[str, int, int, str], with_model: bool) -> str:
+    """``batch 2, seq 32``, ``batch 2, seq 32, bf16``: the numerics shown where they are not the
+    default, as in benchmark names."""
+    model, batch, seq, numerics = config
+    text = f"batch {batch}, seq {seq}" + ("" if numerics == DEFAULT_NUMERICS else f", {numerics}")
     return f"{model}, {text}" if with_model else text
 
 
@@ -91,7 +99,7 @@ def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
 class Win:
     """The fastest data-parallel strategy at one configuration, and its margins."""
 
-    config: tuple[str, int, int]
+    config: tuple[str, int, int, str]
     winner: StepRecord
     runner_up: StepRecord | None
     references: list[StepRecord]

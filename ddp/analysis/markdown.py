@@ -13,6 +13,7 @@ reported in full and every earlier one is compared with it, benchmark by benchma
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from pathlib import Path
 
 from ddp.analysis import plots
@@ -90,6 +91,89 @@ def step_section(run: Run) -> list[str]:
     ]
 
 
+def _tflops(step: StepRecord) -> str:
+    if step.achieved_tflops is None:
+        return ""
+    mfu = "MFU -" if step.mfu is None else f"MFU {_pct(step.mfu)}"
+    return f"{step.achieved_tflops:.3g} ({mfu})"
+
+
+def flops_section(run: Run) -> list[str]:
+    steps = [s for s in run.steps if s.achieved_tflops is not None]
+    if not steps:
+        return []
+    rows, headers = _pivot(steps, _tflops)
+    flops = sorted({(s.model, s.seq_len, s.model_flops_per_token) for s in steps})
+    per_token = "; ".join(f"{model} at seq {seq}: {value / 1e9:.4g} GFLOP" for model, seq, value in flops)
+    unknown = sorted({s.device for s in steps if s.mfu is None})
+    return [
+        "## Achieved TFLOP/s and MFU",
+        "",
+        "Model TFLOP/s per device: FLOPs per token (6 x matmul weights + 12 x layers x d_model x seq len, "
+        f"forward and backward: {per_token}) x batch x seq len / step time. MFU divides by the device's dense peak "
+        "in the step's precision (`ddp.bench.flops.PEAK_TFLOPS`)"
+        + (f"; none is known for {', '.join(unknown)}, so MFU is not given there." if unknown else "."),
+        "",
+        _table(rows, headers),
+        "",
+    ]
+
+
+def precision_section(run: Run) -> list[str]:
+    """Per model, batch and seq len run in more than one precision: each strategy's step, overhead
+    over local and exposed communication in every precision side by side, and how the ranking and
+    the best bucket cap change."""
+    steps = run.steps
+    by_base = defaultdict(list)
+    for s in steps:
+        by_base[s.config[:3]].append(s)
+    bases = [base for base, here in sorted(by_base.items()) if len({s.numerics for s in here}) > 1]
+    if not bases:
+        return []
+    overhead = {id(o.step): o for o in overheads_over_local(steps)}
+    with_model = len({base[0] for base in bases}) > 1
+    lines = [
+        "## By precision",
+        "",
+        "The same steps in each precision: median step (ms), overhead over `local` in the same precision (ms), "
+        "and exposed communication (comm wait, ms). Reduced precision shrinks compute and not the gradients "
+        "to all-reduce (unless communicated in bf16), so communication's share of the step grows.",
+        "",
+    ]
+    for base in bases:
+        here = by_base[base]
+        numerics = [c[3] for c in configs(here)]
+        labels = list(dict.fromkeys(s.label for s in sorted(here, key=_strategy_rank)))
+        by = {(s.label, s.numerics): s for s in here}
+        rows = []
+        for label in labels:
+            row = [label]
+            for n in numerics:
+                s = by.get((label, n))
+                o = overhead.get(id(s)) if s is not None else None
+                row += ["", "", ""] if s is None else [
+                    _ms(s.step_seconds), "" if o is None else _ms(o.extra_seconds),
+                    "" if s.strategy == "local" else _ms(s.comm_wait_seconds)]
+            rows.append(row)
+        headers = ["strategy"] + [f"{n}: {what}" for n in numerics for what in ("step", "over local", "exposed comm")]
+        model, batch, seq = base
+        title = f"batch {batch}, seq {seq}" if not with_model else f"{model}, batch {batch}, seq {seq}"
+        lines += [f"**{title}**", "", _table(rows, headers), ""]
+        for n in numerics:
+            ranked = sorted((s for s in here if s.numerics == n and s.strategy != "local"), key=lambda s: s.step_seconds)
+            if not ranked:
+                continue
+            best_caps = {}
+            for s in ranked:
+                if s.bucket_size_mb is not None:
+                    best_caps.setdefault(s.label.replace(f" {s.bucket_size_mb:g} MB", ""), s.bucket_size_mb)
+            order = " < ".join(f"{s.label} {_ms(s.step_seconds)}" for s in ranked)
+            caps = ", ".join(f"{name} {cap:g} MB" for name, cap in best_caps.items())
+            lines.append(f"- {n}: {order} (ms)" + (f"; best cap: {caps}" if caps else ""))
+        lines.append("")
+    return lines
+
+
 def overhead_section(run: Run) -> list[str]:
     overheads = overheads_over_local(run.steps)
     if not overheads:
@@ -117,12 +201,14 @@ def bucket_section(run: Run) -> list[str]:
     plans = {(p.strategy, p.bucket_size_mb): p for p in bucket_plans(steps)}
     keys = configs(steps)
     with_model = len({k[0] for k in keys}) > 1
-    by = {(s.strategy, s.bucket_size_mb, s.config): s for s in steps}
+    by = {(s.strategy, s.bucket_size_mb, s.grad_comm, s.config): s for s in steps}
     rows = []
-    for strategy, cap in sorted({(s.strategy, s.bucket_size_mb) for s in steps}, key=lambda k: strategy_rank(*k)):
+    lines_of = sorted({(s.strategy, s.bucket_size_mb, s.grad_comm) for s in steps}, key=lambda k: (strategy_rank(k[0], k[1]), k[2]))
+    for strategy, cap, comm in lines_of:
         plan = plans.get((strategy, cap))
-        row = [strategy, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
-        row += [ms(by[(strategy, cap, k)].step_seconds) if (strategy, cap, k) in by else "" for k in keys]
+        name = strategy if comm == "fp32" else f"{strategy} {comm} comm"
+        row = [name, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
+        row += [ms(by[(strategy, cap, comm, k)].step_seconds) if (strategy, cap, comm, k) in by else "" for k in keys]
         rows.append(row)
     headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{config_label(k, with_model)} (ms)" for k in keys]
     return section(
@@ -232,6 +318,8 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
     """report.md for ``runs`` (the last reported in full, the earlier ones compared with it)."""
     run = runs[-1]
     lines = ["# ddp-bench report", ""]
+    lines += [f"> {note}" for earlier in runs for note in earlier.notes]
+    lines += [""] if any(r.notes for r in runs) else []
     lines += header_section(run)
     if run.steps:
         lines += commentary_section(run)
@@ -239,6 +327,8 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
         lines += comparison_section(old, run)
     if run.steps:
         lines += step_section(run)
+        lines += precision_section(run)
+        lines += flops_section(run)
         lines += overhead_section(run)
         lines += bucket_section(run)
     else:

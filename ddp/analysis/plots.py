@@ -56,26 +56,33 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
     if not bucketed:
         return None
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
-    batches = sorted({s.batch_size for s in bucketed})
-    colors = {batch: f"C{i}" for i, batch in enumerate(batches)}
-    for batch in batches:
+    # one colour per batch size and numerics (precision, optimizer): each its own set of lines
+    groups = sorted({(s.batch_size, s.numerics) for s in bucketed})
+    several = len({n for _, n in groups}) > 1
+    colors = {group: f"C{i}" for i, group in enumerate(groups)}
+    for batch, numerics in groups:
+        suffix = f", {numerics}" if several else ""
         for strategy in dict.fromkeys(s.strategy for s in sorted_steps(bucketed)):
-            line = sorted((s for s in bucketed if s.batch_size == batch and s.strategy == strategy), key=lambda s: s.bucket_size_mb)
-            if line:
-                axes.errorbar(
-                    [s.bucket_size_mb for s in line],
-                    [s.step_seconds * 1e3 for s in line],
-                    yerr=_yerr_ms(line),
-                    capsize=3,
-                    linestyle=traits(strategy).line_style,
-                    marker="o",
-                    color=colors[batch],
-                    label=f"{strategy}, batch {batch}",
+            for comm in sorted({s.grad_comm for s in bucketed}):
+                line = sorted(
+                    (s for s in bucketed if (s.batch_size, s.numerics, s.strategy, s.grad_comm) == (batch, numerics, strategy, comm)),
+                    key=lambda s: s.bucket_size_mb,
                 )
-        local = [s for s in steps if s.batch_size == batch and s.strategy == "local"]
+                if line:
+                    axes.errorbar(
+                        [s.bucket_size_mb for s in line],
+                        [s.step_seconds * 1e3 for s in line],
+                        yerr=_yerr_ms(line),
+                        capsize=3,
+                        linestyle=traits(strategy).line_style,
+                        marker="o" if comm == "fp32" else "x",
+                        color=colors[(batch, numerics)],
+                        label=f"{strategy}{'' if comm == 'fp32' else f' {comm} comm'}, batch {batch}{suffix}",
+                    )
+        local = [s for s in steps if s.batch_size == batch and s.numerics == numerics and s.strategy == "local"]
         if local:
-            axes.axhline(local[0].step_seconds * 1e3, color=colors[batch], linestyle=traits("local").line_style, linewidth=1,
-                         label=f"local, batch {batch}")
+            axes.axhline(local[0].step_seconds * 1e3, color=colors[(batch, numerics)], linestyle=traits("local").line_style,
+                         linewidth=1, label=f"local, batch {batch}{suffix}")
     axes.set_xscale("log")
     caps = sorted({s.bucket_size_mb for s in bucketed})
     axes.set_xticks(caps, [f"{cap:g}" for cap in caps])

@@ -19,7 +19,7 @@ from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import device_memory_bytes, fit, parameter_count
-from ddp.bench.options import RoundOptions
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import StepRecord, step_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason
@@ -48,14 +48,15 @@ class Sweep:
 
 
 def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundOptions,
-          strategies: tuple[str, ...] = BUCKETED_STRATEGIES) -> Sweep:
-    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards."""
+          strategies: tuple[str, ...] = BUCKETED_STRATEGIES, **numerics) -> Sweep:
+    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards. ``numerics``:
+    ``StepConfig``'s precision, optimizer and grad_comm."""
     records, skipped = [], []
     parameters = parameter_count(model, batch_size, seq_len)
     memory_bytes = min(ranks.run(device_memory_bytes))
     for strategy in strategies:
         for cap in caps_mb:
-            config = StepConfig(strategy, model, batch_size, seq_len, cap)
+            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics_for(strategy, numerics))
             pair = [config, config.local_twin()]
             memory = fit(pair, parameters, memory_bytes)
             if memory.too_large():

@@ -220,11 +220,13 @@ class GridMeasurer:
         self.interleave = interleave
         self.stop = stop
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | MeasuredOutOfMemory] = {}
-        self._alone: set[tuple] = set()
+        self._alone: set[StepConfig] = set()
 
     @staticmethod
-    def _key(config: StepConfig) -> tuple:
-        return (config.model, config.batch_size, config.seq_len, config.seed)
+    def _key(config: StepConfig) -> StepConfig:
+        """The group: what a step's compute depends on (model, batch, seq len, seed, precision,
+        optimizer), which is its local twin."""
+        return config.local_twin()
 
     def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | MeasuredOutOfMemory:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""

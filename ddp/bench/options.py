@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from ddp.bench.stats import parse_percent
+from ddp.bench.config import GRAD_COMMS, OPTIMIZERS, PRECISIONS
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.model import MODEL_SIZES
-from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size
+from ddp.strategies.registry import STRATEGIES, StrategyError, resolve_strategy, takes_bucket_size, takes_comm_dtype
 
 DEVICES = ("cpu", "cuda")
 # How a grid's configurations share rounds (``ddp.bench.measure.GridMeasurer``).
@@ -284,12 +285,58 @@ CONFIG_OPTIONS = (
 
 def add_config_options(add: Callable, *, model: str | None, batch_size: int | None, seq_len: int | None,
                        bucket_size_mb: float | None = 25.0, strategies: tuple[str, ...] | None = None) -> None:
-    """Bind the options of commands that train one configuration (profile, versus, buckets,
-    simulate): ``--model``, ``--batch-size``, ``--seq-len``, and ``--bucket-size-mb`` and
-    ``--strategies`` where given a default."""
+    """Bind the options of commands that train one configuration (profile, versus, buckets):
+    ``--model``, ``--batch-size``, ``--seq-len``, the step's numerics (``NUMERICS_OPTIONS``, one
+    value each), and ``--bucket-size-mb`` and ``--strategies`` where given a default."""
     skip = tuple(flag for flag, default in (("--bucket-size-mb", bucket_size_mb), ("--strategies", strategies)) if default is None)
     bind(add, CONFIG_OPTIONS, {"model": model, "batch_size": batch_size, "seq_len": seq_len,
                                "bucket_size_mb": bucket_size_mb, "strategies": strategies}, skip)
+    bind(add, NUMERICS_OPTIONS, NUMERICS_DEFAULTS)
+
+
+def choices_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated subset of ``choices``, e.g. ``--precision fp32,bf16``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = parse_list(text, str, f"{flag} values")
+        unknown = [value for value in values if value not in choices]
+        if unknown or len(set(values)) != len(values):
+            raise OptionError(f"{flag} takes one or more of {', '.join(choices)}, each once, comma-separated; got {text!r}")
+        return values
+
+    return parse
+
+
+# The step's numerics (``ddp.bench.config.StepConfig``; what each value means: ``ddp.bench.trainer``).
+# One definition each, list-valued: the grid runs every value given, a command that trains one
+# configuration takes one (``step_numerics``).
+NUMERICS_OPTIONS = (
+    Option("--precision", "precisions", choices_of("--precision", PRECISIONS),
+           "what the step computes in: fp32 (fp32 matmuls), tf32 (TF32 matmuls; on CPU the same as fp32), bf16 "
+           "(autocast around forward and loss, fp32 weights, gradients and AdamW); see docs/perf-suite.md"),
+    Option("--optimizer", "optimizers", choices_of("--optimizer", OPTIMIZERS), "AdamW's implementation: foreach or fused"),
+    Option("--grad-comm", "grad_comms", choices_of("--grad-comm", GRAD_COMMS),
+           "the dtype gradients are all-reduced in by the strategies that take comm_dtype (bucketed, torch): fp32, or "
+           "bf16 accumulated back into fp32 gradients"),
+)
+NUMERICS_DEFAULTS = {"precisions": (PRECISIONS[0],), "optimizers": (OPTIMIZERS[0],), "grad_comms": (GRAD_COMMS[0],)}
+
+
+def step_numerics(get: Callable[[str], object]) -> dict:
+    """The numerics of the one configuration a command trains, as ``StepConfig`` keywords
+    (``numerics_for`` keeps ``grad_comm`` to the strategies that take it)."""
+    numerics = {}
+    for o in NUMERICS_OPTIONS:
+        values = get(o.dest)
+        if len(values) != 1:
+            raise OptionError(f"{o.flag} {','.join(values)}: this command trains one configuration; give one value")
+        numerics[o.dest[:-1]] = values[0]  # precisions -> precision
+    return numerics
+
+
+def numerics_for(strategy: str, numerics: dict) -> dict:
+    """``numerics`` with a reduced-precision ``grad_comm`` kept only for a strategy that takes ``comm_dtype``."""
+    return numerics if takes_comm_dtype(strategy) else {**numerics, "grad_comm": "fp32"}
 
 
 # ------------------------------------------------------------------------------------ rounds
@@ -398,6 +445,13 @@ class GridOptions:
     """float32 all-reduce sizes in MiB."""
     allreduce_world_sizes: tuple[int, ...]
     """Ranks for the all-reduce benchmark."""
+    precisions: tuple[str, ...] = ("fp32",)
+    """What steps compute in (``ddp.bench.trainer.PRECISIONS``): each is a group of its own."""
+    optimizers: tuple[str, ...] = ("foreach",)
+    """AdamW implementations (``foreach``, ``fused``)."""
+    grad_comms: tuple[str, ...] = ("fp32",)
+    """Gradient all-reduce dtypes, for the strategies that take ``comm_dtype`` (others communicate
+    gradients as they are, once)."""
 
     def __post_init__(self) -> None:
         self.round_options()  # refuses --rounds above --max-rounds
@@ -411,9 +465,13 @@ class GridOptions:
     def buckets_for(self, strategy: str) -> tuple[float | None, ...]:
         return self.bucket_sizes_mb if takes_bucket_size(strategy) else (None,)
 
+    def grad_comms_for(self, strategy: str) -> tuple[str, ...]:
+        return self.grad_comms if takes_comm_dtype(strategy) else ("fp32",)
+
     @property
     def num_step_benchmarks(self) -> int:
-        return len(self.batch_sizes) * len(self.seq_lens) * sum(len(self.buckets_for(s)) for s in self.strategies)
+        per_group = sum(len(self.buckets_for(s)) * len(self.grad_comms_for(s)) for s in self.strategies)
+        return len(self.precisions) * len(self.optimizers) * len(self.batch_sizes) * len(self.seq_lens) * per_group
 
     def round_budget_seconds(self) -> float:
         """The time budget of one benchmark's rounds: ``budget_seconds``, or the session's budget
@@ -479,6 +537,7 @@ GRID_OPTIONS = (
     Option("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"), "float32 all-reduce sizes in MiB"),
     Option("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
            "ranks for the all-reduce benchmark"),
+    *NUMERICS_OPTIONS,
 )
 
 ALL_OPTIONS = tuple(dict.fromkeys((*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *ROUND_OPTIONS, *GRID_OPTIONS)))

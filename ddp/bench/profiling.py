@@ -84,7 +84,9 @@ def _recorded_allreduce_hook(model, bucket):
 
 
 def _trace_torch_reducer(model) -> None:
-    if isinstance(model, TorchDDP):  # must precede the first forward; the hook's state is the model itself
+    # DDP takes one comm hook: with comm_dtype the strategy's is PyTorch's compress hook, kept
+    # (NCCL kernels in the trace then say when it communicated; ``ddp profile`` refuses it on gloo).
+    if isinstance(model, TorchDDP) and model.comm_dtype is None:  # must precede the first forward; the hook's state is the model itself
         model.ddp.register_comm_hook(model, _recorded_allreduce_hook)
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import fit_on
-from ddp.bench.options import RoundOptions
+from ddp.bench.options import RoundOptions, numerics_for
 from ddp.bench.records import RaceRecord, race_record
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason, parameters_of
@@ -56,21 +56,24 @@ def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
     return named
 
 
-def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float) -> list[StepConfig]:
-    """``local`` first, then the contenders in the order given."""
+def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float,
+                 **numerics) -> list[StepConfig]:
+    """``local`` first, then the contenders in the order given; ``numerics``: ``StepConfig``'s
+    precision, optimizer and grad_comm (bf16 communication for the contenders that take it)."""
     return [
-        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None)
+        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None,
+                   **numerics_for(name, numerics))
         for name in ("local", *check_contenders(contenders))
     ]
 
 
 def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundOptions,
-         contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
+         contenders: Sequence[str] = DEFAULT_CONTENDERS, **numerics) -> RaceResult:
     """Race the contenders on ``ranks``: built together when they fit in memory (a step of each per
     round, in rotating order), else one at a time in alternating blocks of rounds. Raises
     ``MemoryError`` with a one-line reason when one cannot fit even alone (before anything is
-    built) or a rank ran out."""
-    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb)
+    built) or a rank ran out. ``numerics``: ``StepConfig``'s precision, optimizer and grad_comm."""
+    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb, **numerics)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
     # steps when their weights are compared.
     settled = max(traits(c.strategy).steps_to_settle for c in configs)

@@ -21,6 +21,11 @@ intervals; version 1 records (the first release) are read with those fields miss
 race hold any contenders: ``RaceRecord``'s ``ratio_bucketed_over_torch`` became
 ``ratio_over_reference`` per contender, with ``contenders`` and ``reference``; version 2 races are
 read as bucketed against the reference torch.
+4 added the step's numerics (``precision``, ``optimizer``, ``grad_comm``, on races too) and
+``model_flops_per_token``, ``achieved_tflops``, ``mfu``: older records were all fp32 with fp32
+communication and PyTorch's default AdamW (``foreach`` on GPUs; on CPU, where torch's default is
+its per-tensor loop, ``for-loop``); they are read so, the run saying so in ``Run.notes``, and their
+FLOPs figures are computed on reading, by the same formula.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from pytest_benchmark import __version__ as pytest_benchmark_version
 from pytest_benchmark.stats import Stats
 from pytest_benchmark.utils import get_commit_info
 
+from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The test file and function whose results step and all-reduce rows stand for: comparisons
 # match benchmarks on their names, the same for a pytest run and a torchrun run.
 STEP_TEST = "perf_tests/test_step.py::test_step"
@@ -116,17 +122,40 @@ class StepRecord:
     overhead_ratio: float | None = None
     """Median over rounds of step / local step in the same round."""
     overhead_ratio_ci95: list[float] | None = None
+    precision: str = "fp32"
+    """What the step computed in: ``fp32``, ``tf32`` or ``bf16`` (``ddp.bench.trainer``)."""
+    optimizer: str = "foreach"
+    """AdamW's implementation: ``foreach`` or ``fused`` (``for-loop``: a CPU run saved before
+    schema 4, which used torch's default, its per-tensor loop on CPU)."""
+    grad_comm: str = "fp32"
+    """The dtype gradients were all-reduced in (``bf16``: accumulated back into fp32)."""
+    model_flops_per_token: float | None = None
+    """Training FLOPs per token, 6 * N + 12 * layers * d_model * seq len (``ddp.bench.flops``);
+    None for workloads other than the built-in LM."""
+    achieved_tflops: float | None = None
+    """Model TFLOP/s per device at ``step_seconds``: FLOPs per token x batch x seq len / step time."""
+    mfu: float | None = None
+    """``achieved_tflops`` over the device's dense peak in ``precision`` (a fraction); None on CPU
+    and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
     @property
     def label(self) -> str:
-        return strategy_label(self.strategy, self.bucket_size_mb)
+        """``bucketed 25 MB``, ``bucketed 25 MB bf16 comm`` or ``naive``: the strategy as report columns name it."""
+        label = strategy_label(self.strategy, self.bucket_size_mb)
+        return label if self.grad_comm == "fp32" else f"{label} {self.grad_comm} comm"
 
     @property
-    def config(self) -> tuple[str, int, int]:
-        """What a step's time depends on besides the strategy: (model, batch, seq len)."""
-        return (self.model, self.batch_size, self.seq_len)
+    def config(self) -> tuple[str, int, int, str]:
+        """What a step's time depends on besides the strategy: (model, batch, seq len, ``numerics``).
+        Steps of one config are compared with each other, and with its ``local``."""
+        return (self.model, self.batch_size, self.seq_len, self.numerics)
+
+    @property
+    def numerics(self) -> str:
+        """``fp32``, ``bf16``, ``bf16 fused``: what the step computed in, as reports name it."""
+        return self.precision if self.optimizer == "foreach" else f"{self.precision} {self.optimizer}"
 
     @property
     def compute_seconds(self) -> float:
@@ -177,6 +206,11 @@ class RaceRecord:
     overhead_over_local_seconds: dict[str, float]
     """Per contender other than local, median over rounds of its step minus local's in the same round."""
     overhead_over_local_seconds_ci95: dict[str, list[float]]
+    precision: str = "fp32"
+    """What the steps computed in (``StepRecord.precision``)."""
+    optimizer: str = "foreach"
+    grad_comm: str = "fp32"
+    """What bucketed and torch all-reduced gradients in."""
     kind: str = "race"
     schema_version: int = SCHEMA_VERSION
 
@@ -213,6 +247,8 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
             overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
         )
     sizes = setup.bucket_sizes_bytes
+    flops_per_token = workload_flops_per_token(config.model, config.seq_len)
+    tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
     return StepRecord(
         strategy=config.strategy, backend=backend, device=device, world_size=len(measurement.setups[index]),
         model=config.model, num_parameters=setup.num_parameters, batch_size=config.batch_size,
@@ -228,6 +264,8 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
         target_precision=measurement.target_precision,
         reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
+        precision=config.precision, optimizer=config.optimizer, grad_comm=config.grad_comm,
+        model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=mfu(tflops, device, config.precision),
         **paired,
     )
 
@@ -316,6 +354,8 @@ class Run:
     commit_info: dict
     datetime: str | None
     benchmarks: list[Benchmark] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What reading assumed about the file, e.g. the precision of records older than schema 4."""
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -380,7 +420,9 @@ def _kind(info: dict) -> str | None:
 
 def _upgrade(kind: str, info: dict, bench: dict) -> dict:
     """An older record with the fields of the current schema it lacks: schema 1's filled from the
-    stats, schema 2's race read as bucketed against the reference torch."""
+    stats, schema 2's race read as bucketed against the reference torch, schema 4's numerics the
+    only ones the suite had (fp32, torch's default AdamW, fp32 communication) and its FLOPs figures
+    computed."""
     info = dict(info)
     stats = bench["stats"]
     data = stats.get("data")
@@ -389,7 +431,22 @@ def _upgrade(kind: str, info: dict, bench: dict) -> dict:
         info.setdefault("reference", "torch")
         info.setdefault("ratio_over_reference", {"bucketed": info.pop("ratio_bucketed_over_torch")})
         info.setdefault("ratio_over_reference_ci95", {"bucketed": info.pop("ratio_bucketed_over_torch_ci95", None)})
-    if kind == "step":
+    if kind in ("step", "race") and info.get("schema_version", 1) < 4:
+        info.setdefault("precision", "fp32")
+        # AdamW(lr) without foreach=: torch's foreach kernels on CUDA, its per-tensor loop on CPU
+        # (a race records no device: gloo is read as CPU, nccl as GPUs)
+        on_cpu = info.get("device", "cpu") == "cpu" if kind == "step" else info.get("backend") != "nccl"
+        info.setdefault("optimizer", "for-loop" if on_cpu else "foreach")
+        info.setdefault("grad_comm", "fp32")
+    if kind == "step" and info.get("schema_version", 1) < 4:
+        model, seq_len, step = info.get("model") or info.get("model_size"), info.get("seq_len"), info.get("step_seconds")
+        if model is not None and seq_len is not None and step is not None:
+            flops_per_token = workload_flops_per_token(model, seq_len)
+            tflops = achieved_tflops(flops_per_token, info.get("batch_size", 0) * seq_len, step)
+            info.setdefault("model_flops_per_token", flops_per_token)
+            info.setdefault("achieved_tflops", tflops)
+            info.setdefault("mfu", mfu(tflops, info.get("device", "cpu"), "fp32"))
+    if kind == "step" and info.get("schema_version", 1) < 2:
         info.setdefault("model", info.pop("model_size", None))
         info.setdefault("round_seconds", data)
         info.setdefault("step_seconds_ci95", list(median_ci(data)) if data else None)
@@ -448,6 +505,12 @@ def run_from_data(path: Path, data: dict) -> Run:
             )
         kind = _kind(bench.get("extra_info") or {})
         record = _record(path, bench, kind) if kind is not None else None
+        if kind == "step" and bench["extra_info"].get("schema_version", 1) < 4 and not run.notes:
+            run.notes.append(
+                f"{path.name}: steps saved before schema 4 do not record their numerics; read as fp32 with fp32 "
+                "gradient communication and torch's default AdamW (foreach on GPUs, its per-tensor for-loop on CPU), "
+                "the only numerics the suite had then"
+            )
         rounds = getattr(record, "round_seconds", None)
         if isinstance(rounds, dict):  # a race: its benchmark's rounds are its primary contender's
             rounds = rounds.get(record.primary)
@@ -472,6 +535,7 @@ def race_record(measurement, backend: str, reference: str) -> RaceRecord:
     ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
     overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in names[1:]}
     caps = [config.bucket_size_mb for config in measurement.configs if config.bucket_size_mb is not None]
+    numerics = measurement.configs[names.index(reference)]  # every contender's precision and optimizer
     return RaceRecord(
         model=measurement.configs[0].model, parameters=measurement.setups[0][0].num_parameters,
         bucket_size_mb=caps[0] if caps else None, world_size=len(measurement.setups[0]), backend=backend,
@@ -482,6 +546,7 @@ def race_record(measurement, backend: str, reference: str) -> RaceRecord:
         ratio_over_reference_ci95={name: list(value[1:]) for name, value in ratios.items()},
         overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
         overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
+        precision=numerics.precision, optimizer=numerics.optimizer, grad_comm=numerics.grad_comm,
     )
 
 

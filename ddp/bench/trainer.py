@@ -7,7 +7,30 @@ and the path on which ``bucketed`` folds averaging into its one copy per gradien
 ends with ``torch.cuda.synchronize()``, so that its clock stops when the GPU is done. Every rank
 trains its own shard of a seeded global batch (``ddp.bench.workloads.rank_batch``), the same batch
 every step: the data does not change a step's time, and a fixed batch keeps host-to-device copies
-out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``.
+out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, its implementation ``StepConfig.optimizer``:
+``foreach`` (``AdamW(foreach=True)``, torch's default on CUDA; asked for explicitly, since torch's
+default on CPU is a per-tensor loop) or ``fused`` (``AdamW(fused=True)``, one kernel per parameter
+group; CPU has it too since torch 2.4).
+
+**Precision** (``StepConfig.precision``), what the step's numbers are, defined here and nowhere else:
+
+- ``fp32``: fp32 weights, gradients and optimizer; fp32 matmuls and convolutions
+  (``torch.set_float32_matmul_precision("highest")``, ``torch.backends.cudnn.allow_tf32 = False``).
+- ``tf32``: the same, with TF32 tensor-core matmuls and convolutions (``"high"``, cudnn
+  ``allow_tf32 = True``). On CPU, "high" computes as "highest" (checked bitwise with torch 2.13),
+  so tf32 there is fp32.
+- ``bf16``: ``torch.autocast(device_type, dtype=torch.bfloat16)`` around forward and loss (not
+  backward: autograd runs each op's backward in its forward's dtype), the recipe of PyTorch's AMP:
+  fp32 master weights, fp32 gradients (autocast's casts return them in fp32), fp32 optimizer;
+  whatever autocast leaves in fp32 runs as ``fp32`` says. It runs on CPU too (slowly).
+
+The setting is made at the start of every step and the previous one restored at its end
+(``numerics``), outside the step's clock, so configurations timed side by side do not leak into
+each other.
+
+**Gradient communication** (``StepConfig.grad_comm``): ``bf16`` asks a strategy whose constructor
+takes ``comm_dtype`` to all-reduce gradients in bf16 and accumulate the result back into the fp32
+gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as they are.
 
 **What the harness adds to a step, and nothing more**: two clock readings, one hook on the loss
 (not one per parameter) and one autograd-engine callback, plus on CUDA two events, a
@@ -40,7 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +76,34 @@ from ddp.strategies.base import trainable_parameters
 from ddp.strategies.registry import make_ddp
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
+# What each of ``ddp.bench.config.PRECISIONS`` sets: torch's float32 matmul precision, cudnn's TF32
+# switch, the autocast dtype (see the module docstring).
+_NUMERICS = {
+    "fp32": ("highest", False, None),
+    "tf32": ("high", True, None),
+    "bf16": ("highest", False, torch.bfloat16),
+}
+
+
+@contextlib.contextmanager
+def numerics(precision: str) -> Iterator[None]:
+    """The matmul and convolution precision of ``precision`` for the length of the block, the
+    previous settings restored afterwards."""
+    matmul, cudnn_tf32, _ = _NUMERICS[precision]
+    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
+
+
+def forward_autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """What wraps forward and loss: ``torch.autocast`` for ``bf16``, nothing otherwise."""
+    dtype = _NUMERICS[precision][2]
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -152,6 +203,8 @@ class Trainer:
         self.workload: Workload = workload
         module = workload.module
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
+        if config.grad_comm == "bf16":
+            options["comm_dtype"] = torch.bfloat16
         self.optimizer = self.inputs = self.targets = None
         self.model = make_ddp(config.strategy, module, **options)
         try:
@@ -162,7 +215,8 @@ class Trainer:
                 )
             if before_first_step is not None:
                 before_first_step(self.model)
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE)
+            implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LEARNING_RATE, **implementation)
             self.inputs, self.targets = rank_batch(workload, config.seed, info.rank, info.world_size, info.device)
         except BaseException:
             self.close()  # a half-built configuration must not outlive its error either
@@ -170,7 +224,9 @@ class Trainer:
         params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
         self.num_parameter_tensors = len(params)
-        self.gradient_bytes = sum(p.numel() * p.element_size() for p in params)
+        # Bytes of gradient this rank all-reduces per step, in the dtype they are sent.
+        comm_bytes = {"bf16": torch.bfloat16.itemsize}.get(config.grad_comm)  # None: each gradient's own size
+        self.gradient_bytes = sum(p.numel() * (comm_bytes or p.element_size()) for p in params)
         self.backward_compute_end = BackwardComputeEnd(self.cuda)
         self.counted_collectives: int | None = None  # see count_collectives
 
@@ -208,6 +264,11 @@ class Trainer:
         return self.counted_collectives
 
     def step(self, observer: StepObserver = NO_OBSERVER) -> StepTiming:
+        """One step in this configuration's precision; setting and restoring it is outside the clock."""
+        with numerics(self.config.precision):
+            return self._timed_step(observer)
+
+    def _timed_step(self, observer: StepObserver) -> StepTiming:
         phase = observer.phase
         compute_end = self.backward_compute_end
         if self.cuda:
@@ -215,7 +276,7 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
         start = time.perf_counter()
-        with phase("forward"):
+        with phase("forward"), forward_autocast(self.config.precision, self.device):
             loss = self.workload.loss(self.model(self.inputs), self.targets)
         compute_end.watch(loss)
         with phase("backward"):

@@ -12,7 +12,7 @@ from ddp.analysis.tables import interval_ms, ms, table
 from ddp.bench.buckets import link_samples, sweep
 from ddp.bench.options import (
     RoundOptions, add_config_options, add_launch_options, add_round_options, argument_type, bind, check_seq_len,
-    launch_options, option, positive_ints, round_options,
+    launch_options, option, positive_ints, round_options, step_numerics,
 )
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
@@ -44,8 +44,10 @@ def main(args: argparse.Namespace) -> int:
     if without_cap:
         raise UsageError(f"--strategies {', '.join(without_cap)} take no bucket size: give strategies with a bucket_size_mb option")
     rounds = round_options(vars(args).get, ROUNDS)
+    numerics = step_numerics(vars(args).get)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        result = sweep(group, args.model, args.batch_size, args.seq_len, args.bucket_sizes_mb, rounds, args.strategies)
+        result = sweep(group, args.model, args.batch_size, args.seq_len, args.bucket_sizes_mb, rounds, args.strategies,
+                       **numerics)
         samples = [] if args.link else link_samples(group, rounds)
     link = LINKS[args.link] if args.link else fit_link(samples, name=f"fitted on {resolved.backend} {resolved.world_size} ranks here")
     for reason in result.skipped:
@@ -54,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("every cap ran out of memory: use a smaller --batch-size or --seq-len")
     rows = [[r.label, r.num_buckets, ms(r.step_seconds, 1), f"{ms(r.overhead_seconds, 1)} {interval_ms(r.overhead_seconds_ci95, 1)}"]
             for r in result.records]
-    print(f"model {args.model}, {resolved.describe()}, batch {args.batch_size}, seq len {args.seq_len}")
+    print(f"model {args.model}, {resolved.describe()}, batch {args.batch_size}, seq len {args.seq_len}, {args.precisions[0]}")
     print(table(rows, ["strategy", "buckets", "step ms", "overhead over local ms [95%]"]))
     for strategy in args.strategies:
         best = result.best(strategy)

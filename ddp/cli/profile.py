@@ -11,7 +11,8 @@ from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
 from ddp.bench.options import (
-    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, option, positive_int,
+    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, numerics_for,
+    option, positive_int, step_numerics,
 )
 from ddp.bench.config import StepConfig
 from ddp.bench.profiling import ProfileConfig, profile_on
@@ -46,11 +47,18 @@ def summary_table(summary: ProfileSummary) -> str:
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     check_seq_len(args.model, args.seq_len)
+    numerics = step_numerics(vars(args).get)
+    if numerics["grad_comm"] != "fp32" and "torch" in args.strategies and resolved.backend != "nccl":
+        raise UsageError(
+            f"profiling torch with --grad-comm {numerics['grad_comm']} needs nccl: on {resolved.backend} its collectives "
+            "are recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
+        )
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
     configs = [
         ProfileConfig(
-            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None),
+            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None,
+                       **numerics_for(name, numerics)),
             warmup_steps=traits(name).steps_to_settle if args.warmup_steps is None else args.warmup_steps,
             steps=args.steps, out_dir=str(args.out.resolve()),
         )

@@ -14,6 +14,7 @@ from ddp.analysis.tables import interval_ms, ms
 from ddp.bench.machine import software_info
 from ddp.bench.options import (
     RoundOptions, add_config_options, add_launch_options, add_round_options, check_seq_len, launch_options, round_options,
+    step_numerics,
 )
 from ddp.bench.race import DEFAULT_CONTENDERS, check_contenders, race
 from ddp.bench.records import benchmark_entry, run_document, write_new
@@ -67,14 +68,16 @@ def main(args: argparse.Namespace) -> int:
     if args.json is not None and args.json.exists():
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     rounds = round_options(vars(args).get, ROUNDS)
+    numerics = step_numerics(vars(args).get)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
-            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, rounds, contenders)
+            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, rounds, contenders,
+                          **numerics)
         except MemoryError as error:
             raise UsageError(str(error)) from None
     record = result.record
     print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
-          f"bucket {args.bucket_size_mb:g} MiB, {len(record.round_seconds['local'])} rounds")
+          f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {len(record.round_seconds['local'])} rounds")
     print(f"contenders raced {result.interleaving}")
     print(table(record))
     if result.weights_differ is not None:

@@ -55,6 +55,14 @@ def check_bucket_size_mb(bucket_size_mb: object) -> float:
     return float(bucket_size_mb)
 
 
+def check_comm_dtype(comm_dtype: object) -> torch.dtype | None:
+    """Return ``comm_dtype`` (None: communicate gradients in their own dtype), or raise saying what
+    a valid value looks like."""
+    if comm_dtype is not None and (not isinstance(comm_dtype, torch.dtype) or not comm_dtype.is_floating_point):
+        raise ValueError(f"comm_dtype must be a floating torch.dtype such as torch.bfloat16, or None; got {comm_dtype!r}")
+    return comm_dtype
+
+
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     """Parameters that get gradients, each once: a tied weight appears a single time, frozen ones never."""
     return [p for p in module.parameters() if p.requires_grad]

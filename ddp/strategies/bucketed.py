@@ -8,6 +8,11 @@ is copied into its view already divided by the world size, and the buckets are s
 implements ReduceOp.AVG as a sum followed by a separate pass dividing the whole bucket, so folding
 the division into the copy that happens anyway saves one pass over every gradient (PyTorch's
 reducer does the same).
+
+With ``comm_dtype`` (e.g. ``torch.bfloat16``) each bucket is copied into a buffer of that dtype
+for its all-reduce and the sum copied back into the gradients' buffer: gradients are communicated
+in bf16 and accumulated back in fp32, as PyTorch's ``bf16_compress_hook`` does (which casts the
+bucket and divides it in bf16; here the division happens in fp32 before the cast).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import DataParallel, Transfer, check_bucket_size_mb
+from ddp.strategies.base import DataParallel, Transfer, check_bucket_size_mb, check_comm_dtype
 from ddp.strategies.tracing import launch_all_reduce
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -38,6 +43,8 @@ class Bucket:
     views: list[torch.Tensor] = field(default_factory=list)
     pending: int = 0
     work: dist.Work | None = None
+    comm_buffer: torch.Tensor | None = None
+    """The buffer in ``comm_dtype`` that is all-reduced instead of ``buffer``; None without one."""
 
     @property
     def flags(self) -> torch.Tensor:
@@ -95,8 +102,10 @@ class BucketedDDP(DataParallel):
             for bucket in plan
         ]
 
-    def __init__(self, module, *, bucket_size_mb: float = 25.0, process_group=None) -> None:
+    def __init__(self, module, *, bucket_size_mb: float = 25.0, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
+        """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
+        self.comm_dtype = check_comm_dtype(comm_dtype)
         super().__init__(module, process_group=process_group)
         self._grad_scale = 1.0 / self.world_size
         self._names = {id(p): name for name, p in module.named_parameters()}
@@ -117,6 +126,10 @@ class BucketedDDP(DataParallel):
             numel = sum(p.numel() for p in params)
             buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
             bucket = Bucket(params, buffer)
+            if self.comm_dtype is not None and self.comm_dtype != buffer.dtype:
+                # The flags ride along: bf16 holds whole numbers exactly up to 256, so their sum
+                # over up to 256 ranks survives the cast.
+                bucket.comm_buffer = torch.empty_like(buffer, dtype=self.comm_dtype)
             offset = 0
             for index, param in enumerate(params):
                 bucket.views.append(buffer[offset : offset + param.numel()].view_as(param))
@@ -192,8 +205,11 @@ class BucketedDDP(DataParallel):
             self._launch_complete_buckets()
 
     def _launch(self, bucket: Bucket) -> None:
+        sent = bucket.buffer
+        if bucket.comm_buffer is not None:
+            sent = bucket.comm_buffer.copy_(bucket.buffer)
         bucket.work = launch_all_reduce(
-            bucket.buffer, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder
+            sent, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder
         )
         self._next_to_launch += 1
 
@@ -228,6 +244,8 @@ class BucketedDDP(DataParallel):
             self._launch(bucket)
         for bucket in self.buckets:
             bucket.work.wait()
+            if bucket.comm_buffer is not None:
+                bucket.buffer.copy_(bucket.comm_buffer)  # after wait(): on CUDA, ordered after the collective
         for bucket, index, previous in missing:
             param, view = bucket.params[index], bucket.views[index]
             if bucket.flags[index].item() > 0:

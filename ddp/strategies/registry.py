@@ -83,13 +83,24 @@ def check_strategy_class(name: str, cls: object) -> None:
         pass  # no signature to read (a C extension): it is tried on the ranks
 
 
-def takes_bucket_size(name: str) -> bool:
-    """Whether the strategy's constructor names a ``bucket_size_mb`` option (then the grid's
-    bucket sizes apply to it)."""
+def takes_option(name: str, option: str) -> bool:
+    """Whether the strategy's constructor names ``option``: how the suite learns what a strategy,
+    a user's own included, can do."""
     try:
-        return "bucket_size_mb" in inspect.signature(resolve_strategy(name)).parameters
+        return option in inspect.signature(resolve_strategy(name)).parameters
     except ValueError:
         return False
+
+
+def takes_bucket_size(name: str) -> bool:
+    """Whether the strategy takes ``bucket_size_mb`` (then the grid's bucket sizes apply to it)."""
+    return takes_option(name, "bucket_size_mb")
+
+
+def takes_comm_dtype(name: str) -> bool:
+    """Whether the strategy takes ``comm_dtype`` (a ``torch.dtype`` to all-reduce gradients in,
+    accumulated back into the gradients' own dtype; then the grid's ``--grad-comm`` applies to it)."""
+    return takes_option(name, "comm_dtype")
 
 
 def steps_to_settle(name: str) -> int:

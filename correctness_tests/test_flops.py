@@ -1,0 +1,105 @@
+"""Achieved TFLOP/s and MFU (``ddp.bench.flops``): the FLOPs formula on hand-worked examples, the
+peak table, and what a step record carries (null on CPU and on unknown devices, never guessed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp.bench.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
+from ddp.bench.measure import Measurement
+from ddp.bench.records import step_record
+from ddp.bench.config import StepConfig
+from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.model import MODEL_SIZES, model_flops_per_token
+
+
+def test_flops_per_token_of_tiny_worked_by_hand():
+    # tiny: vocab 1000, d_model 64, d_ff 256, 2 layers. Matmul weights N = 2 x (4 x 64^2 + 3 x 64 x 256)
+    # + 64 x 1000 = 2 x (16,384 + 49,152) + 64,000 = 195,072; 6N = 1,170,432. Attention at seq 32:
+    # 12 x 2 x 64 x 32 = 49,152. Total 1,219,584 FLOPs per token.
+    assert model_flops_per_token(MODEL_SIZES["tiny"], 32) == 1_219_584
+    assert workload_flops_per_token("tiny", 32) == 1_219_584
+    assert workload_flops_per_token("mlp", 32) is None  # not an LM: no tokens to count
+
+
+def test_mfu_of_xl_in_bf16_on_an_h100_worked_by_hand():
+    # xl: vocab 10,000, d_model 1600, d_ff 6400, 48 layers. N = 48 x (4 x 1600^2 + 3 x 1600 x 6400) + 1600 x 10,000
+    # = 48 x 40,960,000 + 16,000,000 = 1,982,080,000; 6N = 11,892,480,000. Attention at seq 512:
+    # 12 x 48 x 1600 x 512 = 471,859,200. Total 12,364,339,200 FLOPs per token.
+    flops = model_flops_per_token(MODEL_SIZES["xl"], 512)
+    assert flops == 12_364_339_200
+    # Batch 4 x seq 512 = 2048 tokens in 228.1 ms (the plain bf16 loop of the H100 evidence):
+    # 12,364,339,200 x 2048 / 0.2281 = 111.01e12 FLOP/s; over the H100 SXM's dense bf16 peak 989.5: 11.2%.
+    tflops = achieved_tflops(flops, 4 * 512, 0.2281)
+    assert tflops == pytest.approx(111.01, abs=0.01)
+    assert mfu(tflops, "NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(111.01 / 989.5, abs=1e-4)
+    assert mfu(tflops, "NVIDIA H100 80GB HBM3", "fp32") == pytest.approx(111.01 / 67.0, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "device, precision, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.5),
+        ("NVIDIA H200", "bf16", 989.5),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+        ("NVIDIA H100 PCIe", "bf16", None),  # other clocks: not in the table
+        ("NVIDIA H100 NVL", "bf16", None),
+        ("NVIDIA GeForce RTX 4090", "bf16", None),
+        ("cpu", "fp32", None),
+    ],
+)
+def test_peaks_are_dense_and_unknown_devices_have_none(device, precision, peak):
+    assert peak_tflops(device, precision) == peak
+
+
+def _measurement(config: StepConfig) -> Measurement:
+    setup = StepSetup(0, 10, 2, None, 3, 40)
+    rounds = [[[StepTiming(0, seconds, 0.0, None), StepTiming(1, seconds, 0.0, None)]] for seconds in (0.5, 0.5, 0.5)]
+    return Measurement([config], [[setup, setup]], rounds, 0.0, 0.02)
+
+
+def test_step_records_carry_numerics_and_flops_and_mfu_only_where_a_peak_is_known():
+    config = StepConfig("bucketed", "tiny", 2, 32, 25.0, precision="bf16", optimizer="fused", grad_comm="bf16")
+    on_cpu = step_record(_measurement(config), "gloo", "cpu")
+    assert (on_cpu.precision, on_cpu.optimizer, on_cpu.grad_comm) == ("bf16", "fused", "bf16")
+    assert on_cpu.model_flops_per_token == 1_219_584
+    # 1,219,584 x 64 tokens / 0.5 s = 156,106,752 FLOP/s
+    assert on_cpu.achieved_tflops == pytest.approx(156_106_752 / 1e12)
+    assert on_cpu.mfu is None
+    on_h100 = step_record(_measurement(config), "nccl", "NVIDIA H100 80GB HBM3")
+    assert on_h100.mfu == pytest.approx(156_106_752 / 1e12 / 989.5)
+    assert on_h100.label == "bucketed 25 MB bf16 comm" and on_h100.numerics == "bf16 fused"
+
+
+def test_names_carry_what_differs_from_the_default_numerics():
+    default = StepConfig("bucketed", "xl", 2, 128, 25.0)
+    assert default.test_id == "bucketed-b2-s128-bucket25mb"  # as saved before precision existed: still comparable
+    assert default.group_name == "step: model xl, batch 2, seq len 128, fp32"
+    bf16 = StepConfig("bucketed", "xl", 2, 128, 25.0, precision="bf16", optimizer="fused", grad_comm="bf16")
+    assert bf16.test_id == "bucketed-b2-s128-bucket25mb-bf16-fused-bf16comm"
+    assert bf16.group_name == "step: model xl, batch 2, seq len 128, bf16, fused AdamW"
+    assert bf16.local_twin() == StepConfig("local", "xl", 2, 128, precision="bf16", optimizer="fused")
+    assert StepConfig("torch", "xl", 2, 128, 25.0, precision="tf32").test_id == "torch-b2-s128-bucket25mb-tf32"
+
+
+def test_reduced_precision_communication_only_where_the_strategy_takes_comm_dtype():
+    with pytest.raises(ValueError, match="strategy 'naive' cannot communicate gradients in bf16"):
+        StepConfig("naive", "tiny", 2, 32, grad_comm="bf16")
+    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16, got 'fp16'"):
+        StepConfig("local", "tiny", 2, 32, precision="fp16")
+
+
+def test_a_comparison_warns_when_steps_of_one_name_were_computed_differently(tmp_path):
+    from ddp.analysis.compare import suspect_differences
+    from ddp.bench.records import load_run
+    from correctness_tests.test_report import run_json, step_bench, write
+
+    old = run_json([step_bench("local", 100.0, 0.1)])
+    old["benchmarks"][0]["extra_info"].update(schema_version=2)  # saved before numerics were recorded: CPU, for-loop
+    for key in ("precision", "optimizer", "grad_comm", "model_flops_per_token", "achieved_tflops", "mfu"):
+        del old["benchmarks"][0]["extra_info"][key]
+    new = run_json([step_bench("local", 100.0, 0.1)])
+    differences = suspect_differences(load_run(write(tmp_path / "old.json", old)), load_run(write(tmp_path / "new.json", new)))
+    assert differences == {"step numerics": ("fp32 for-loop", "fp32")}
+    assert suspect_differences(load_run(tmp_path / "new.json"), load_run(tmp_path / "new.json")) == {}
