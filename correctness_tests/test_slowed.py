@@ -62,7 +62,7 @@ def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(r
     from examples.slowed import SlowedBucketed
 
     settle = SlowedBucketed.steps_to_settle
-    (result, _) = rank_group.run(slowed_steps, place, settle + 4)
+    result = rank_group.run(slowed_steps, place, settle + 4)[0]
     median = result["medians"]["slowed"]
     assert median is not None and median > 0
     waits = result["waits"]
@@ -78,7 +78,7 @@ def test_a_slower_machine_slows_every_configuration_by_its_own_median(rank_group
     from examples.slowed import SlowedBucketed
 
     settle = SlowedBucketed.steps_to_settle
-    (result, _) = rank_group.run(slowed_steps, "machine", settle + 3)
+    result = rank_group.run(slowed_steps, "machine", settle + 3)[0]
     for name in ("slowed", "twin"):
         waits = [w for w in result["waits"] if w[1] == name]
         assert waits and all(w[2] == "optimizer" for w in waits)

@@ -225,14 +225,16 @@ class BucketedDDP(DataParallel):
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_this_backward:
             return
-        # Buckets still waiting hold parameters that got no gradient on this rank. They take part
-        # in the same order, contributing zeros (or their share of the gradient they already
-        # hold); what they held is kept in case no rank produced a gradient for them.
+        # Buckets still waiting hold parameters that got no gradient in this backward on this
+        # rank. They take part in the same order, contributing zeros, or their share of the
+        # gradient they already hold (accumulated inside no_sync(): used in this accumulation
+        # window, so flagged as used, as PyTorch's reducer keeps its used map over no_sync); what
+        # they held is kept in case no rank has a gradient for them.
         missing: list[tuple[Bucket, int, torch.Tensor | None]] = []
         for bucket in self.buckets[self._next_to_launch :]:
             for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
                 ready = id(param) in self._ready
-                bucket.flags[index] = 1 if ready else 0
+                bucket.flags[index] = 1 if ready or param.grad is not None else 0
                 if ready:
                     continue
                 previous = None if param.grad is None else param.grad.clone()

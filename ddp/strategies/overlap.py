@@ -74,7 +74,9 @@ class OverlapDDP(DataParallel):
                 tensor = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
                 scratch[position] = tensor
             self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}", self.collective_recorder))
-        mask_work = self._all_reduce_used_mask(self._ready)
+        # Used in this accumulation window: in this backward, or holding a gradient from no_sync().
+        used = [ready or param.grad is not None for ready, param in zip(self._ready, self._order)]
+        mask_work = self._all_reduce_used_mask(used)
         for work in self._works:
             work.wait()
         mask_work.wait()
