@@ -64,7 +64,9 @@ def test_a_small_grid_gets_a_larger_share_of_the_session_budget():
     assert default.round_budget_seconds() == pytest.approx(200.0 / 40)
     small = GridOptions(**{**default.__dict__, "strategies": ("local", "bucketed"), "bucket_sizes_mb": (25.0,),
                            "batch_sizes": (4,), "seq_lens": (64,)})
-    assert small.round_budget_seconds() == pytest.approx(120.0)  # 135 s each, capped
+    assert small.round_budget_seconds() == pytest.approx(100.0)  # 200 s shared by 2
+    alone = GridOptions(**{**small.__dict__, "strategies": ("local",)})
+    assert alone.round_budget_seconds() == pytest.approx(120.0)  # 200 s for 1, capped
     fixed = GridOptions(**{**default.__dict__, "budget_seconds": 7.0})
     assert fixed.round_budget_seconds() == 7.0
 
