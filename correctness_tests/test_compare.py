@@ -198,3 +198,28 @@ def test_local_is_the_machines_reference_reported_not_gated(files, capsys):
     assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
     out = capsys.readouterr().out
     assert "machine slower" in out and "NOTE: local, the machine's reference, changed in 1 configuration(s)" in out
+
+
+def compute_and_wait(compute: float, wait: float, n: int, seed: int, speed: float = 1.0) -> tuple[list[float], list[float]]:
+    """A step that is part compute (which a machine ``speed`` times faster shortens, as it does its
+    local twin, which is that compute alone) and part waiting (communication, a sleep), which it does not."""
+    drift = noisy(1.0, n, seed, 0.03)
+    step_noise, local_noise = noisy(1.0, n, seed + 100, 0.01), noisy(1.0, n, seed + 200, 0.01)
+    return ([(compute / speed * d + wait) * e for d, e in zip(drift, step_noise)],
+            [compute / speed * d * e for d, e in zip(drift, local_noise)])
+
+
+def test_a_faster_machine_alone_is_not_blamed_on_the_code(files):
+    # the same code on a machine whose compute got 35% faster: step / local rises by itself
+    old = load_run(files("old.json", run([step("slowed", *compute_and_wait(0.005, 0.004, 60, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *compute_and_wait(0.005, 0.004, 60, 2, speed=1.35))])))
+    (row,) = compare(old, new, 0.05)
+    assert row.decision.paired.verdict == "slower" and row.decision.reference.verdict == "faster"  # the bias
+    assert row.verdict == "not resolved" and not failed([row]) and "a faster machine" in row.why
+
+
+def test_a_slowdown_on_a_faster_machine_is_caught_where_the_raw_step_resolves_it(files):
+    old = load_run(files("old.json", run([step("slowed", *compute_and_wait(0.005, 0.004, 60, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *compute_and_wait(0.005, 0.008, 60, 2, speed=1.1))])))
+    (row,) = compare(old, new, 0.05)
+    assert row.decision.raw.verdict == "slower" and row.verdict == "slower" and failed([row])
