@@ -47,7 +47,7 @@ from ddp.bench.options import percent_type  # noqa: E402
 from ddp.bench.records import load_run  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"
-WARMUP_ROUNDS = 11  # examples.slowed: every configuration calibrates its median step during warm-up
+WARMUP_ROUNDS = 23  # examples.slowed: every configuration calibrates its median step during warm-up
 DEFAULT_CASES = "sync:5%,sync:10%,sync:15%,sync:25%,backward:15%,optimizer:15%,machine:15%"
 DEFAULT_SHAPES = {"tiny": (2, 32), "mini": (2, 64)}  # (batch, seq len) per rank
 
