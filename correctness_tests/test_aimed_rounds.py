@@ -76,6 +76,9 @@ def test_rounds_stop_once_the_comparison_is_settled(slowdown, verdict):
     # a precision target of 0.01% is never reached: what stopped the rounds is the settled comparison
     assert outcome.settled and outcome.decision.verdict == verdict
     assert len(measured.rounds) == outcome.rounds < POLICY.max_rounds
+    # never on a snapshot: at least MIN_SECONDS of rounds (5 s at 40 ms a round: 125 rounds)
+    spent = sum(sum(measured.round_seconds(i)) for i in range(2))
+    assert spent >= AimAtDecision.MIN_SECONDS and outcome.rounds >= AimAtDecision.MIN_ROUNDS
 
 
 def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold():

@@ -198,3 +198,46 @@ def test_local_is_the_machines_reference_reported_not_gated(files, capsys):
     assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
     out = capsys.readouterr().out
     assert "machine slower" in out and "NOTE: local, the machine's reference, changed in 1 configuration(s)" in out
+
+
+def compute_and_wait(compute: float, wait: float, n: int, seed: int, speed: float = 1.0) -> tuple[list[float], list[float]]:
+    """A step that is part compute (which a machine ``speed`` times faster shortens, as it does its
+    local twin, which is that compute alone) and part waiting (communication, a sleep), which it does not."""
+    drift = noisy(1.0, n, seed, 0.03)
+    step_noise, local_noise = noisy(1.0, n, seed + 100, 0.01), noisy(1.0, n, seed + 200, 0.01)
+    return ([(compute / speed * d + wait) * e for d, e in zip(drift, step_noise)],
+            [compute / speed * d * e for d, e in zip(drift, local_noise)])
+
+
+def test_a_faster_machine_alone_is_not_blamed_on_the_code(files):
+    # the same code on a machine whose compute got 35% faster: step / local rises by itself
+    old = load_run(files("old.json", run([step("slowed", *compute_and_wait(0.005, 0.004, 60, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *compute_and_wait(0.005, 0.004, 60, 2, speed=1.35))])))
+    (row,) = compare(old, new, 0.05)
+    assert row.decision.paired.verdict == "slower" and row.decision.reference.verdict == "faster"  # the bias
+    assert row.decision.adjusted.point == pytest.approx(1.0, abs=0.03)  # unchanged code, as modelled
+    assert row.verdict in ("not resolved", "unchanged") and not failed([row])
+
+
+def test_a_slowdown_hidden_in_the_raw_step_by_a_faster_machine_is_caught(files):
+    # 15% of the old step added while the machine's compute got 20% faster: the raw step barely
+    # moves (x1.04), step / local overstates it (x1.25), the adjusted ratio finds the 15%
+    old = load_run(files("old.json", run([step("slowed", *compute_and_wait(0.006, 0.003, 60, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *compute_and_wait(0.006, 0.003 + 0.15 * 0.009, 60, 2,
+                                                                               speed=1.2))])))
+    (row,) = compare(old, new, 0.05)
+    assert row.decision.raw.verdict != "slower" and row.decision.paired.point > 1.2
+    assert row.verdict == "slower" and row.basis == "adjusted for the machine" and failed([row])
+    assert row.ratio == pytest.approx(1.15, abs=0.03)
+
+
+def test_a_step_that_moved_less_than_a_slower_machine_is_not_blamed(files):
+    # unchanged code on a machine 23% slower at compute: the step (85% compute) moves less than
+    # local, so step / local sits just below 1, its interval straddling 1 - t: the step did not
+    # move more than local, which is all the machine explanation needs
+    old = load_run(files("old.json", run([step("slowed", *compute_and_wait(0.0085, 0.0015, 60, 1))])))
+    new = load_run(files("new.json", run([step("slowed", *compute_and_wait(0.0085, 0.0015, 60, 2, speed=1 / 1.23))])))
+    (row,) = compare(old, new, 0.03)
+    paired = row.decision.paired
+    assert row.decision.raw.verdict == "slower" and paired.verdict == "not resolved" and paired.high <= 1.03
+    assert row.verdict == "machine slower" and not failed([row]) and settled(row.decision)

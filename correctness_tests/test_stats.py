@@ -14,6 +14,7 @@ import pytest
 
 from ddp.bench.stats import (
     Verdict,
+    machine_adjusted_ratio_ci,
     median_ci,
     median_ci_coverage,
     paired_ci,
@@ -133,6 +134,32 @@ def test_ratio_of_medians_ci_coverage():
         _, low, high = ratio_of_medians_ci(new, old, resamples=500, seed=trial)
         covered += low <= 1.2 <= high
     assert 0.90 <= covered / trials <= 0.99
+
+
+def test_machine_adjusted_ratio_is_the_formula_and_covers_the_modelled_truth():
+    # Exact: every round alike, old step 10 ms of which 6 ms compute (local), new machine's compute
+    # x0.8 and 1.5 ms added: new step 4.8 + 4 + 1.5 = 10.3 ms, L = 0.8, f = 0.6, the truth
+    # (10.3 / 10) / (0.6 * 0.8 + 0.4) = 1.17045...
+    point, low, high = machine_adjusted_ratio_ci([10.3e-3] * 5, [4.8e-3] * 5, [10e-3] * 5, [6e-3] * 5)
+    assert point == pytest.approx(1.03 / 0.88) and low == pytest.approx(point) and high == pytest.approx(point)
+    # With noise, the interval covers the modelled truth about as often as it claims (nominal 0.95)
+    rng = np.random.default_rng(7)
+
+    def rounds(compute: float, rest: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        local = compute * rng.lognormal(0, 0.1, n)
+        return local + rest * rng.lognormal(0, 0.1, n), local
+
+    population = [np.median(a) for pair in (rounds(4.8e-3, 5.5e-3, 400_000), rounds(6e-3, 4e-3, 400_000)) for a in pair]
+    truth, = machine_adjusted_ratio_ci(*[[m] for m in population], resamples=1)[:1]  # the statistic of the population
+    covered, trials = 0, 200
+    for trial in range(trials):
+        old_step, old_local = rounds(6e-3, 4e-3, 40)
+        new_step, new_local = rounds(4.8e-3, 5.5e-3, 40)
+        _, low, high = machine_adjusted_ratio_ci(new_step, new_local, old_step, old_local, resamples=500, seed=trial)
+        covered += low <= truth <= high
+    assert 0.88 <= covered / trials <= 0.995
+    with pytest.raises(ValueError, match="as many local rounds as step rounds"):
+        machine_adjusted_ratio_ci([1.0, 2.0], [1.0], [1.0], [1.0])
 
 
 def drifting_rounds(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

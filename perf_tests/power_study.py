@@ -10,8 +10,8 @@ each a fresh pytest process as a user's run is, saved with ``--benchmark-save``:
 - ``pairs + 1`` unchanged runs u_0 .. u_N; the unchanged pairs are (u_i, u_i+1);
 - for every case (a place and a fraction), one slowed run s_i per unchanged run u_i (i < N),
   compared with it: the slowed pair (u_i, s_i). Unchanged runs are reused by every case, and the
-  runs are ordered u_0, s_0 of every case, u_1, ... so that the machine's drift falls on all
-  cases alike.
+  runs are ordered u_0, s_0 of every case, u_1, ... (every model's i-th before any model's next)
+  so that the machine's drift falls on all cases and models alike.
 
 Every run after u_0 is taken with ``--benchmark-compare`` against its pair's first run and
 ``--ddp-fail-slower``, so that its rounds aim at that decision (``ddp.analysis.compare.AimAtDecision``)
@@ -47,7 +47,7 @@ from ddp.bench.options import percent_type  # noqa: E402
 from ddp.bench.records import load_run  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"
-WARMUP_ROUNDS = 11  # examples.slowed: every configuration calibrates its median step during warm-up
+WARMUP_ROUNDS = 23  # examples.slowed: every configuration calibrates its median step during warm-up
 DEFAULT_CASES = "sync:5%,sync:10%,sync:15%,sync:25%,backward:15%,optimizer:15%,machine:15%"
 DEFAULT_SHAPES = {"tiny": (2, 32), "mini": (2, 64)}  # (batch, seq len) per rank
 
@@ -104,7 +104,9 @@ class Runner:
         self.grid = ["--model", model, "--batch-sizes", str(args.batch_size or batch),
                      "--seq-lens", str(args.seq_len or seq), "--strategies", f"local,{SLOWED}", "--bucket-sizes", "1",
                      "--warmup-rounds", str(WARMUP_ROUNDS), "--rounds", str(args.rounds),
-                     "--max-rounds", str(args.max_rounds), "--round-budget", str(args.round_budget)]
+                     "--round-budget", str(args.round_budget)]
+        if args.max_rounds is not None:
+            self.grid += ["--max-rounds", str(args.max_rounds)]
 
     def run(self, name: str, case: Case | None, compared_with: str | None) -> Path:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_BENCH_SLOWDOWN")}
@@ -140,19 +142,23 @@ class Runner:
         return pairs
 
 
-def study(args: argparse.Namespace) -> list[Pair]:
+def study(args: argparse.Namespace, began: float) -> list[Pair]:
+    """Every model's i-th runs before any model's (i+1)-th, and the report rewritten after each
+    run: a study cut short still holds as many pairs of every model and case."""
     pairs: list[Pair] = []
-    for model in args.models:
-        runner = Runner(args, model)
-        for i in range(args.pairs + 1):
+    runners = [Runner(args, model) for model in args.models]
+    for i in range(args.pairs + 1):
+        for runner in runners:
             runner.run(f"u{i}", None, f"u{i - 1}" if i else None)
             if i:
                 pairs.extend(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
+                write_report(args, pairs, began)
             if i == args.pairs:
-                break
+                continue
             for case in args.cases:
                 runner.run(f"s{i}_{case.key}", case, f"u{i}")
                 pairs.extend(runner.judge(f"u{i}", f"s{i}_{case.key}", case.label, i))
+                write_report(args, pairs, began)
     return pairs
 
 
@@ -176,6 +182,17 @@ def table(pairs: list[Pair], threshold: float) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def write_report(args: argparse.Namespace, pairs: list[Pair], began: float, finished: bool = False) -> str:
+    """power.md (the tables, the command and the wall time so far) and pairs.json (every decision)."""
+    rendered = "\n\n".join(table(pairs, threshold) for threshold in [args.fail_slower, *args.also_judge_at])
+    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
+    state = "Total wall time" if finished else "Unfinished: wall time so far"
+    report = f"Command: `{command}`\n\n{state}: {time.perf_counter() - began:.0f} s\n\n{rendered}\n"
+    (args.out / "power.md").write_text(report)
+    (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,mini", type=lambda t: t.split(","))
@@ -190,7 +207,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=10, help="minimum rounds of every run")
-    parser.add_argument("--max-rounds", type=int, default=300)
+    parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.options.MAX_ROUNDS)")
     parser.add_argument("--round-budget", type=float, default=20.0, help="seconds of rounds per benchmark")
     parser.add_argument("--out", type=Path, default=Path("power-study"))
     args = parser.parse_args()
@@ -198,13 +215,8 @@ def main() -> int:
         raise SystemExit(f"{args.out} is not empty: give a new --out (nothing saved is overwritten)")
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    pairs = study(args)
-    rendered = "\n\n".join(table(pairs, threshold) for threshold in [args.fail_slower, *args.also_judge_at])
-    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
-    report = (f"Command: `{command}`\n\nTotal wall time: {time.perf_counter() - began:.0f} s\n\n{rendered}\n")
-    (args.out / "power.md").write_text(report)
-    (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
-    print(report)
+    pairs = study(args, began)
+    print(write_report(args, pairs, began, finished=True))
     return 0
 
 

@@ -22,10 +22,18 @@ ratio. Dividing by ``local`` alone let a regression hide (issue 19: a class slow
 +30% raw, but ``local`` beside it moved x1.34 and the paired interval [0.99, 1.19] resolved
 nothing), so the verdict combines them, and the ``why`` column says which decided:
 
-* the paired ratio resolved slower: **slower** (the step moved more than the machine did);
-* the raw ratio resolved slower and the paired ratio resolved *within* the threshold (or faster):
-  the step moved no more than ``local``, so the machine explains it: **machine slower**, reported,
-  not gated;
+* the paired ratio resolved slower: **slower** (the step moved more than the machine did). Where
+  ``local`` got faster (its interval lies below 1), dividing by it overstates the step's slowdown: a step is part
+  compute, which a faster machine speeds up as ``local``, and part waiting (communication, a
+  sleep), which it does not. With compute a share f of the step and ``local`` x L, unchanged code
+  gives step / local = f + (1 - f) / L, above 1 whenever L < 1 (measured here: two unchanged runs
+  of a 10 ms step, ``local`` x0.74, step / local x1.07 [1.01, 1.13]). There the *adjusted* ratio
+  (``ddp.bench.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must resolve slower too,
+  or the verdict is **not resolved**. On a slower machine (L > 1) the bias lowers step / local,
+  so a paired *slower* stands;
+* the raw ratio resolved slower and the paired ratio resolved not above the threshold (its
+  interval's top within 1 + t): the step moved no more than ``local``, so the machine explains it:
+  **machine slower**, reported, not gated;
 * the raw ratio resolved slower and the paired ratio not resolved: **slower**. The burden of proof
   lies on the machine explanation; where ``local`` did not move (its ratio resolved within the
   threshold) the raw ratio is the right basis anyway;
@@ -63,7 +71,7 @@ from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
 from ddp.bench.records import Run, StepRecord
-from ddp.bench.stats import Verdict, ratio_of_medians_ci, verdict
+from ddp.bench.stats import Verdict, machine_adjusted_ratio_ci, ratio_of_medians_ci, verdict
 
 # The facts whose difference makes a comparison suspect; machine_differences names them.
 MACHINE_FACTS = ("node", "cpu", "cpu count", "torch", "backend", "device", "world size", "GPU", "CUDA", "NCCL")
@@ -71,6 +79,7 @@ MACHINE_FACTS = ("node", "cpu", "cpu count", "torch", "backend", "device", "worl
 
 RAW = "raw"
 PAIRED = "paired with local"
+ADJUSTED = "adjusted for the machine"
 MACHINE_REFERENCE = "raw (machine reference, not gated)"
 MACHINE = "machine"  # the prefix of the verdicts a moved machine explains: "machine slower", "machine faster"
 
@@ -87,6 +96,12 @@ class Ratio:
     @classmethod
     def of(cls, new: list[float], old: list[float], threshold: float) -> Ratio:
         point, low, high = ratio_of_medians_ci(new, old)
+        return cls(point, low, high, verdict(low, high, threshold))
+
+    @classmethod
+    def adjusted(cls, new: list[float], new_local: list[float], old: list[float], old_local: list[float],
+                 threshold: float) -> Ratio:
+        point, low, high = machine_adjusted_ratio_ci(new, new_local, old, old_local)
         return cls(point, low, high, verdict(low, high, threshold))
 
     def __str__(self) -> str:
@@ -107,11 +122,14 @@ class Decision:
     """Each round's step / local, where both runs paired them."""
     reference: Ratio | None = None
     """``local``'s own raw ratio, from the rounds interleaved with this step."""
+    adjusted: Ratio | None = None
+    """The raw ratio with the machine's change taken out of the step's compute share only
+    (``ddp.bench.stats.machine_adjusted_ratio_ci``), where ``local`` got faster (its interval below 1)."""
 
     @property
     def ratio(self) -> Ratio:
         """The ratio the verdict was read from."""
-        return self.paired if self.basis == PAIRED else self.raw
+        return {PAIRED: self.paired, ADJUSTED: self.adjusted}.get(self.basis) or self.raw
 
 
 def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, old_local: list[float] | None = None,
@@ -130,14 +148,23 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
     paired = Ratio.of([s / l for s, l in zip(new_rounds, new_local)], [s / l for s, l in zip(old_rounds, old_local)],
                       threshold)
     local = Ratio.of(new_local, old_local, threshold)
+    # Only where the machine resolved faster: there step / local overstates the step's slowdown.
+    adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold) if local.high < 1.0 else None
 
     def decision(verdict_: Verdict | str, basis: str, why: str) -> Decision:
-        return Decision(str(verdict_), basis, why, raw, paired, local)
+        return Decision(str(verdict_), basis, why, raw, paired, local, adjusted)
 
     if paired.verdict is Verdict.SLOWER:
-        return decision(Verdict.SLOWER, PAIRED, f"step / local resolved slower; local {local}")
+        if adjusted is None:
+            return decision(Verdict.SLOWER, PAIRED, f"step / local resolved slower; local {local}")
+        if adjusted.verdict is Verdict.SLOWER:
+            return decision(Verdict.SLOWER, ADJUSTED, f"local got faster ({local}), and the step adjusted for that "
+                                                      f"on its compute share alone resolved slower too; step / local {paired}")
+        return decision(Verdict.NOT_RESOLVED, ADJUSTED,
+                        f"step / local {paired} resolved slower, but local got faster ({local}) and the step adjusted "
+                        f"for that on its compute share alone is {adjusted}: a faster machine raises step / local by itself")
     if raw.verdict is Verdict.SLOWER:
-        if paired.verdict in (Verdict.UNCHANGED, Verdict.FASTER):
+        if paired.high <= 1 + threshold:
             return decision(f"{MACHINE} slower", PAIRED,
                             f"the step moved no more than local ({local}): step / local {paired}")
         if local.verdict is Verdict.UNCHANGED:
@@ -157,7 +184,7 @@ def settled(decision: Decision) -> bool:
     (a raw verdict taken while the pairing is still open could turn into *machine slower*)."""
     if decision.verdict == str(Verdict.NOT_RESOLVED):
         return False
-    if decision.paired is None or decision.paired.verdict is not Verdict.NOT_RESOLVED:
+    if decision.paired is None or decision.basis in (PAIRED, ADJUSTED):
         return True
     return decision.reference is not None and decision.reference.verdict is Verdict.UNCHANGED
 
@@ -179,17 +206,26 @@ class AimAtDecision:
     ``outcomes`` keeps, per benchmark name, how its rounds ended.
 
     The decision is recomputed on a geometric schedule (every round up to ``EVERY_ROUND_UNTIL``,
-    then each time the rounds grew by a tenth): three bootstraps a check would otherwise cost more
-    than a small model's step. The bootstrap's fixed seed makes every rank under torchrun take the
+    then each time the rounds grew by a fifth): a check is three bootstraps, which would otherwise
+    cost more than a small model's step (0.8 s at 2000 rounds on this project's 2-core machine;
+    checks at every fifth's growth cost about six times the last one in all, and overshoot a
+    settled decision by at most a fifth of its rounds). The bootstrap's fixed seed makes every rank under torchrun take the
     same decision from the same gathered times."""
 
     EVERY_ROUND_UNTIL = 20
+    GROWTH = 1.2
     MIN_ROUNDS = 20
     """No decision settles on fewer new rounds: a percentile bootstrap of a median is too narrow on
     a handful of samples (its resamples take few distinct values; Efron and Tibshirani 1993,
     section 7.3), and the distribution-free interval of a median needs 6 to reach 95% at all. On
     this project's shared 2-core machine, 10 rounds once resolved an unchanged step x0.85
     [0.65, 0.94] against a saved run."""
+
+    MIN_SECONDS = 5.0
+    """Nor on fewer seconds of new rounds: a machine's speed wanders over seconds, and 20 rounds
+    of a 15 ms round are a 0.3 s snapshot of it. On this project's 2-core machine one such
+    snapshot of an unchanged ``tiny`` step read x0.63 against the run before, and the next run,
+    compared with it, raised a false alarm (docs/regression-gate.md)."""
 
     def __init__(self, old: Run, threshold: float, name_of) -> None:
         self.old = old.by_name()
@@ -216,15 +252,16 @@ class AimAtDecision:
         self._last_rounds = rounds
         if rounds < self._next_check:
             return False
-        self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * 1.1) + 1
+        self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * self.GROWTH) + 1
         if rounds < self.MIN_ROUNDS:
             return False
+        long_enough = sum(map(sum, seconds)) >= self.MIN_SECONDS
         done = True
         for name, old, new_rounds, new_local in judged:
             decision = decide(old.round_seconds, new_rounds, self.threshold,
                               getattr(old.record, "local_round_seconds", None), new_local)
-            self.outcomes[name] = AimedRounds(rounds, decision, settled(decision))
-            done = done and settled(decision)
+            self.outcomes[name] = AimedRounds(rounds, decision, long_enough and settled(decision))
+            done = done and self.outcomes[name].settled
         return done
 
 

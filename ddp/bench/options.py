@@ -39,6 +39,12 @@ INTERLEAVE = ("group", "local", "off")
 # rounds of a slow step, at most what a regression check needs (about 100 rounds of a 1 s step).
 MIN_BENCHMARK_BUDGET_SECONDS = 3.0
 MAX_BENCHMARK_BUDGET_SECONDS = 120.0
+# The default cap on a benchmark's rounds. The precision target, the comparison a run aims at and
+# the time budget decide when rounds stop; the cap only bounds the bootstrap's arrays (2000
+# resamples x 2000 rounds x 8 bytes = 32 MB each). A small model's step of 10 ms on 2 CPU cores
+# scatters over x2.4 between its 10th and 90th percentiles: 200 rounds left its median uncertain by
+# +-5% and a 15% slowdown unresolved (docs/regression-gate.md).
+MAX_ROUNDS = 2000
 
 
 class OptionError(ValueError):
@@ -500,7 +506,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return GridOptions(
             model="xl", strategies=DEFAULT_GRID_STRATEGIES, batch_sizes=(2, 4), seq_lens=(128, 256, 512),
-            bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=200, warmup_rounds=2,
+            bucket_sizes_mb=(1.0, 10.0, 100.0, 1000.0), min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2,
             target_precision=0.01, budget_seconds=None, session_budget_seconds=1800.0, interleave="off",
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
             # NCCL needs a GPU per rank; gloo ranks can share one
@@ -508,7 +514,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         )
     return GridOptions(
         model="mini", strategies=DEFAULT_GRID_STRATEGIES, batch_sizes=(4, 8), seq_lens=(64, 128),
-        bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=200, warmup_rounds=1,
+        bucket_sizes_mb=(1.0, 10.0, 100.0), min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1,
         # 200 s of rounds: the builds, warm-ups and memory counts of the 40 step configurations
         # take about 280 s more, and with 270 s the default run took 10 min 27 s (2026-11-23).
         target_precision=0.02, budget_seconds=None, session_budget_seconds=200.0, interleave="local",

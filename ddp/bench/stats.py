@@ -17,6 +17,14 @@ Methods:
   follows Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013. Pair the
   rounds (two strategies measured alternately, round by round) when you can: a drift that both
   share (clock boost, another job on the machine) then cancels in each round's ratio.
+* ``machine_adjusted_ratio_ci``: new / old of a step measured beside its compute-only twin
+  (``local``) in both runs, with the machine's change taken out of the compute share only. A step
+  is modelled as compute (the twin's time, which a faster or slower machine scales by the twin's
+  ratio L) plus the rest (communication, waiting), which it leaves alone; unchanged code then
+  gives new / old = f L + (1 - f), f = the twin's share of the old step. This is the decomposition
+  of a step into a part that scales with the processor and a part that does not, as in Amdahl's
+  law (G. Amdahl, AFIPS 1967); the interval is a percentile bootstrap of the rounds of each run
+  resampled as (step, twin) pairs.
 * ``verdict``: where a ratio interval lies against a relative threshold. A regression gate fails
   only on ``Verdict.SLOWER``; ``NOT_RESOLVED`` means "measure more rounds", not "failed".
 """
@@ -174,6 +182,38 @@ def ratio_of_medians_ci(
     old_boot = np.median(old_array[rng.integers(0, old_array.size, size=(resamples, old_array.size))], axis=1)
     point = float(np.median(new_array) / np.median(old_array))
     return (point, *_percentile_interval(new_boot / old_boot, confidence))
+
+
+def machine_adjusted_ratio_ci(
+    new_step: Sequence[float],
+    new_local: Sequence[float],
+    old_step: Sequence[float],
+    old_local: Sequence[float],
+    confidence: float = 0.95,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(point, low, high) of (median(new_step) / median(old_step)) / (f L + 1 - f), where L is
+    median(new_local) / median(old_local) and f = median(old_local) / median(old_step) within
+    [0, 1]: the step's ratio with the machine's change taken out of its compute share only (module
+    docstring). Each run's rounds are resampled as (step, local) pairs. Same seed, same interval."""
+    _check_confidence(confidence)
+    _check_resamples(resamples)
+    arrays = [_samples(values, name, positive=True) for values, name in
+              ((new_step, "new_step"), (new_local, "new_local"), (old_step, "old_step"), (old_local, "old_local"))]
+    if arrays[0].size != arrays[1].size or arrays[2].size != arrays[3].size:
+        raise ValueError("each run needs as many local rounds as step rounds (they were measured in pairs)")
+
+    def statistic(new_s, new_l, old_s, old_l):
+        share = np.clip(np.median(old_l, axis=-1) / np.median(old_s, axis=-1), 0.0, 1.0)
+        machine = np.median(new_l, axis=-1) / np.median(old_l, axis=-1)
+        return np.median(new_s, axis=-1) / np.median(old_s, axis=-1) / (share * machine + 1.0 - share)
+
+    rng = np.random.default_rng(seed)
+    new_rows = rng.integers(0, arrays[0].size, size=(resamples, arrays[0].size))
+    old_rows = rng.integers(0, arrays[2].size, size=(resamples, arrays[2].size))
+    boot = statistic(arrays[0][new_rows], arrays[1][new_rows], arrays[2][old_rows], arrays[3][old_rows])
+    return (float(statistic(*arrays)), *_percentile_interval(boot, confidence))
 
 
 class Verdict(str, Enum):
