@@ -115,7 +115,7 @@ class Decision:
     verdict: str
     """slower, faster, unchanged, not resolved, machine slower or machine faster."""
     basis: str
-    """``RAW``, ``PAIRED`` or ``MACHINE_REFERENCE``: the ratio the verdict was read from."""
+    """``RAW``, ``PAIRED``, ``ADJUSTED`` or ``MACHINE_REFERENCE``: the ratio the verdict was read from."""
     why: str
     raw: Ratio
     paired: Ratio | None = None
@@ -180,8 +180,8 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
 
 def settled(decision: Decision) -> bool:
     """Whether more rounds could no longer change ``decision``'s verdict or its basis: it is resolved,
-    and either it was read from the paired ratio, or no pairing exists, or ``local`` did not move
-    (a raw verdict taken while the pairing is still open could turn into *machine slower*)."""
+    and either it was read from the paired (or adjusted) ratio, or no pairing exists, or ``local``
+    did not move (a raw verdict taken while the pairing is still open could turn into *machine slower*)."""
     if decision.verdict == str(Verdict.NOT_RESOLVED):
         return False
     if decision.paired is None or decision.basis in (PAIRED, ADJUSTED):

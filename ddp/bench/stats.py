@@ -165,6 +165,20 @@ def paired_ratio_ci(
     return paired_ci(a_array, b_array, lambda x, y: np.median(x / y, axis=-1), confidence, resamples, seed)
 
 
+def _two_runs_ci(
+    new: tuple[np.ndarray, ...], old: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray],
+    confidence: float, resamples: int, seed: int,
+) -> tuple[float, float, float]:
+    """(point, low, high): percentile bootstrap of ``statistic(*new, *old)`` over two unpaired runs,
+    each resampled on its own; the arrays of one run (a step and its twin) are resampled as rows
+    together. ``statistic`` reduces over the last axis, as ``paired_ci``'s does."""
+    rng = np.random.default_rng(seed)
+    new_rows = rng.integers(0, new[0].size, size=(resamples, new[0].size))
+    old_rows = rng.integers(0, old[0].size, size=(resamples, old[0].size))
+    boot = statistic(*(a[new_rows] for a in new), *(a[old_rows] for a in old))
+    return (float(statistic(*new, *old)), *_percentile_interval(boot, confidence))
+
+
 def ratio_of_medians_ci(
     new: Sequence[float],
     old: Sequence[float],
@@ -177,11 +191,8 @@ def ratio_of_medians_ci(
     _check_confidence(confidence)
     _check_resamples(resamples)
     new_array, old_array = _samples(new, "new", positive=True), _samples(old, "old", positive=True)
-    rng = np.random.default_rng(seed)
-    new_boot = np.median(new_array[rng.integers(0, new_array.size, size=(resamples, new_array.size))], axis=1)
-    old_boot = np.median(old_array[rng.integers(0, old_array.size, size=(resamples, old_array.size))], axis=1)
-    point = float(np.median(new_array) / np.median(old_array))
-    return (point, *_percentile_interval(new_boot / old_boot, confidence))
+    return _two_runs_ci((new_array,), (old_array,), lambda n, o: np.median(n, axis=-1) / np.median(o, axis=-1),
+                        confidence, resamples, seed)
 
 
 def machine_adjusted_ratio_ci(
@@ -199,9 +210,10 @@ def machine_adjusted_ratio_ci(
     docstring). Each run's rounds are resampled as (step, local) pairs. Same seed, same interval."""
     _check_confidence(confidence)
     _check_resamples(resamples)
-    arrays = [_samples(values, name, positive=True) for values, name in
-              ((new_step, "new_step"), (new_local, "new_local"), (old_step, "old_step"), (old_local, "old_local"))]
-    if arrays[0].size != arrays[1].size or arrays[2].size != arrays[3].size:
+    new_s, new_l, old_s, old_l = (_samples(values, name, positive=True) for values, name in
+                                  ((new_step, "new_step"), (new_local, "new_local"), (old_step, "old_step"),
+                                   (old_local, "old_local")))
+    if new_s.size != new_l.size or old_s.size != old_l.size:
         raise ValueError("each run needs as many local rounds as step rounds (they were measured in pairs)")
 
     def statistic(new_s, new_l, old_s, old_l):
@@ -209,11 +221,7 @@ def machine_adjusted_ratio_ci(
         machine = np.median(new_l, axis=-1) / np.median(old_l, axis=-1)
         return np.median(new_s, axis=-1) / np.median(old_s, axis=-1) / (share * machine + 1.0 - share)
 
-    rng = np.random.default_rng(seed)
-    new_rows = rng.integers(0, arrays[0].size, size=(resamples, arrays[0].size))
-    old_rows = rng.integers(0, arrays[2].size, size=(resamples, arrays[2].size))
-    boot = statistic(arrays[0][new_rows], arrays[1][new_rows], arrays[2][old_rows], arrays[3][old_rows])
-    return (float(statistic(*arrays)), *_percentile_interval(boot, confidence))
+    return _two_runs_ci((new_s, new_l), (old_s, old_l), statistic, confidence, resamples, seed)
 
 
 class Verdict(str, Enum):
