@@ -15,9 +15,6 @@ import time
 import pytest
 import torch
 
-from correctness_tests.models import FrozenMLP, TiedLM
-from correctness_tests.test_launcher import sum_of_ranks
-from correctness_tests.test_strategies import train_against_reference
 from correctness_tests.diagnose import (
     Mismatch,
     diagnose_initial,
@@ -28,6 +25,9 @@ from correctness_tests.diagnose import (
     named_ties,
     named_values,
 )
+from correctness_tests.models import FrozenMLP, TiedLM
+from correctness_tests.test_launcher import sum_of_ranks
+from correctness_tests.test_strategies import train_against_reference
 from ddp.launcher import RankError
 
 WRONG = "correctness_tests.wrong_ddps:"

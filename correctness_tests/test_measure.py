@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ddp.bench.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure_all_reduces, wrong_elements
+from ddp.bench.config import StepConfig
 from ddp.bench.measure import Measurement, timed_rounds
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import step_record
-from ddp.bench.config import StepConfig
 from ddp.bench.trainer import StepSetup, StepTiming
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import ddp.bench.race as race_module
-from ddp.bench.measure import measure_in_blocks
-from ddp.bench.options import RoundOptions
-from ddp.bench.memory import GIB, fit, parameter_count
-from ddp.bench.race import DEFAULT_CONTENDERS, race, race_configs
 from ddp.bench.config import StepConfig
+from ddp.bench.measure import measure_in_blocks
+from ddp.bench.memory import GIB, fit, parameter_count
+from ddp.bench.options import RoundOptions
+from ddp.bench.race import DEFAULT_CONTENDERS, race, race_configs
 from ddp.bench.rank_state import parameters_of
 
 XL_PARAMETERS = 1_998_235_200

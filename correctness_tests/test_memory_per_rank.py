@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.records import StepRecord
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import prepare, release
+from ddp.bench.records import StepRecord
 from ddp.strategies.base import Sharding
 from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
 

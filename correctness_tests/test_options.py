@@ -14,12 +14,27 @@ import pytest
 import torch
 
 from ddp.bench.options import (
-    ALL_OPTIONS, CONFIG_OPTIONS, GRID_OPTIONS, LAUNCH_OPTIONS, NUMERICS_OPTIONS, ROUND_OPTIONS, GridOptions, LaunchOptions, OptionError, RoundOptions,
-    add_grid_options, add_launch_options, gpu_world_sizes, grid_defaults, grid_options, launch_options, option, parse_list,
+    ALL_OPTIONS,
+    CONFIG_OPTIONS,
+    GRID_OPTIONS,
+    LAUNCH_OPTIONS,
+    NUMERICS_OPTIONS,
+    ROUND_OPTIONS,
+    GridOptions,
+    LaunchOptions,
+    OptionError,
+    RoundOptions,
+    add_grid_options,
+    add_launch_options,
+    gpu_world_sizes,
+    grid_defaults,
+    grid_options,
+    launch_options,
+    option,
+    parse_list,
     round_options,
 )
-from ddp.cli import COMMANDS, command_parser
-from ddp.cli import gpu_check
+from ddp.cli import COMMANDS, command_parser, gpu_check
 from ddp.cli import main as ddp_main
 
 ROOT = Path(__file__).parents[1]

@@ -39,13 +39,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from correctness_tests.models import MODEL_CASES
 from ddp.bench.config import StepConfig
 from ddp.bench.trainer import LEARNING_RATE, Trainer
 from ddp.bench.workloads import build_workload, rank_batch
 from ddp.launcher import rank_info
-from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_bucket_size, takes_comm_dtype
 from ddp.strategies.base import gather_full_params
-from correctness_tests.models import MODEL_CASES
+from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_bucket_size, takes_comm_dtype
 
 STEPS = 3
 MODEL, BATCH_SIZE, SEQ_LEN = "tiny", 2, 32

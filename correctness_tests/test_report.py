@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp.analysis.commentary import plan_sentence
 from ddp.analysis.compare import compare
 from ddp.analysis.figures import (
     bucket_plans,
@@ -23,9 +24,8 @@ from ddp.analysis.figures import (
     resolved_apart,
     winners,
 )
-from ddp.analysis.commentary import plan_sentence
 from ddp.analysis.markdown import render_markdown, write_report
-from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, SCHEMA_VERSION, StepRecord, load_run, to_extra_info
+from ddp.bench.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, RunFileError, StepRecord, load_run, to_extra_info
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci
 from ddp.cli import main as ddp_main
 

@@ -7,19 +7,18 @@ under test is the command as a user launches it, env:// rendezvous included.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pytest_benchmark.logger import Logger
 from pytest_benchmark.plugin import pytest_benchmark_group_stats
 from pytest_benchmark.storage.file import FileStorage
-
-import dataclasses
 
 from ddp.bench.records import StepRecord
 from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT

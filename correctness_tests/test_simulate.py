@@ -20,11 +20,19 @@ from ddp.analysis.costmodel import (
     gradients_in_backward_order,
     predict_grid,
     predict_step,
-    strategy_launches,
     ready_times,
+    strategy_launches,
     validation_rows,
 )
-from ddp.bench.records import AllReduceRecord, PredictionRecord, StepRecord, ValidationRecord, load_records, load_run, to_extra_info
+from ddp.bench.records import (
+    AllReduceRecord,
+    PredictionRecord,
+    StepRecord,
+    ValidationRecord,
+    load_records,
+    load_run,
+    to_extra_info,
+)
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
 

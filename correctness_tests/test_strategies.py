@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 import ddp
-from ddp.strategies.bucketed import BucketedDDP
+from correctness_tests.collectives import CollectiveCheck, checking, side_group
 from correctness_tests.diagnose import (
     Mismatch,
     diagnose_initial,
@@ -33,11 +33,11 @@ from correctness_tests.diagnose import (
     named_ties,
     named_values,
 )
+from correctness_tests.models import MODEL_CASES
 from ddp.launcher import rank_info
 from ddp.strategies.base import REPLICATED, gather_full_params, make_optimizer, sharding_of, shards_parameters
+from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size, traits
-from correctness_tests.collectives import CollectiveCheck, checking, side_group
-from correctness_tests.models import MODEL_CASES
 
 STEPS = 3
 ROWS_PER_RANK = 4

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ddp.analysis.compare import AimAtDecision, gate
+from ddp.bench.config import grid_configs
 from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options, percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
-from ddp.bench.config import grid_configs
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()

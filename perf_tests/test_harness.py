@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, MeasuredOutOfMemory, measure
+from ddp.bench.measure import MeasuredOutOfMemory, Measurement, measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import oom_reason, release
-from ddp.model import build_model
 from ddp.launcher import rank_info
+from ddp.model import build_model
 from ddp.strategies.local import LocalTraining
 from ddp.strategies.overlap import OverlapDDP
 

@@ -23,11 +23,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ddp.bench.config import StepConfig
 from ddp.bench.measure import timed_rounds
+from ddp.bench.rank_state import prepare, release, timed_round
 from ddp.bench.stats import paired_ratio_ci
 from ddp.bench.timing import record_rounds
-from ddp.bench.config import StepConfig
-from ddp.bench.rank_state import prepare, release, timed_round
 from ddp.launcher import Rank, on_rank
 from ddp.model import MODEL_SIZES, build_model, random_batch
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
+from ddp.bench.config import StepConfig, grid_configs
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory
+from ddp.bench.rank_state import oom_reason, release
 from ddp.bench.records import step_record, to_extra_info
 from ddp.bench.timing import record_rounds
-from ddp.bench.config import StepConfig, grid_configs
-from ddp.bench.rank_state import oom_reason, release
 from ddp.strategies.registry import traits
 
 

@@ -145,7 +145,7 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
     paired_both = (old_local and new_local and len(old_local) == len(old_rounds) and len(new_local) == len(new_rounds))
     if not paired_both:
         return Decision(str(raw.verdict), RAW, "no rounds paired with local in both runs", raw)
-    paired = Ratio.of([s / l for s, l in zip(new_rounds, new_local)], [s / l for s, l in zip(old_rounds, old_local)],
+    paired = Ratio.of([s / f for s, f in zip(new_rounds, new_local)], [s / f for s, f in zip(old_rounds, old_local)],
                       threshold)
     local = Ratio.of(new_local, old_local, threshold)
     # Only where the machine resolved faster: there step / local overstates the step's slowdown.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ddp.bench.records import Run, StepRecord
 from ddp.bench.config import PRECISIONS
+from ddp.bench.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import STRATEGIES, traits
 

@@ -17,9 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ddp.analysis import plots
+from ddp.analysis.commentary import commentary_section
 from ddp.analysis.compare import compare
 from ddp.analysis.compare import table as comparison_table
-from ddp.analysis.commentary import commentary_section
 from ddp.analysis.figures import (
     _strategy_rank,
     bucket_plans,
@@ -31,8 +31,8 @@ from ddp.analysis.figures import (
     sorted_steps,
     strategy_rank,
 )
-from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.analysis.sharding import FIT_WORLD_SIZES, H100_BYTES, LEVELS, MEASURED_HEADERS, fit_rows, measured_memory_rows
+from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
 
 TABLE_FORMAT = "github"
@@ -96,7 +96,7 @@ def step_section(run: Run) -> list[str]:
 def _tflops(step: StepRecord) -> str:
     if step.achieved_tflops is None:
         return ""
-    mfu = "MFU -" if step.mfu is None else f"MFU {_pct(step.mfu)}"
+    mfu = "MFU -" if step.mfu is None else f"MFU {pct(step.mfu)}"
     return f"{step.achieved_tflops:.3g} ({mfu})"
 
 
@@ -154,8 +154,8 @@ def precision_section(run: Run) -> list[str]:
                 s = by.get((label, n))
                 o = overhead.get(id(s)) if s is not None else None
                 row += ["", "", ""] if s is None else [
-                    _ms(s.step_seconds), "" if o is None else _ms(o.extra_seconds),
-                    "" if s.strategy == "local" else _ms(s.comm_wait_seconds)]
+                    ms(s.step_seconds), "" if o is None else ms(o.extra_seconds),
+                    "" if s.strategy == "local" else ms(s.comm_wait_seconds)]
             rows.append(row)
         headers = ["strategy"] + [f"{n}: {what}" for n in numerics for what in ("step", "over local", "exposed comm")]
         model, batch, seq = base
@@ -169,7 +169,7 @@ def precision_section(run: Run) -> list[str]:
             for s in ranked:
                 if s.bucket_size_mb is not None:
                     best_caps.setdefault(s.label.replace(f" {s.bucket_size_mb:g} MB", ""), s.bucket_size_mb)
-            order = " < ".join(f"{s.label} {_ms(s.step_seconds)}" for s in ranked)
+            order = " < ".join(f"{s.label} {ms(s.step_seconds)}" for s in ranked)
             caps = ", ".join(f"{name} {cap:g} MB" for name, cap in best_caps.items())
             lines.append(f"- {n}: {order} (ms)" + (f"; best cap: {caps}" if caps else ""))
         lines.append("")

@@ -14,14 +14,13 @@ Each function returns the path it wrote, or None when the run holds nothing to d
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a benchmark machine
 import matplotlib.pyplot as plt  # noqa: E402
-from collections import defaultdict  # noqa: E402
-
 from matplotlib import ticker  # noqa: E402
 
 from ddp.analysis.costmodel import Prediction  # noqa: E402

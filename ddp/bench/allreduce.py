@@ -21,19 +21,18 @@ round in rotating order, and the buffers are kept between rounds in the rank's `
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
-
-import statistics
 
 import torch
 import torch.distributed as dist
 
 from ddp.bench.measure import timed_rounds
 from ddp.bench.options import RoundOptions
+from ddp.bench.rank_state import RankBench, release
 from ddp.bench.records import AllReduceRecord
 from ddp.bench.stats import median_ci
-from ddp.bench.rank_state import RankBench, release
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
+from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import device_memory_bytes, fit, parameter_count
 from ddp.bench.options import RoundOptions, numerics_for
-from ddp.bench.records import StepRecord, step_record
-from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason
+from ddp.bench.records import StepRecord, step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 # All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.

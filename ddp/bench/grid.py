@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
+from ddp.bench.config import StepConfig, grid_configs
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, free
 from ddp.bench.options import GridOptions
-from ddp.bench.records import StepRecord, allreduce_entry, step_entry, step_record
-from ddp.bench.config import StepConfig, grid_configs
 from ddp.bench.rank_state import oom_reason
+from ddp.bench.records import StepRecord, allreduce_entry, step_entry, step_record
 
 
 def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig, StepRecord | str], None]) -> list[dict]:

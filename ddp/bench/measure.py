@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ddp.bench.options import INTERLEAVE, RoundOptions
-from ddp.bench.stats import relative_half_width
-from ddp.launcher import Rank, call_on_rank
 from ddp.bench.config import StepConfig
+from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.stats import relative_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.launcher import Rank, call_on_rank
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.stats import parse_percent
 from ddp.bench.config import GRAD_COMMS, OPTIMIZERS, PRECISIONS
+from ddp.bench.stats import parse_percent
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.model import MODEL_SIZES

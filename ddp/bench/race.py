@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ddp.bench.config import StepConfig
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import fit_on
 from ddp.bench.options import RoundOptions, numerics_for
-from ddp.bench.records import RaceRecord, race_record
-from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import oom_reason, parameters_of
+from ddp.bench.records import RaceRecord, race_record
 from ddp.strategies.registry import takes_bucket_size, traits
 
 DEFAULT_CONTENDERS = ("bucketed", "torch")

@@ -11,8 +11,18 @@ from ddp.analysis.costmodel import LINKS, advice, default_overlap_slowdown, fit_
 from ddp.analysis.tables import interval_ms, ms, table
 from ddp.bench.buckets import link_samples, sweep
 from ddp.bench.options import (
-    RoundOptions, add_config_options, add_launch_options, add_round_options, argument_type, bind, check_seq_len,
-    launch_options, option, positive_ints, round_options, step_numerics,
+    RoundOptions,
+    add_config_options,
+    add_launch_options,
+    add_round_options,
+    argument_type,
+    bind,
+    check_seq_len,
+    launch_options,
+    option,
+    positive_ints,
+    round_options,
+    step_numerics,
 )
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup

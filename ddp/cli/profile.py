@@ -10,11 +10,19 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.options import (
-    add_config_options, add_launch_options, argument_type, check_seq_len, launch_options, non_negative_int, numerics_for,
-    option, positive_int, step_numerics,
-)
 from ddp.bench.config import StepConfig
+from ddp.bench.options import (
+    add_config_options,
+    add_launch_options,
+    argument_type,
+    check_seq_len,
+    launch_options,
+    non_negative_int,
+    numerics_for,
+    option,
+    positive_int,
+    step_numerics,
+)
 from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.records import ProfileSummary
 from ddp.cli import UsageError

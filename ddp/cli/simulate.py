@@ -14,11 +14,21 @@ from tabulate import tabulate
 
 from ddp.analysis import plots
 from ddp.analysis.costmodel import (
-    ALGORITHMS, CANDIDATE_BUCKET_SIZES_MB, GB, LINKS, Compute, Link, calibrate, fit_link, predict_grid,
-    default_overlap_slowdown, recommend_bucket_sizes, validation_rows,
+    ALGORITHMS,
+    CANDIDATE_BUCKET_SIZES_MB,
+    GB,
+    LINKS,
+    Compute,
+    Link,
+    calibrate,
+    default_overlap_slowdown,
+    fit_link,
+    predict_grid,
+    recommend_bucket_sizes,
+    validation_rows,
 )
-from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
 from ddp.analysis.tables import ms
+from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
 from ddp.bench.records import load_run, write_records
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES

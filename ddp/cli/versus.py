@@ -13,7 +13,13 @@ from tabulate import tabulate
 from ddp.analysis.tables import interval_ms, ms
 from ddp.bench.machine import software_info
 from ddp.bench.options import (
-    RoundOptions, add_config_options, add_launch_options, add_round_options, check_seq_len, launch_options, round_options,
+    RoundOptions,
+    add_config_options,
+    add_launch_options,
+    add_round_options,
+    check_seq_len,
+    launch_options,
+    round_options,
     step_numerics,
 )
 from ddp.bench.race import DEFAULT_CONTENDERS, check_contenders, race
