@@ -1,4 +1,4 @@
-"""Fixtures and command-line options shared by correctness_tests/ and perf_tests/.
+"""Fixtures and command-line options shared by correctness_tests/, tests/ and perf_tests/.
 
 Options are not declared here: ``ddp.bench.options`` declares the launch (``--backend``,
 ``--world-size``, ``--device``, ``--rank-timeout``) and the grid (``--strategies``, ``--model``,

@@ -40,12 +40,13 @@ import torch
 import torch.distributed as dist
 
 from correctness_tests.models import MODEL_CASES
+from correctness_tests.selection import only_those_taking, strategies_under_test, takes
 from ddp.bench.config import StepConfig
 from ddp.bench.trainer import LEARNING_RATE, Trainer
 from ddp.bench.workloads import build_workload, rank_batch
 from ddp.launcher import rank_info
 from ddp.strategies.base import gather_full_params
-from ddp.strategies.registry import DDP_STRATEGIES, make_ddp, takes_bucket_size, takes_comm_dtype
+from ddp.strategies.registry import make_ddp, supports_no_sync, takes_bucket_size, takes_comm_dtype, traits
 
 STEPS = 3
 MODEL, BATCH_SIZE, SEQ_LEN = "tiny", 2, 32
@@ -160,25 +161,29 @@ def cases(strategies: tuple[str, ...]) -> list:
     """Every strategy of ``--strategies`` (default: every DDP) in fp32 and bf16, and with bf16
     communication where it takes ``comm_dtype``; then tf32 and the fused AdamW once each."""
     out = []
+    strategies = [s for s in strategies if traits(s).communicates]
     for strategy in strategies:
-        if strategy == "local":
-            continue
         bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
         comms = ("fp32", "bf16") if takes_comm_dtype(strategy) else ("fp32",)
         for precision in ("fp32", "bf16"):
             for comm in comms:
                 config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm)
                 out.append(pytest.param(config, id=f"{strategy}-{precision}{'-bf16comm' if comm == 'bf16' else ''}"))
-    # tf32 is fp32 on CPU (and TF32 matmuls on GPUs); the fused AdamW is another implementation of the same update
-    out.append(pytest.param(StepConfig("bucketed", MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB, precision="tf32"), id="bucketed-tf32"))
-    out.append(pytest.param(StepConfig("torch", MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB, precision="bf16", optimizer="fused"),
-                            id="torch-bf16-fused"))
+    # tf32 is fp32 on CPU (and TF32 matmuls on GPUs); the fused AdamW is another implementation of the
+    # same update: each once, on the first and the last strategy under test
+    for strategy, numerics in ((strategies[0], {"precision": "tf32"}), (strategies[-1], {"precision": "bf16", "optimizer": "fused"})):
+        bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
+        config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, **numerics)
+        out.append(pytest.param(config, id=f"{strategy}-{'-'.join(numerics.values())}"))
     return out
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    strategies = strategies_under_test(metafunc.config)
     if "config" in metafunc.fixturenames:
-        metafunc.parametrize("config", cases(metafunc.config.getoption("strategies") or DDP_STRATEGIES))
+        metafunc.parametrize("config", cases(strategies))
+    if "comm_dtype_strategy" in metafunc.fixturenames:
+        metafunc.parametrize("comm_dtype_strategy", only_those_taking("comm_dtype", strategies, "bf16 gradient communication"))
 
 
 def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepConfig):
@@ -196,34 +201,25 @@ def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepC
     )
 
 
-def test_the_tolerance_catches_a_strategy_that_does_not_communicate(rank_group):
-    """``local`` trains each rank's shard alone: in bf16, the precision with the widest floor, it
-    must fall outside the tolerance, or the tolerance could not fail."""
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks: with one rank, training alone is training on the whole batch")
-    results = rank_group.run(train_and_references, StepConfig("local", MODEL, BATCH_SIZE, SEQ_LEN, precision="bf16"))
-    mine, floor, ok = within_tolerance(results)
-    assert not ok, f"a strategy that does not communicate passed: max {mine['max']:.3g}, mean {mine['mean']:.3g}; floor {floor}"
-
-
 def bf16_against_fp32_communication(strategy: str, precision: str) -> list[dict]:
     """Runs on every rank: the same steps with fp32 and with bf16 gradient communication."""
     info = rank_info()
     trained = {}
     for comm in ("fp32", "bf16"):
-        trainer = Trainer(StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB, precision=precision, grad_comm=comm), info)
+        bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
+        trainer = Trainer(StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm), info)
         try:
             for _ in range(STEPS):
                 trainer.step()
-            trained[comm] = [p.detach().cpu() for p in trainer.model.module.parameters()]
+            trained[comm] = [p.detach().cpu() for p in gather_full_params(trainer.model).values()]
         finally:
             trainer.close()
     return trained
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("strategy", ["bucketed", "torch"])
-def test_bf16_communication_error_is_measured_and_bounded(rank_group, strategy, precision, record_property):
+def test_bf16_communication_error_is_measured_and_bounded(rank_group, comm_dtype_strategy, precision, record_property):
+    strategy = comm_dtype_strategy
     trained = rank_group.run(bf16_against_fp32_communication, strategy, precision)[0]
     error = relative_difference(trained["bf16"], trained["fp32"])
     record_property("bf16_comm_relative_difference", error)
@@ -251,9 +247,11 @@ def bf16_sync_against_emulation(strategy: str, accumulate: bool) -> None:
     torch.manual_seed(0)
     module = case.build().to(info.device)
     alone = copy.deepcopy(module)
-    options = {"bucket_size_mb": 1e-4, "comm_dtype": torch.bfloat16}  # a few small buckets
-    if strategy == "torch":
-        options["find_unused_parameters"] = True
+    options = {"comm_dtype": torch.bfloat16}
+    if takes_bucket_size(strategy):
+        options["bucket_size_mb"] = 1e-4  # a few small buckets
+    if takes(strategy, "find_unused_parameters"):
+        options["find_unused_parameters"] = True  # PyTorch's DDP must be told (routed_mlp leaves experts unused)
     model = make_ddp(strategy, module, **options)
     inputs, targets = case.batch(4 * info.world_size, torch.Generator().manual_seed(1234))
     rows = slice(4 * info.rank, 4 * (info.rank + 1))
@@ -279,27 +277,9 @@ def bf16_sync_against_emulation(strategy: str, accumulate: bool) -> None:
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
-@pytest.mark.parametrize("strategy", ["bucketed", "torch"])
-def test_bf16_communication_sums_what_each_rank_sent(rank_group, strategy, accumulate):
+def test_bf16_communication_sums_what_each_rank_sent(rank_group, comm_dtype_strategy, accumulate):
     if rank_group.world_size > 2:
         pytest.skip("the bf16 sum of more than 2 ranks depends on the backend's order of additions: run with --world-size 2")
-    rank_group.run(bf16_sync_against_emulation, strategy, accumulate)
-
-
-def test_each_step_sets_its_precision_and_restores_the_previous_one():
-    from ddp.bench.trainer import numerics
-
-    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    try:
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cudnn.allow_tf32 = True
-        for precision, inside in (("fp32", ("highest", False)), ("tf32", ("high", True)), ("bf16", ("highest", False))):
-            with numerics(precision):
-                assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == inside
-            assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == ("medium", True)
-        with pytest.raises(RuntimeError), numerics("tf32"):
-            raise RuntimeError("a step that fails")
-        assert torch.get_float32_matmul_precision() == "medium"  # restored even then
-    finally:
-        torch.set_float32_matmul_precision(previous[0])
-        torch.backends.cudnn.allow_tf32 = previous[1]
+    if accumulate and not supports_no_sync(comm_dtype_strategy):
+        pytest.skip(f"{comm_dtype_strategy} has no no_sync(): add that context manager to test gradient accumulation")
+    rank_group.run(bf16_sync_against_emulation, comm_dtype_strategy, accumulate)

@@ -34,10 +34,11 @@ from correctness_tests.diagnose import (
     named_values,
 )
 from correctness_tests.models import MODEL_CASES
+from correctness_tests.selection import only_those_taking, strategies_under_test
 from ddp.launcher import rank_info
 from ddp.strategies.base import REPLICATED, gather_full_params, make_optimizer, sharding_of, shards_parameters
 from ddp.strategies.bucketed import BucketedDDP
-from ddp.strategies.registry import DDP_STRATEGIES, resolve_strategy, supports_no_sync, takes_bucket_size, traits
+from ddp.strategies.registry import resolve_strategy, supports_no_sync, takes_bucket_size, traits
 
 STEPS = 3
 ROWS_PER_RANK = 4
@@ -64,21 +65,51 @@ def strategy_cases(strategies: tuple[str, ...]) -> list:
             ddp.resolve_strategy(name) is ddp.TorchDDP or sharding_of(resolve_strategy(name)) not in (None, REPLICATED)
         ):
             # PyTorch's reducer, and sharded strategies whose buckets are bucketed's or torch's: one plan will do
-            cases.append(pytest.param(name, "few_per_bucket", id=name))
+            cases.append((name, "few_per_bucket"))
         elif takes_bucket_size(name):
-            cases += [pytest.param(name, case, id=f"{name}-{case}") for case in BUCKET_CASES]
+            cases += [(name, case) for case in BUCKET_CASES]
         else:
-            cases.append(pytest.param(name, None, id=name))
-            if name not in ddp.STRATEGIES:
-                reason = f"{name} takes no bucket_size_mb option: add one to its constructor to test bucket plans"
-                cases.append(pytest.param(name, "few_per_bucket", id=f"{name}-buckets", marks=pytest.mark.skip(reason=reason)))
+            cases.append((name, None))
     return cases
 
 
+def training_cases(strategies: tuple[str, ...]) -> list:
+    """Every (strategy, bucket case, model, optimizer, accumulate) to train, and once per strategy
+    each case it cannot run, skipped with what to add: ``no_sync()``, a ``bucket_size_mb`` option
+    (a user's class), a model whose experts some ranks leave unused (a strategy that shards parameters)."""
+    params = []
+    for name, bucket in strategy_cases(strategies):
+        accumulations = (False, True) if supports_no_sync(name) else (False,)
+        label = name if bucket is None else f"{name}-{bucket}"
+        for model_name in MODEL_CASES:
+            if reason := sharded_parameters_skip(name, model_name):
+                params.append(pytest.param(name, bucket, model_name, "adamw", False, id=f"{label}-{model_name}",
+                                           marks=pytest.mark.skip(reason=reason)))
+                continue
+            params += [
+                pytest.param(name, bucket, model_name, optimizer, accumulate,
+                             id=f"{label}-{model_name}-{optimizer}-{'no_sync' if accumulate else 'step'}")
+                for optimizer in OPTIMIZERS for accumulate in accumulations
+            ]
+        if bucket is None and not supports_no_sync(name):
+            reason = f"{name} has no no_sync(): add that context manager to test gradient accumulation"
+            params.append(pytest.param(name, None, "frozen_mlp", "adamw", True, id=f"{name}-no_sync",
+                                       marks=pytest.mark.skip(reason=reason)))
+    for name in strategies:
+        if name not in ddp.STRATEGIES and traits(name).communicates and not takes_bucket_size(name):
+            reason = f"{name} takes no bucket_size_mb option: add one to its constructor to test bucket plans"
+            params.append(pytest.param(name, "few_per_bucket", "frozen_mlp", "adamw", False, id=f"{name}-buckets",
+                                       marks=pytest.mark.skip(reason=reason)))
+    return params
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    strategies = strategies_under_test(metafunc.config)
     if "bucket_case" in metafunc.fixturenames:
-        strategies = metafunc.config.getoption("strategies") or DDP_STRATEGIES
-        metafunc.parametrize("strategy, bucket_case", strategy_cases(strategies))
+        metafunc.parametrize("strategy, bucket_case, model_name, optimizer_name, accumulate", training_cases(strategies))
+    if "compute_dtype_strategy" in metafunc.fixturenames:
+        metafunc.parametrize("compute_dtype_strategy", only_those_taking("compute_dtype", strategies, "bf16 compute"))
+
 
 # (class, options): the strategy builds its optimizer from them (a sharded one for ZeRO).
 OPTIMIZERS = {
@@ -257,46 +288,19 @@ def _train_against_reference(info, check, case, reference, local, strategy, buck
     return [value.cpu() for value in _full_values(model).values()]
 
 
-@pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
-@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("model_name", list(MODEL_CASES))
 def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, accumulate):
-    if accumulate and not supports_no_sync(strategy):
-        pytest.skip(f"{strategy} has no no_sync(): add that context manager to test gradient accumulation")
-    if reason := sharded_parameters_skip(strategy, model_name):
-        pytest.skip(reason)
     per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, accumulate)
     for rank, params in enumerate(per_rank[1:], start=1):
         for mine, rank0 in zip(params, per_rank[0]):
             assert_close(mine, rank0, rtol=0, atol=0, msg=lambda m: f"rank {rank} differs from rank 0: {m}")
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "ddp.strategies.flat:FlatDDP",
-        "ddp.strategies.fsdp:FullyShardedDP",
-        # an optimizer class (params, optimizer_cls, **kwargs): the registry adapts it to a strategy
-        "ddp.strategies.sharded_optimizer:ShardedOptimizer",
-        # written from scratch in a course's adapter shapes (no ddp-bench code)
-        "examples.course_sharding:FSDP",
-        "examples.course_sharding:ShardedOptimizer",
-    ],
-    ids=["ddp", "fsdp", "sharded_optimizer", "course_fsdp", "course_sharded_optimizer"],
-)
-@pytest.mark.parametrize("model_name", ["frozen_mlp", "tied_lm"])
-def test_user_class_by_import_path(rank_group, spec, model_name):
-    """``make_ddp`` takes "package.module:ClassName": a user's own DDP, FSDP or sharded optimizer
-    runs the same tests."""
-    rank_group.run(train_against_reference, spec, None, model_name, "adamw", supports_no_sync(spec))
-
-
 BF16_STEPS = 3
 BF16_LR = 0.1
 
 
-def train_fsdp_in_bf16(model_name: str) -> dict[str, float]:
-    """Runs on every rank: ``fsdp`` with ``compute_dtype=torch.bfloat16`` against the same recipe in one
+def train_in_bf16(strategy: str, model_name: str) -> dict[str, float]:
+    """Runs on every rank: ``strategy`` (``fsdp``, or any that takes ``compute_dtype``) with ``compute_dtype=torch.bfloat16`` against the same recipe in one
     process on the whole batch (a bf16 copy of the fp32 weights computes, its gradients become the
     fp32 masters', plain SGD steps them), and against fp32 training. Returns the largest differences
     and the tolerance derived from the run (see the test)."""
@@ -305,8 +309,9 @@ def train_fsdp_in_bf16(model_name: str) -> dict[str, float]:
     torch.manual_seed(0)
     reference = case.build().to(info.device)
     fp32 = copy.deepcopy(reference)
-    model = ddp.make_ddp("fsdp", copy.deepcopy(reference), compute_dtype=torch.bfloat16)
-    assert all(shard.dtype == torch.float32 for shard in model.shards), "master shards must stay fp32"
+    model = ddp.make_ddp(strategy, copy.deepcopy(reference), compute_dtype=torch.bfloat16)
+    masters = getattr(model, "shards", None) or list(model.parameters())
+    assert all(shard.dtype == torch.float32 for shard in masters), "master weights must stay fp32"
     optimizers = [torch.optim.SGD(m.parameters(), lr=BF16_LR) for m in (reference, fp32)]
     optimizer = make_optimizer(model, torch.optim.SGD, lr=BF16_LR)
     generator = torch.Generator().manual_seed(1234)
@@ -346,9 +351,9 @@ def train_fsdp_in_bf16(model_name: str) -> dict[str, float]:
     }
 
 
-def test_fsdp_computes_in_bf16_over_fp32_masters(rank_group):
+def test_computes_in_bf16_over_fp32_masters(rank_group, compute_dtype_strategy):
     """``compute_dtype``: within a tolerance derived from bf16's rounding of the recipe run in one
     process, and measurably not fp32 training (else the option did nothing)."""
-    for result in rank_group.run(train_fsdp_in_bf16, "tied_lm"):
+    for result in rank_group.run(train_in_bf16, compute_dtype_strategy, "tied_lm"):
         assert result["to_bf16_reference"] <= result["tolerance"], result
         assert result["to_fp32"] > result["to_bf16_reference"], result

@@ -263,7 +263,7 @@ def model_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     counted without halving for the causal mask. This is the PaLM paper's model FLOPs
     (Chowdhery et al. 2022, appendix B: 6N + 12LHQT, H * Q = d_model) and nanoGPT's
     ``estimate_mfu``; RMSNorm, RoPE, softmax and the loss are left out as negligible.
-    Worked example (correctness_tests/test_flops.py): tiny at seq_len 32 is 1,219,584.
+    Worked example (tests/test_flops.py): tiny at seq_len 32 is 1,219,584.
     """
     c = config
     matmul_params = c.num_layers * (4 * c.d_model**2 + 3 * c.d_model * c.d_ff) + c.d_model * c.vocab_size

@@ -1,6 +1,6 @@
 """The benchmark harness on a real rank group (not timed): running out of memory is a skip the
 rank group survives, on every rank or on one. The harness's pure units (the timing loop's
-stopping rule, records, ids, bandwidths) are tested in correctness_tests/test_measure.py, which CI
+stopping rule, records, ids, bandwidths) are tested in tests/test_measure.py, which CI
 runs in full."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ next one runs. ``--dry-run`` prints the commands and their limits instead (what 
 
 The profiles run from the installed package anywhere. The other parts run the test suites,
 which live in a ddp-bench checkout, not in the package: ``--suite PATH`` (default: the current
-folder, when it holds ``correctness_tests/`` and ``perf_tests/``); without one they are skipped,
+folder, when it holds ``correctness_tests/``, ``tests/`` and ``perf_tests/``); without one they are skipped,
 saying so in the summary.
 """
 
@@ -56,7 +56,7 @@ OUT_OF_MEMORY = ("--model", "2.7b", "--strategies", "local", "--batch-sizes", "1
                  "--rounds", "1", "--max-rounds", "1", "--warmup-rounds", "0")
 
 
-SUITES = ("correctness_tests", "perf_tests")  # the folders of a checkout that the suite parts run
+SUITES = ("correctness_tests", "tests", "perf_tests")  # the folders of a checkout that the suite parts run
 
 
 TOTAL_LIMIT_SECONDS = 600
@@ -77,8 +77,8 @@ def parts(out: Path) -> list[Part]:
     profile = [python, "-m", "ddp", "profile", "--strategies", "naive,overlap,bucketed,torch"]
     return [
         Part("correctness, 2 gloo ranks over CUDA",
-             [*pytest, "correctness_tests", "--backend", "gloo", "--device", "cuda", "--world-size", "2"], 240),
-        Part("correctness, 1 NCCL rank", [*pytest, "correctness_tests", "--backend", "nccl", "--world-size", "1"], 190),
+             [*pytest, "correctness_tests", "tests", "--backend", "gloo", "--device", "cuda", "--world-size", "2"], 240),
+        Part("correctness, 1 NCCL rank", [*pytest, "correctness_tests", "tests", "--backend", "nccl", "--world-size", "1"], 190),
         Part("xl steps, 1 NCCL rank", [*pytest, "perf_tests/test_step.py", "--backend", "nccl", "--world-size", "1", *XL_STEPS,
                                        "--benchmark-json", str(out / "xl_steps.json")], 85),
         Part("out of memory on real CUDA memory", [*pytest, "perf_tests/test_step.py", "perf_tests/test_harness.py",
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for JSON, profiles, logs and summary.md (new or empty)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--suite", type=Path, default=Path("."),
-                        help="a ddp-bench checkout holding correctness_tests/ and perf_tests/ (default: the current folder); "
+                        help="a ddp-bench checkout holding correctness_tests/, tests/ and perf_tests/ (default: the current folder); "
                         "without one the parts that run them are skipped")
 
 

@@ -5,7 +5,7 @@ all-reduces each used gradient with AVG, and leaves None where no rank used a pa
 wrong class below changes one of its methods to make one common mistake. The test that
 ``SimpleDDP`` itself passes is what shows that each failure comes from that one change.
 The classes live at module level so that ``make_ddp`` can load them by import path, like a
-user's class: "correctness_tests.wrong_ddps:SumsInsteadOfAverages".
+user's class: "tests.wrong_ddps:SumsInsteadOfAverages".
 """
 
 from __future__ import annotations

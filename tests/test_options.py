@@ -118,7 +118,7 @@ def test_pytest_refuses_bad_options_before_any_rank_starts():
 
 
 def test_the_pytest_header_says_which_backend_and_why():
-    done = subprocess.run([sys.executable, "-m", "pytest", "correctness_tests/test_options.py", "--collect-only",
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_options.py", "--collect-only",
                            "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert f"ddp-bench: {LaunchOptions().resolve().describe()}" in done.stdout
 

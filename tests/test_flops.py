@@ -91,9 +91,9 @@ def test_reduced_precision_communication_only_where_the_strategy_takes_comm_dtyp
 
 
 def test_a_comparison_warns_when_steps_of_one_name_were_computed_differently(tmp_path):
-    from correctness_tests.test_report import run_json, step_bench, write
     from ddp.analysis.compare import suspect_differences
     from ddp.bench.records import load_run
+    from tests.test_report import run_json, step_bench, write
 
     old = run_json([step_bench("local", 100.0, 0.1)])
     old["benchmarks"][0]["extra_info"].update(schema_version=2)  # saved before numerics were recorded: CPU, for-loop

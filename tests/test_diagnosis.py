@@ -26,11 +26,11 @@ from correctness_tests.diagnose import (
     named_values,
 )
 from correctness_tests.models import FrozenMLP, TiedLM
-from correctness_tests.test_launcher import sum_of_ranks
 from correctness_tests.test_strategies import train_against_reference
 from ddp.launcher import RankError
+from tests.test_launcher import sum_of_ranks
 
-WRONG = "correctness_tests.wrong_ddps:"
+WRONG = "tests.wrong_ddps:"
 
 # A phrase that only its own hint contains. A message must give the right hint and no other.
 HINTS = {
@@ -96,7 +96,7 @@ def test_a_wrong_class_fails_with_its_diagnosis(rank_group, cls, model_name, opt
     assert hints_in(message) == {hint}, message
 
 
-SHARDED = "correctness_tests.wrong_sharded:"
+SHARDED = "tests.wrong_sharded:"
 WRONG_SHARDED_CASES = [
     # class, model, optimizer, a pattern of the parameter named first, the hint
     ("StepsShardTwice", "frozen_mlp", "adamw", r"fc1\.weight", "stepped_twice"),

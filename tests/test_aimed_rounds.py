@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from correctness_tests.test_compare import run, step
 from ddp.analysis.compare import AimAtDecision
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import prepare, timed_round
 from ddp.bench.records import Run, run_from_data
+from tests.test_compare import run, step
 
 
 @dataclass(frozen=True)

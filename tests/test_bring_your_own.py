@@ -29,7 +29,7 @@ def test_a_correct_user_class_passes_every_case_and_skips_what_it_lacks():
 
 def test_a_wrong_user_class_fails_naming_the_parameter_and_the_mistake():
     done = pytest_run("correctness_tests/test_strategies.py", "-q", "-x",
-                      "--strategies", "correctness_tests.wrong_ddps:SumsInsteadOfAverages")
+                      "--strategies", "tests.wrong_ddps:SumsInsteadOfAverages")
     assert done.returncode == 1
     assert "parameter 'fc1.weight'" in done.stdout
     assert "summed, not averaged" in done.stdout
@@ -76,13 +76,13 @@ def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases
     report = tmp_path / "report.xml"
     began = time.monotonic()
     done = pytest_run("correctness_tests/test_strategies.py", "-q", "-k", "trains_like_one_process",
-                      "--strategies", "correctness_tests.wrong_ddps:PerParameterDDP", f"--junit-xml={report}")
+                      "--strategies", "tests.wrong_ddps:PerParameterDDP", f"--junit-xml={report}")
     seconds = time.monotonic() - began
     assert done.returncode == 1, done.stdout[-3000:]
     cases = ElementTree.parse(report).getroot().iter("testcase")
     outcomes = {case.get("name"): case.find("failure") for case in cases if case.find("skipped") is None}
     failed = sorted(name for name, failure in outcomes.items() if failure is not None)
-    strategy = "correctness_tests.wrong_ddps:PerParameterDDP"
+    strategy = "tests.wrong_ddps:PerParameterDDP"
     assert failed == sorted(f"test_trains_like_one_process[{strategy}-routed_mlp-{optimizer}-{accumulate}]"
                             for optimizer in ("sgd", "adamw") for accumulate in ("step", "no_sync")), failed
     assert len(outcomes) - len(failed) == 12, f"every other case must pass: {sorted(outcomes)}"

@@ -6,7 +6,7 @@ Each class changes one thing of a correct one: the sharded optimizers change ``d
 registry turns into a strategy), the FSDP class changes ``FullyShardedDP``. Both correct classes
 pass the same tests (``test_strategies``), so each failure comes from the one change. They live at
 module level so that they load by import path, like a user's class:
-"correctness_tests.wrong_sharded:StepsShardTwice".
+"tests.wrong_sharded:StepsShardTwice".
 """
 
 from __future__ import annotations

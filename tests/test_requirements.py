@@ -59,14 +59,14 @@ def test_the_range_admits_the_releases_the_suite_has_run_on():
     assert not specifier.contains("2.10.0"), "2.10 has never been run: the range must not claim it"
 
 
-LOCAL_MODULES = {"ddp", "correctness_tests", "perf_tests", "conftest", "examples"}
+LOCAL_MODULES = {"ddp", "correctness_tests", "tests", "perf_tests", "conftest", "examples"}
 
 
 def imported_packages() -> set[str]:
     """Top-level modules imported anywhere in the package and the suites, stdlib and local left out."""
     root = PYPROJECT.parent
     found = set()
-    for folder in ("ddp", "correctness_tests", "perf_tests"):
+    for folder in ("ddp", "correctness_tests", "tests", "perf_tests"):
         for path in (root / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
