@@ -13,7 +13,7 @@ from ddp.strategies.registry import DDP_STRATEGIES, STRATEGIES, resolve_strategy
 
 
 def strategies_under_test(config: pytest.Config) -> tuple[str, ...]:
-    return config.getoption("strategies") or DDP_STRATEGIES
+    return config.getoption("strategy") or DDP_STRATEGIES
 
 
 def takes(strategy: str, option: str) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddp.analysis.compare import AimAtDecision, gate
-from ddp.bench.config import grid_configs
-from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options, percent_type
+from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options
+from ddp.bench.parsing import percent_type
 from ddp.bench.records import RunFileError, load_run, run_from_data
 from ddp.launcher import RankGroup, unavailable_reason
 
@@ -46,7 +46,7 @@ def benchmark_grid(config: pytest.Config) -> GridOptions:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     grid = benchmark_grid(metafunc.config)
     if "step_config" in metafunc.fixturenames:
-        configs = grid_configs(grid)
+        configs = grid.configs()
         metafunc.parametrize("step_config", configs, ids=[c.test_id for c in configs])
     if "allreduce_world_size" in metafunc.fixturenames:
         metafunc.parametrize("allreduce_world_size", grid.allreduce_world_sizes, ids=lambda n: f"n{n}")

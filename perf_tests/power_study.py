@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from tabulate import tabulate  # noqa: E402
 
 from ddp.analysis.compare import compare, settled  # noqa: E402
-from ddp.bench.options import percent_type  # noqa: E402
+from ddp.bench.parsing import percent_type  # noqa: E402
 from ddp.bench.records import load_run  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"

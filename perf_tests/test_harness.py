@@ -33,7 +33,7 @@ def test_out_of_memory_is_reported_and_the_group_survives(rank_group) -> None:
     result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
     assert isinstance(result, MeasuredOutOfMemory)
     reason = oom_reason(config, rank_group.world_size, result.marker)
-    assert "batch 2 per rank, seq len 16" in reason and "Tried to allocate 20.00 GiB" in reason
+    assert "batch 2, seq len 16" in reason and "Tried to allocate 20.00 GiB" in reason
     # The ranks freed their state and answer the next call without being replaced.
     working = StepConfig("local", "tiny", batch_size=2, seq_len=16)
     measured = measure(rank_group, [working], RoundOptions.fixed(2, 0))

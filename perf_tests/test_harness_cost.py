@@ -30,6 +30,7 @@ from ddp.bench.stats import paired_ratio_ci
 from ddp.bench.timing import record_rounds
 from ddp.launcher import Rank, on_rank
 from ddp.model import MODEL_SIZES, build_model, random_batch
+from ddp.strategies.registry import FLOOR
 
 HARNESS_RATIO_BAR = 1.02
 PEAK_MEMORY_BAR = 0.02
@@ -108,11 +109,11 @@ def free_plain(rank: Rank) -> None:
 def test_harness_costs_what_a_plain_loop_does(benchmark, rank_group, grid) -> None:
     if grid.model not in MODEL_SIZES:
         pytest.skip(f"the plain loop is written for ddp.model's LM sizes; --model {grid.model} is not one")
-    config = StepConfig("local", grid.model, grid.batch_sizes[0], grid.seq_lens[0])
+    config = StepConfig(FLOOR, grid.model, grid.values("batch_size")[0], grid.values("seq_len")[0])
     benchmark.group = f"harness cost: model {config.model}, batch {config.batch_size}, seq len {config.seq_len}"
     try:
         rank_group.run(build_plain, config)
-        rank_group.run(prepare, [config], grid.warmup_rounds)
+        rank_group.run(prepare, [config], grid.rounds.warmup_rounds)
         outcome = timed_rounds(lambda index: rank_group.run(plain_and_harness_round, config, index), grid.round_options(), 2)
     finally:
         rank_group.run(free_plain)

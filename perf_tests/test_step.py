@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.config import StepConfig, grid_configs
+from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory
 from ddp.bench.rank_state import oom_reason, release
@@ -28,7 +28,7 @@ from ddp.strategies.registry import traits
 def measurer(rank_group, grid, aim_at_decision):
     """Measures the grid a group at a time, with rounds aimed at the comparison with a saved run
     under ``--benchmark-compare``; the last models are freed when this module is done."""
-    yield GridMeasurer(rank_group, grid_configs(grid), grid.round_options(), grid.interleave, stop=aim_at_decision)
+    yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision)
     if rank_group.started:
         rank_group.run(release)
 

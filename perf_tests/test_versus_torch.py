@@ -33,7 +33,8 @@ def test_bucketed_versus_torch(benchmark, rank_group, grid) -> None:
     model, batch_size, seq_len = race_shape(grid, rank_group.device)
     benchmark.group = f"versus: {model}, bucket {BUCKET_SIZE_MB:g} MiB"
     try:
-        result = race(rank_group, model, batch_size, seq_len, BUCKET_SIZE_MB, grid.round_options())
+        values = {"model": model, "batch_size": batch_size, "seq_len": seq_len, "bucket_size_mb": BUCKET_SIZE_MB}
+        result = race(rank_group, values, grid.round_options())
     except MemoryError as error:
         pytest.skip(str(error))
     finally:

@@ -109,12 +109,13 @@ def test_nccl_without_enough_gpus_says_what_to_do():
 def test_an_optimizer_class_not_of_the_sharded_shape():
     """An Optimizer subclass is taken for a sharded optimizer, (params, optimizer_cls, **kwargs): one that is
     not is refused in the parent, as a command-line option too."""
-    from ddp.bench.options import OptionError, strategy_names
+    from ddp.bench.config import AXES
+    from ddp.bench.parsing import OptionError
 
     with pytest.raises(ValueError, match=r"cannot be built as SGD\(params, optimizer_cls, \*\*kwargs\)"):
         ddp.make_ddp("torch.optim:SGD", nn.Linear(2, 2))
     with pytest.raises(OptionError, match=r"^strategy 'torch.optim:AdamW' is an optimizer class that cannot be built"):
-        strategy_names("bucketed,torch.optim:AdamW")
+        AXES["strategy"].parse_grid("bucketed,torch.optim:AdamW")
 
 
 @pytest.mark.parametrize("compute_dtype", ["int8", "float33", torch.int32, 3])

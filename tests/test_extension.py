@@ -73,7 +73,7 @@ def test_it_trains_like_one_process(rank_group, model_name):
 
 
 def test_it_races_against_bucketed_and_ends_with_the_same_weights(rank_group):
-    result = race(rank_group, "tiny", 2, 16, 0.05, RoundOptions.fixed(2, 0), contenders=(NAME, "bucketed"))
+    result = race(rank_group, {"model": "tiny", "batch_size": 2, "seq_len": 16, "bucket_size_mb": 0.05}, RoundOptions.fixed(2, 0), contenders=(NAME, "bucketed"))
     record = result.record
     assert result.weights_differ is None
     assert record.contenders == ["local", NAME, "bucketed"] and record.reference == "bucketed"

@@ -16,9 +16,9 @@ from ddp.bench.trainer import StepSetup, StepTiming
 
 
 def test_bucket_size_only_for_bucketed_strategies() -> None:
-    with pytest.raises(ValueError, match="takes no bucket size"):
+    with pytest.raises(ValueError, match="takes no bucket_size_mb"):
         StepConfig("naive", "tiny", 2, 16, bucket_size_mb=25.0)
-    with pytest.raises(ValueError, match="needs bucket_size_mb"):
+    with pytest.raises(ValueError, match="needs --bucket-size-mb"):
         StepConfig("bucketed", "tiny", 2, 16)
 
 

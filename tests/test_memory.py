@@ -15,15 +15,16 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import measure_in_blocks
 from ddp.bench.memory import GIB, fit, parameter_count
 from ddp.bench.options import RoundOptions
-from ddp.bench.race import DEFAULT_CONTENDERS, race, race_configs
+from ddp.bench.race import race, race_configs
 from ddp.bench.rank_state import parameters_of
+from ddp.strategies.registry import DEFAULT_CONTENDERS
 
 XL_PARAMETERS = 1_998_235_200
 H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
 
 
 def test_xl_on_one_h100_fits_alone_but_not_three_together():
-    memory = fit(race_configs(DEFAULT_CONTENDERS, "xl", 2, 128, 25.0), XL_PARAMETERS, H100_BYTES)
+    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "xl", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), XL_PARAMETERS, H100_BYTES)
     assert not memory.together
     assert all(memory.alone.values())
     assert memory.too_large() is None
@@ -34,14 +35,14 @@ def test_xl_on_one_h100_fits_alone_but_not_three_together():
 
 def test_a_model_too_large_alone_is_refused_with_what_it_needs():
     parameters = 3_400_000_000
-    memory = fit(race_configs(DEFAULT_CONTENDERS, "2.7b", 2, 128, 25.0), parameters, H100_BYTES)
+    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), parameters, H100_BYTES)
     message = memory.too_large()
-    assert message.startswith("torch (bucket 25 MB), model 2.7b, batch 2 per rank, seq len 128 needs about 76.0 GiB")
+    assert message.startswith("torch 25 MB, model 2.7b, batch 2, seq len 128 needs about 76.0 GiB")
     assert "use a smaller --model" in message
 
 
 def test_small_models_stay_together():
-    configs = race_configs(DEFAULT_CONTENDERS, "mini", 2, 64, 1.0)
+    configs = race_configs(DEFAULT_CONTENDERS, {"model": "mini", "batch_size": 2, "seq_len": 64, "bucket_size_mb": 1.0})
     assert fit(configs, parameter_count("mini", 2, 64), 8 * GIB).together
 
 
@@ -64,7 +65,7 @@ def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_gr
         return fit(configs, 10**9, 40 * GIB)  # a billion parameters each, 40 GiB: alone only
 
     monkeypatch.setattr(race_module, "fit_on", not_together)
-    result = race(rank_group, "tiny", 2, 16, 1.0, RoundOptions.fixed(2, 1))
+    result = race(rank_group, {"model": "tiny", "batch_size": 2, "seq_len": 16, "bucket_size_mb": 1.0}, RoundOptions.fixed(2, 1))
     assert result.interleaving.startswith("one at a time in alternating blocks of rounds (they do not fit")
     assert result.weights_differ is None  # bucketed and torch trained alike, block by block
     assert {name: len(rounds) for name, rounds in result.record.round_seconds.items()} == {"local": 2, "bucketed": 2, "torch": 2}
@@ -80,4 +81,4 @@ def test_versus_refuses_a_model_too_large_before_building_it():
         pytest.skip("this host has the memory for 2.7b three times over")
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("ddp-bench versus: error: torch (bucket 25 MB), model 2.7b") and "GiB" in line, line
+    assert line.startswith("ddp-bench versus: error: torch 25 MB, model 2.7b") and "GiB" in line, line

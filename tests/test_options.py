@@ -4,6 +4,7 @@ one-line errors of every command."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -13,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp.bench.config import AXES, StepConfig, expand
 from ddp.bench.options import (
     ALL_OPTIONS,
-    CONFIG_OPTIONS,
+    AXIS_LIST_OPTIONS,
+    AXIS_OPTIONS,
     GRID_OPTIONS,
     LAUNCH_OPTIONS,
-    NUMERICS_OPTIONS,
     ROUND_OPTIONS,
-    GridOptions,
     LaunchOptions,
     OptionError,
     RoundOptions,
@@ -31,9 +32,9 @@ from ddp.bench.options import (
     grid_options,
     launch_options,
     option,
-    parse_list,
     round_options,
 )
+from ddp.bench.parsing import parse_list
 from ddp.cli import COMMANDS, command_parser, gpu_check
 from ddp.cli import main as ddp_main
 
@@ -73,22 +74,27 @@ def test_gpu_all_reduce_world_sizes_follow_the_gpu_count():
     assert gpu_world_sizes(1) == (1,)
 
 
+def grid_with(**axes):
+    """The default CPU grid with some axes' values replaced (by ``StepConfig`` field name)."""
+    default = grid_defaults("gloo", "cpu")
+    return dataclasses.replace(default, axes={**default.axes, **axes})
+
+
 def test_a_small_grid_gets_a_larger_share_of_the_session_budget():
     default = grid_defaults("gloo", "cpu")
     assert default.num_step_benchmarks == 2 * 2 * (4 + 2 * 3)
     assert default.round_budget_seconds() == pytest.approx(200.0 / 40)
-    small = GridOptions(**{**default.__dict__, "strategies": ("local", "bucketed"), "bucket_sizes_mb": (25.0,),
-                           "batch_sizes": (4,), "seq_lens": (64,)})
+    small = grid_with(strategy=("local", "bucketed"), bucket_size_mb=(25.0,), batch_size=(4,), seq_len=(64,))
     assert small.round_budget_seconds() == pytest.approx(100.0)  # 200 s shared by 2
-    alone = GridOptions(**{**small.__dict__, "strategies": ("local",)})
+    alone = dataclasses.replace(small, axes={**small.axes, "strategy": ("local",)})
     assert alone.round_budget_seconds() == pytest.approx(120.0)  # 200 s for 1, capped
-    fixed = GridOptions(**{**default.__dict__, "budget_seconds": 7.0})
+    fixed = dataclasses.replace(default, rounds=dataclasses.replace(default.rounds, budget_seconds=7.0))
     assert fixed.round_budget_seconds() == 7.0
 
 
 def test_seq_len_beyond_the_context_length_is_refused():
-    with pytest.raises(OptionError, match="--seq-lens 256 exceeds model tiny's context length 128"):
-        GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "seq_lens": (64, 256)})
+    with pytest.raises(OptionError, match="seq len 256 exceeds model tiny's context length 128"):
+        grid_with(model=("tiny",), seq_len=(64, 256))
 
 
 @pytest.mark.parametrize(
@@ -114,7 +120,7 @@ def test_every_command_error_is_one_line_and_exit_2(argv, message, capsys):
 def test_pytest_refuses_bad_options_before_any_rank_starts():
     done = subprocess.run([sys.executable, "-m", "pytest", "perf_tests", "--batch-sizes", "0", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 4 and "expected batch sizes (1 or more), got '0'" in done.stderr
+    assert done.returncode == 4 and "--batch-sizes: expected a whole number of 1 or more, got '0'" in done.stderr
 
 
 def test_the_pytest_header_says_which_backend_and_why():
@@ -158,7 +164,8 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
             assert command[2] == "ddp"
             args = command_parser(command[3]).parse_args(command[4:])
         launch = launch_options(vars(args).get)
-        parsed[name] = (launch.backend, launch.device, launch.world_size, getattr(args, "model", None))
+        model = getattr(args, "model", None)  # the grid's one model, or a command's
+        parsed[name] = (launch.backend, launch.device, launch.world_size, model[0] if isinstance(model, tuple) else model)
     assert parsed == {
         "correctness, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, None),
         "correctness, 1 NCCL rank": ("nccl", None, 1, None),
@@ -177,23 +184,28 @@ def test_gpu_check_summary_reads_counts_and_skip_reasons():
 
 
 def test_every_command_binds_the_shared_options_from_their_one_definition():
-    """Each option a command shares with pytest or another command comes from its definition in
-    ``ddp.bench.options``: the same flag, destination, parser and help text (only the default is the
-    command's); the commands that time rounds take every round option, those that train one
-    configuration every configuration option they need."""
+    """Each option a command shares with pytest or another command comes from its definition: a
+    step's axes from ``ddp.bench.config.AXES``, the rest from ``ddp.bench.options``, with the same
+    flag, destination, parser and help text (only the default is the command's). The commands that
+    time rounds take every round option; those that train one configuration take every option axis
+    (a new one reaches them without an edit)."""
+    options = [AXIS_OPTIONS[name] for name, axis in AXES.items() if axis.role == "option"]
+    one = {name: AXIS_OPTIONS[name] for name in AXES}
+    lists = {name: AXIS_LIST_OPTIONS[name] for name in AXES}
+    trains_one = [one["model"], one["batch_size"], one["seq_len"], one["grad_comm"], *options]  # and every member
     expected = {
-        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
-        "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *(o for o in CONFIG_OPTIONS if o.flag != "--bucket-size-mb"),
-                    option("--bucket-sizes"), *NUMERICS_OPTIONS},
-        "profile": {*LAUNCH_OPTIONS, *CONFIG_OPTIONS, *NUMERICS_OPTIONS},
-        "simulate": {option(f) for f in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")},
+        "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
+        "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, lists["bucket_size_mb"], lists["strategy"]},
+        "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
+        "simulate": {one["model"], one["batch_size"], one["seq_len"], lists["strategy"], lists["bucket_size_mb"]},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
         "compare": set(), "report": set(), "gpu-check": set(),
     }
     assert set(expected) == set(COMMANDS)
     for command, options in expected.items():
         actions = {flag: action for action in command_parser(command)._actions for flag in action.option_strings}
-        bound = {o for o in ALL_OPTIONS if o.flag in actions}
+        bound = {o for o in ALL_OPTIONS if o.flag in actions and actions[o.flag].type is not None
+                 and getattr(actions[o.flag].type, "option", None) is o or (o.choices and o.flag in actions)}
         assert bound == options, f"ddp {command}: {sorted(o.flag for o in bound ^ options)}"
         for definition in bound:
             action = actions[definition.flag]
@@ -213,17 +225,16 @@ def test_rounds_mean_at_least_everywhere():
     with pytest.raises(OptionError, match="--rounds 30 exceeds --max-rounds 20: raise --max-rounds"):
         round_options({"min_rounds": 30, "max_rounds": 20}.get, defaults)
     grid = grid_defaults("gloo", "cpu")
-    assert grid.round_options() == RoundOptions(grid.min_rounds, grid.max_rounds, grid.warmup_rounds, grid.target_precision,
-                                                grid.round_budget_seconds())
+    assert grid.round_options() == dataclasses.replace(grid.rounds, budget_seconds=grid.round_budget_seconds())
+    # the grid's rounds are bound from the same definitions, and the same rule applies to them
+    given = grid_options({"min_rounds": 3000}.get, "gloo", "cpu")
+    assert (given.rounds.min_rounds, given.rounds.max_rounds) == (3000, 3000)
 
 
 def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_can():
-    from ddp.bench.config import grid_configs
-
-    grid = GridOptions(**{**grid_defaults("gloo", "cpu").__dict__, "model": "tiny", "batch_sizes": (2,), "seq_lens": (32,),
-                          "strategies": ("local", "naive", "bucketed", "torch"), "bucket_sizes_mb": (1.0,),
-                          "precisions": ("fp32", "bf16"), "grad_comms": ("fp32", "bf16")})
-    ids = [config.test_id for config in grid_configs(grid)]
+    grid = grid_with(model=("tiny",), batch_size=(2,), seq_len=(32,), strategy=("local", "naive", "bucketed", "torch"),
+                     bucket_size_mb=(1.0,), precision=("fp32", "bf16"), grad_comm=("fp32", "bf16"))
+    ids = [config.test_id for config in grid.configs()]
     # per precision: local, naive (fp32 communication only), bucketed and torch in both
     assert ids == [
         "local-b2-s32", "naive-b2-s32", "bucketed-b2-s32-bucket1mb", "bucketed-b2-s32-bucket1mb-bf16comm",
@@ -234,19 +245,45 @@ def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_c
     assert grid.num_step_benchmarks == len(ids)
 
 
-def test_the_default_grid_stays_fp32_with_foreach_adamw():
+def test_the_default_grid_keeps_every_option_at_its_default():
+    """fp32, foreach AdamW, fp32 communication, ...: a default run keeps the names it always had."""
     for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
         grid = grid_defaults(backend, device)
-        assert (grid.precisions, grid.optimizers, grid.grad_comms) == (("fp32",), ("foreach",), ("fp32",))
+        for name, axis in AXES.items():
+            if axis.role == "option" or name == "grad_comm":
+                assert grid.values(name) == (axis.default,), (backend, name)
+
+
+def test_every_axis_reaches_the_options_the_ids_and_the_groups_from_its_declaration():
+    """What a new axis gets without an edit anywhere else: its list form in pytest and ``ddp run``,
+    its one-value form in the commands that train one configuration (option axes), its value in
+    test ids and group names wherever it is not the default, and its field in the saved config."""
+    pytest_flags = {o.flag for o in GRID_OPTIONS}
+    base = StepConfig("bucketed", "tiny", 2, 32, 1.0)
+    for name, axis in AXES.items():
+        assert axis.list_flag in pytest_flags, name
+        assert AXIS_LIST_OPTIONS[name].dest == AXIS_OPTIONS[name].dest == name
+        assert name in base.to_dict() and StepConfig.from_dict(base.to_dict()) == base
+        if axis.role not in ("option", "member") or axis.choices is None:
+            continue
+        other = next(value for value in axis.choices if value != axis.default)
+        changed = StepConfig.of("bucketed", {**base.values(), name: other})
+        assert changed.test_id != base.test_id and axis.id(other) in changed.test_id, name
+        if axis.role == "option":
+            assert axis.text(other) in changed.group_name and changed.local_twin().test_id.endswith(axis.id(other)), name
+        else:
+            assert changed.group_name == base.group_name and changed.local_twin() == base.local_twin(), name
+        configs = expand({**{n: (v,) for n, v in base.values().items() if n in AXES}, name: (axis.default, other)})
+        assert base in configs and changed in configs, name
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["versus", "--precision", "fp16"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
-        (["profile", "--strategies", "naive", "--optimizer", "adam", "--out", "x"], "--optimizer takes one or more of foreach, fused"),
-        (["run", "--precision", "fp32,fp8"], "--precision takes one or more of fp32, tf32, bf16, each once, comma-separated"),
-        (["versus", "--precision", "fp32,bf16"], "--precision fp32,bf16: this command trains one configuration; give one value"),
+        (["versus", "--precision", "fp16"], "--precision takes one of fp32, tf32, bf16, got 'fp16'"),
+        (["profile", "--strategies", "naive", "--optimizer", "adam", "--out", "x"], "--optimizer takes one of foreach, fused"),
+        (["run", "--precision", "fp32,fp8"], "argument --precision: --precision takes one of fp32, tf32, bf16, got 'fp8'"),
+        (["versus", "--precision", "fp32,bf16"], "--precision takes one of fp32, tf32, bf16, got 'fp32,bf16'"),
         (["profile", "--strategies", "torch", "--grad-comm", "bf16", "--backend", "gloo", "--out", "x"],
          "profiling torch with --grad-comm bf16 needs nccl"),
     ],
@@ -265,4 +302,4 @@ def test_pytest_refuses_an_unknown_precision_before_any_rank_starts():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 4  # pytest's usage error
-    assert "--precision takes one or more of fp32, tf32, bf16" in result.stderr
+    assert "--precision takes one of fp32, tf32, bf16, got 'fp16'" in result.stderr

@@ -107,7 +107,7 @@ def test_refuses_to_run_outside_torchrun() -> None:
 
 
 BAD_OPTION = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp", "run", "--strategies", "bogus", "--model", "tiny"]
-BAD_OPTION_LINE = "ddp-bench run: error: argument --strategies: unknown strategy 'bogus'"
+BAD_OPTION_LINE = "ddp-bench run: error: argument --strategies/--strategy: unknown strategy 'bogus'"
 REPEATS = 8  # the line went missing about once in eight runs when only rank 0 printed it
 
 

@@ -13,6 +13,7 @@ the cost model's link (``ddp.analysis.costmodel.fit_link``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
@@ -20,7 +21,7 @@ from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import device_memory_bytes, fit, parameter_count
-from ddp.bench.options import RoundOptions, numerics_for
+from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import oom_reason
 from ddp.bench.records import StepRecord, step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
@@ -47,16 +48,16 @@ class Sweep:
         return best is not None and all(best.overhead_seconds_ci95[1] < r.overhead_seconds_ci95[0] for r in others)
 
 
-def sweep(ranks, model: str, batch_size: int, seq_len: int, caps_mb: tuple[float, ...], policy: RoundOptions,
-          strategies: tuple[str, ...] = BUCKETED_STRATEGIES, **numerics) -> Sweep:
-    """Each strategy at each cap, paired with ``local``; the ranks are freed afterwards. ``numerics``:
-    ``StepConfig``'s precision, optimizer and grad_comm."""
+def sweep(ranks, values: Mapping, caps_mb: tuple[float, ...], policy: RoundOptions,
+          strategies: tuple[str, ...] = BUCKETED_STRATEGIES) -> Sweep:
+    """Each strategy at each cap with ``values`` (``StepConfig`` fields by name: model, batch size,
+    precision, ...), paired with ``local``; the ranks are freed afterwards."""
     records, skipped = [], []
-    parameters = parameter_count(model, batch_size, seq_len)
+    parameters = parameter_count(values["model"], values["batch_size"], values["seq_len"])
     memory_bytes = min(ranks.run(device_memory_bytes))
     for strategy in strategies:
         for cap in caps_mb:
-            config = StepConfig(strategy, model, batch_size, seq_len, cap, **numerics_for(strategy, numerics))
+            config = StepConfig.of(strategy, {**values, "bucket_size_mb": cap})
             pair = [config, config.local_twin()]
             memory = fit(pair, parameters, memory_bytes)
             if memory.too_large():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.config import StepConfig, grid_configs
+from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, free
 from ddp.bench.options import GridOptions
@@ -21,7 +21,7 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
     """Every benchmark of ``grid`` on ``ranks``; ``on_step(config, record)`` is told of each step
     benchmark as it is measured (``record`` is the skip reason when a rank ran out of memory)."""
     policy = grid.round_options()
-    configs = grid_configs(grid)
+    configs = grid.configs()
     benchmarks = []
     try:
         measurer = GridMeasurer(ranks, configs, policy, grid.interleave)

@@ -34,6 +34,7 @@ from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, rele
 from ddp.bench.stats import relative_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
+from ddp.strategies.registry import FLOOR
 
 
 @dataclass
@@ -233,7 +234,7 @@ class GridMeasurer:
         if config not in self._measured:
             if self.interleave == "group" and self._key(config) not in self._alone:
                 self._measure_group(config)
-            elif self.interleave == "local" and config.strategy == "local":
+            elif self.interleave == FLOOR and config.strategy == FLOOR:
                 self._measure_local_from_twins(config)
             if config not in self._measured:
                 self._measure_alone(config)
@@ -243,7 +244,7 @@ class GridMeasurer:
         """With ``interleave`` local, the ``local`` benchmark is its twin's rounds while every other
         strategy of its group was measured: spread over the whole group's time rather than a few
         seconds of its own, so that a burst of load on a shared machine moves its median little."""
-        others = [c for c in self.configs if self._key(c) == self._key(local) and c.strategy != "local"]
+        others = [c for c in self.configs if self._key(c) == self._key(local) and c.strategy != FLOOR]
         pairs = [self.measurement(c) for c in others]
         pairs = [p for p in pairs if not isinstance(p, MeasuredOutOfMemory)]
         if not pairs:
@@ -256,7 +257,7 @@ class GridMeasurer:
 
     def _measure_group(self, config: StepConfig) -> None:
         group = [c for c in self.configs if self._key(c) == self._key(config)]
-        local = next((c for c in group if c.strategy == "local"), None) or config.local_twin()
+        local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
         result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
         if isinstance(result, MeasuredOutOfMemory):
@@ -267,7 +268,7 @@ class GridMeasurer:
             self._measured[member] = (result, index, None if index == 0 else 0)
 
     def _measure_alone(self, config: StepConfig) -> None:
-        paired = self.interleave != "off" and config.strategy != "local"
+        paired = self.interleave != "off" and config.strategy != FLOOR
         members = [config, config.local_twin()] if paired else [config]
         result = measure(self.ranks, members, self.policy, stop=self.stop)
         if isinstance(result, MeasuredOutOfMemory):

@@ -21,7 +21,7 @@ says where they differ; the callers (``ddp versus``, perf_tests) assert it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,12 +29,10 @@ import torch
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
 from ddp.bench.memory import fit_on
-from ddp.bench.options import RoundOptions, numerics_for
+from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import oom_reason, parameters_of
 from ddp.bench.records import RaceRecord, race_record
-from ddp.strategies.registry import takes_bucket_size, traits
-
-DEFAULT_CONTENDERS = ("bucketed", "torch")
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
 
 
 @dataclass(frozen=True)
@@ -50,30 +48,24 @@ class RaceResult:
 def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
     """The contenders as raced: ``ValueError`` unless at least one of them communicates (the
     reference is the last one that does)."""
-    named = tuple(c for c in contenders if c != "local")
+    named = tuple(c for c in contenders if c != FLOOR)
     if not any(traits(c).communicates for c in named):
         raise ValueError(f"a race needs a strategy that communicates among its contenders, got {', '.join(contenders) or 'none'}")
     return named
 
 
-def race_configs(contenders: Sequence[str], model: str, batch_size: int, seq_len: int, bucket_size_mb: float,
-                 **numerics) -> list[StepConfig]:
-    """``local`` first, then the contenders in the order given; ``numerics``: ``StepConfig``'s
-    precision, optimizer and grad_comm (bf16 communication for the contenders that take it)."""
-    return [
-        StepConfig(name, model, batch_size, seq_len, bucket_size_mb if takes_bucket_size(name) else None,
-                   **numerics_for(name, numerics))
-        for name in ("local", *check_contenders(contenders))
-    ]
+def race_configs(contenders: Sequence[str], values: Mapping) -> list[StepConfig]:
+    """``local`` first, then the contenders in the order given, each with ``values`` (``StepConfig``
+    fields by name: model, batch size, bucket cap, precision, ...) where they apply to it."""
+    return [StepConfig.of(name, values) for name in (FLOOR, *check_contenders(contenders))]
 
 
-def race(ranks, model: str, batch_size: int, seq_len: int, bucket_size_mb: float, policy: RoundOptions,
-         contenders: Sequence[str] = DEFAULT_CONTENDERS, **numerics) -> RaceResult:
-    """Race the contenders on ``ranks``: built together when they fit in memory (a step of each per
-    round, in rotating order), else one at a time in alternating blocks of rounds. Raises
-    ``MemoryError`` with a one-line reason when one cannot fit even alone (before anything is
-    built) or a rank ran out. ``numerics``: ``StepConfig``'s precision, optimizer and grad_comm."""
-    configs = race_configs(contenders, model, batch_size, seq_len, bucket_size_mb, **numerics)
+def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
+    """Race the contenders on ``ranks`` with ``values`` (``StepConfig`` fields by name): built
+    together when they fit in memory (a step of each per round, in rotating order), else one at a
+    time in alternating blocks of rounds. Raises ``MemoryError`` with a one-line reason when one
+    cannot fit even alone (before anything is built) or a rank ran out."""
+    configs = race_configs(contenders, values)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
     # steps when their weights are compared.
     settled = max(traits(c.strategy).steps_to_settle for c in configs)

@@ -10,20 +10,17 @@ import argparse
 from ddp.analysis.costmodel import LINKS, advice, default_overlap_slowdown, fit_link
 from ddp.analysis.tables import interval_ms, ms, table
 from ddp.bench.buckets import link_samples, sweep
+from ddp.bench.config import StepConfig
 from ddp.bench.options import (
     RoundOptions,
     add_config_options,
     add_launch_options,
     add_round_options,
-    argument_type,
-    bind,
-    check_seq_len,
+    config_values,
     launch_options,
-    option,
-    positive_ints,
     round_options,
-    step_numerics,
 )
+from ddp.bench.parsing import argument_type, positive_ints
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import BUCKETED_STRATEGIES, takes_bucket_size
@@ -34,9 +31,8 @@ BUCKET_SIZES_MB = (1.0, 5.0, 25.0, 100.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_options(parser.add_argument, model="mini", batch_size=2, seq_len=64, bucket_size_mb=None,
-                       strategies=BUCKETED_STRATEGIES)
-    bind(parser.add_argument, (option("--bucket-sizes"),), {"bucket_sizes_mb": BUCKET_SIZES_MB})
+    add_config_options(parser.add_argument, {"model": "mini", "batch_size": 2, "seq_len": 64, "bucket_size_mb": BUCKET_SIZES_MB,
+                                             "strategy": BUCKETED_STRATEGIES}, lists=("strategy", "bucket_size_mb"))
     add_round_options(parser.add_argument, ROUNDS)
     parser.add_argument("--predict-world-sizes", type=argument_type(lambda t: positive_ints(t, "world sizes"), "world_sizes"),
                         default=(8, 64, 512), help="world sizes to recommend a cap for (default: 8,64,512)")
@@ -47,17 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
-    check_seq_len(args.model, args.seq_len)
     if resolved.world_size < 2 and args.link is None:
         raise UsageError("one rank measures no link to fit: give --world-size 2 or more, or a --link preset")
-    without_cap = [name for name in args.strategies if not takes_bucket_size(name)]
+    without_cap = [name for name in args.strategy if not takes_bucket_size(name)]
     if without_cap:
         raise UsageError(f"--strategies {', '.join(without_cap)} take no bucket size: give strategies with a bucket_size_mb option")
+    values = config_values(vars(args).get)
+    caps = values.pop("bucket_size_mb")
+    first = [StepConfig.of(strategy, {**values, "bucket_size_mb": caps[0]}) for strategy in args.strategy]  # checked now
     rounds = round_options(vars(args).get, ROUNDS)
-    numerics = step_numerics(vars(args).get)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        result = sweep(group, args.model, args.batch_size, args.seq_len, args.bucket_sizes_mb, rounds, args.strategies,
-                       **numerics)
+        result = sweep(group, values, caps, rounds, args.strategy)
         samples = [] if args.link else link_samples(group, rounds)
     link = LINKS[args.link] if args.link else fit_link(samples, name=f"fitted on {resolved.backend} {resolved.world_size} ranks here")
     for reason in result.skipped:
@@ -66,9 +62,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("every cap ran out of memory: use a smaller --batch-size or --seq-len")
     rows = [[r.label, r.num_buckets, ms(r.step_seconds, 1), f"{ms(r.overhead_seconds, 1)} {interval_ms(r.overhead_seconds_ci95, 1)}"]
             for r in result.records]
-    print(f"model {args.model}, {resolved.describe()}, batch {args.batch_size}, seq len {args.seq_len}, {args.precisions[0]}")
+    print(f"{first[0].group_label()}, {resolved.describe()}")
     print(table(rows, ["strategy", "buckets", "step ms", "overhead over local ms [95%]"]))
-    for strategy in args.strategies:
+    for strategy in args.strategy:
         best = result.best(strategy)
         if best is not None:
             verdict = "resolved" if result.resolved_best(strategy) else "not resolved from the next best: their intervals overlap"

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from ddp.analysis.compare import gate
-from ddp.bench.options import percent_type
+from ddp.bench.parsing import percent_type
 from ddp.bench.records import load_run
 from ddp.cli import UsageError
 

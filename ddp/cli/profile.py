@@ -11,28 +11,18 @@ from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
 from ddp.bench.config import StepConfig
-from ddp.bench.options import (
-    add_config_options,
-    add_launch_options,
-    argument_type,
-    check_seq_len,
-    launch_options,
-    non_negative_int,
-    numerics_for,
-    option,
-    positive_int,
-    step_numerics,
-)
+from ddp.bench.options import add_config_options, add_launch_options, config_values, launch_options
+from ddp.bench.parsing import argument_type, non_negative_int, positive_int
 from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.records import ProfileSummary
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
-from ddp.strategies.registry import takes_bucket_size, traits
+from ddp.strategies.registry import traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    option("--strategies").bind(parser.add_argument, also=("--strategy",), required=True)
-    add_config_options(parser.add_argument, model="small", batch_size=2, seq_len=64)
+    add_config_options(parser.add_argument, {"strategy": None, "model": "small", "batch_size": 2, "seq_len": 64,
+                                             "bucket_size_mb": 25.0}, lists=("strategy",), required=("strategy",))
     parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=None,
                         help="untraced steps before profiling (default: the steps after which the strategy's plan "
                         "settles, e.g. 3 for torch, whose DDP rebuilds its buckets in its second step)")
@@ -54,23 +44,21 @@ def summary_table(summary: ProfileSummary) -> str:
 
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
-    check_seq_len(args.model, args.seq_len)
-    numerics = step_numerics(vars(args).get)
-    if numerics["grad_comm"] != "fp32" and "torch" in args.strategies and resolved.backend != "nccl":
+    values = config_values(vars(args).get)
+    if values["grad_comm"] != "fp32" and "torch" in args.strategy and resolved.backend != "nccl":
         raise UsageError(
-            f"profiling torch with --grad-comm {numerics['grad_comm']} needs nccl: on {resolved.backend} its collectives "
+            f"profiling torch with --grad-comm {values['grad_comm']} needs nccl: on {resolved.backend} its collectives "
             "are recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
         )
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
     configs = [
         ProfileConfig(
-            StepConfig(name, args.model, args.batch_size, args.seq_len, args.bucket_size_mb if takes_bucket_size(name) else None,
-                       **numerics_for(name, numerics)),
+            StepConfig.of(name, values),
             warmup_steps=traits(name).steps_to_settle if args.warmup_steps is None else args.warmup_steps,
             steps=args.steps, out_dir=str(args.out.resolve()),
         )
-        for name in args.strategies
+        for name in args.strategy
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:

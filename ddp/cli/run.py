@@ -29,7 +29,6 @@ from pathlib import Path
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
 from ddp.analysis.tables import interval_ms, ms, table
-from ddp.bench.config import grid_configs
 from ddp.bench.grid import measure_grid
 from ddp.bench.machine import software_info
 from ddp.bench.measure import InProcessRanks
@@ -59,7 +58,6 @@ def main(args: argparse.Namespace) -> int:
     # before any joins the group.
     resolved = LaunchOptions(backend=args.backend, world_size=placed.local_world_size).resolve()
     grid = grid_options(vars(args).get, resolved.backend, resolved.device, skip=("--allreduce-world-sizes",))
-    grid_configs(grid)  # every configuration checked before any rank joins
     if placed.rank == 0 and args.json is not None and args.json.exists():  # rank 0 writes it: rank 0 checks
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     rank = placed.join(resolved.backend, resolved.device)

@@ -28,7 +28,8 @@ from ddp.analysis.costmodel import (
     validation_rows,
 )
 from ddp.analysis.tables import ms
-from ddp.bench.options import argument_type, bind, option, positive_float, positive_ints
+from ddp.bench.options import add_config_options
+from ddp.bench.parsing import argument_type, positive_float, positive_ints
 from ddp.bench.records import load_run, write_records
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
@@ -53,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the scaling plot (PNG) here")
     parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
-    bind(by_hand.add_argument, tuple(option(flag) for flag in ("--model-size", "--batch-size", "--seq-len", "--strategies", "--bucket-sizes")),
-         {"strategies": DDP_STRATEGIES, "bucket_sizes_mb": (1.0, 10.0, 100.0, 1000.0)})
+    add_config_options(by_hand.add_argument, {"model": None, "batch_size": None, "seq_len": None, "strategy": DDP_STRATEGIES,
+                                              "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0)}, lists=("strategy", "bucket_size_mb"),
+                       only_given=True)
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms")
 
@@ -70,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--optimizer-fraction must be in [0, 1), got {args.optimizer_fraction}")
     if args.overlap_slowdown is not None and args.overlap_slowdown < 0:
         raise UsageError(f"--overlap-slowdown must be 0 or more, got {args.overlap_slowdown}")
-    by_hand = {"--model-size": args.model, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
+    by_hand = {"--model": args.model, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
                "--seq-len": args.seq_len}
     if args.run is not None and any(value is not None for value in by_hand.values()):
         given = ", ".join(flag for flag, value in by_hand.items() if value is not None)
@@ -86,10 +88,12 @@ def main(args: argparse.Namespace) -> int:
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
     else:
         if args.link is None or None in (args.model, args.local_step_ms, args.batch_size, args.seq_len):
-            raise UsageError("without --from, give --link, --model-size, --local-step-ms, --batch-size and --seq-len")
+            raise UsageError("without --from, give --link, --model, --local-step-ms, --batch-size and --seq-len")
+        if args.model not in MODEL_SIZES:
+            raise UsageError(f"--model {args.model}: simulate models the built-in LM sizes only ({', '.join(MODEL_SIZES)})")
         run, model_size, cpu_gloo, samples = None, args.model, False, []
         computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
-        strategies = _strategy_grid([s for s in args.strategies if traits(s).communicates], args.bucket_sizes_mb)
+        strategies = _strategy_grid([s for s in args.strategy if traits(s).communicates], args.bucket_size_mb)
 
     if args.link is not None:
         preset = LINKS[args.link]

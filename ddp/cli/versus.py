@@ -17,22 +17,23 @@ from ddp.bench.options import (
     add_config_options,
     add_launch_options,
     add_round_options,
-    check_seq_len,
+    config_values,
     launch_options,
     round_options,
-    step_numerics,
 )
-from ddp.bench.race import DEFAULT_CONTENDERS, check_contenders, race
+from ddp.bench.race import check_contenders, race, race_configs
 from ddp.bench.records import benchmark_entry, run_document, write_new
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
+from ddp.strategies.registry import DEFAULT_CONTENDERS
 
 # Exactly 10 timed rounds after 2 untimed ones unless told otherwise: a race is read by eye.
 ROUNDS = RoundOptions(min_rounds=10, max_rounds=10, warmup_rounds=2, target_precision=1.0, budget_seconds=float("inf"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_options(parser.add_argument, model="small", batch_size=1, seq_len=64, strategies=DEFAULT_CONTENDERS)
+    add_config_options(parser.add_argument, {"model": "small", "batch_size": 1, "seq_len": 64, "bucket_size_mb": 25.0,
+                                             "strategy": DEFAULT_CONTENDERS}, lists=("strategy",))
     add_round_options(parser.add_argument, ROUNDS)
     add_launch_options(parser.add_argument)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the result, every round included, as JSON")
@@ -66,19 +67,18 @@ def benchmark_name(contenders: tuple[str, ...], model: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
-    check_seq_len(args.model, args.seq_len)
+    values = config_values(vars(args).get)
     try:
-        contenders = check_contenders(args.strategies)
+        contenders = check_contenders(args.strategy)
     except ValueError as error:
         raise UsageError(f"--strategies: {error}") from None
+    race_configs(contenders, values)  # every contender's configuration checked before any rank starts
     if args.json is not None and args.json.exists():
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     rounds = round_options(vars(args).get, ROUNDS)
-    numerics = step_numerics(vars(args).get)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
-            result = race(group, args.model, args.batch_size, args.seq_len, args.bucket_size_mb, rounds, contenders,
-                          **numerics)
+            result = race(group, values, rounds, contenders)
         except MemoryError as error:
             raise UsageError(str(error)) from None
     record = result.record

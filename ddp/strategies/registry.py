@@ -33,8 +33,12 @@ from ddp.strategies.torch_ddp import TorchDDP
 from ddp.strategies.torch_fsdp import TorchFSDP
 from ddp.strategies.zero import ZeroDDP
 
+# The floor: the same training with no communication at all. Every overhead is measured against it
+# (a strategy's step minus the floor's, in the same round); it is this name everywhere.
+FLOOR = "local"
+
 STRATEGIES: dict[str, type[nn.Module]] = {
-    "local": LocalTraining,
+    FLOOR: LocalTraining,
     "naive": NaiveDDP,
     "flat": FlatDDP,
     "overlap": OverlapDDP,
@@ -56,6 +60,11 @@ SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_
 # name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add minutes to the
 # default CPU run, and their headline figure, memory, needs no timing.
 DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES if name not in SHARDED_STRATEGIES)
+
+# The replicated strategies a race sets side by side unless told, and the report measures sharding
+# against: the hand-written bucketed DDP (which the sharded optimizer builds on) and PyTorch's, the
+# one to beat (which ZeRO builds on).
+DEFAULT_CONTENDERS = ("bucketed", "torch")
 
 # Built-in strategies whose constructor takes ``bucket_size_mb``.
 BUCKETED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if "bucket_size_mb" in inspect.signature(cls).parameters)
