@@ -9,16 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from ddp.analysis.compare import AimAtDecision, gate
+from ddp.analysis.compare import DEFAULT_THRESHOLD, AimAtDecision, gate
+from ddp.bench import timing
 from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options
 from ddp.bench.parsing import percent_type
-from ddp.bench.records import RunFileError, load_run, run_from_data
+from ddp.bench.records import Run, RunFileError, run_from_data, to_extra_info
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()
 AIMED = pytest.StashKey[list]()
-DEFAULT_DECISION_THRESHOLD = 0.10  # what --benchmark-compare aims its rounds at without --ddp-fail-slower
+MEASURED = pytest.StashKey[list]()
+"""This session's benchmarks as pytest-benchmark saves them (name, group, extra_info, stats), for the gate."""
 SESSION = pytest.StashKey[pytest.Session]()
+COMPARED = pytest.StashKey[list]()
+"""Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
 
 
 def launch(config: pytest.Config) -> ResolvedLaunch:
@@ -38,6 +42,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksession, machine_info: dict,
+                                          compared_benchmark: dict) -> None:
+    """pytest-benchmark's public hook hands over every run ``--benchmark-compare`` loads (this
+    conftest is loaded before it loads them: pytest reads the conftest of the paths it is given
+    first); the regression gate and the rounds aimed at it read them here."""
+    config.stash.setdefault(COMPARED, []).append((compared_benchmark, machine_info))
+
+
 def benchmark_grid(config: pytest.Config) -> GridOptions:
     resolved = launch(config)
     return grid_options(config.getoption, resolved.backend, resolved.device)
@@ -54,9 +67,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("allreduce_size_mb", grid.allreduce_sizes_mb, ids=lambda mb: f"{mb:g}mb")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every benchmark times its rounds with ddp-bench's round clock and records the grid's round
+    policy as its options (``ddp.bench.timing.benchmark_marker``, pytest-benchmark's own marker)."""
+    marker = timing.benchmark_marker(benchmark_grid(config).round_options())
+    for item in items:
+        if "benchmark" in getattr(item, "fixturenames", ()):
+            item.add_marker(marker, append=False)
+
+
 @pytest.fixture(scope="session")
 def grid(pytestconfig: pytest.Config) -> GridOptions:
     return benchmark_grid(pytestconfig)
+
+
+@pytest.fixture
+def record_rounds(benchmark, request: pytest.FixtureRequest):
+    """Call with the measured rounds (seconds) and the record (or a plain dict of figures): hands
+    them to pytest-benchmark (``ddp.bench.timing.record_rounds``, ``extra_info``) and keeps them for
+    the regression gate at the end of the session."""
+
+    def record(round_seconds: list[float], figures) -> None:
+        info = figures if isinstance(figures, dict) else to_extra_info(figures)
+        timing.record_rounds(benchmark, round_seconds)
+        benchmark.extra_info.update(info)
+        request.config.stash.setdefault(MEASURED, []).append({
+            "name": request.node.name, "group": benchmark.group, "extra_info": info,
+            "stats": {"median": statistics.median(round_seconds), "data": list(round_seconds)},
+        })
+
+    return record
 
 
 @pytest.fixture(scope="session")
@@ -101,28 +141,30 @@ def record_precision(request: pytest.FixtureRequest):
     return record
 
 
-def compared_runs(config: pytest.Config) -> list[tuple[str, object]]:
-    """(path, run) of each saved run ``--benchmark-compare`` loaded; raises ``RunFileError``."""
-    # pytest-benchmark offers no public way to the runs --benchmark-compare loaded: its session is the one
-    session = getattr(config, "_benchmarksession", None)
-    if session is None or not session.compared_mapping:
-        return []
-    # pytest-benchmark names compared runs relative to its storage folder
-    return [(path, load_run(Path(session.storage.path) / path)) for path in session.compared_mapping]
+def compared_runs(config: pytest.Config) -> list[tuple[str, Run]]:
+    """(label, run) of each saved run ``--benchmark-compare`` loaded (handed over by pytest-benchmark's
+    ``pytest_benchmark_compare_machine_info`` hook, the root conftest); raises ``RunFileError``."""
+    runs = []
+    for data, _ in config.stash.get(COMPARED, []):
+        commit = (data.get("commit_info") or {}).get("id") or "?"
+        label = f"the run saved {data.get('datetime') or '?'} (commit {commit[:12]})"
+        runs.append((label, run_from_data(Path(label), data)))
+    return runs
 
 
 @pytest.fixture(scope="session")
 def aim_at_decision(pytestconfig: pytest.Config) -> AimAtDecision | None:
     """With ``--benchmark-compare``: the stop criterion that adds rounds until each step's comparison
     with the saved run is settled (``ddp.analysis.compare.AimAtDecision``), at ``--ddp-fail-slower``
-    (default 10%). None without a saved run (the precision target decides)."""
+    (default: the gate's, ``ddp.analysis.compare.DEFAULT_THRESHOLD``). None without a saved run
+    (the precision target decides)."""
     try:
         runs = compared_runs(pytestconfig)
     except RunFileError:
         return None  # the gate reports it at the end
     if not runs:
         return None
-    threshold = pytestconfig.getoption("ddp_fail_slower") or DEFAULT_DECISION_THRESHOLD
+    threshold = pytestconfig.getoption("ddp_fail_slower") or DEFAULT_THRESHOLD
     criterion = AimAtDecision(runs[-1][1], threshold, lambda config: f"test_step[{config.test_id}]")
     pytestconfig.stash.setdefault(AIMED, []).append((runs[-1][0], criterion))
     return criterion
@@ -137,28 +179,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 
 def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -> None:
-    """``--ddp-fail-slower``: this run against the one ``--benchmark-compare`` loaded, through
-    ``ddp.analysis.compare``; a resolved slowdown fails the session."""
-    # pytest-benchmark offers no public way to the runs --benchmark-compare loaded: its session is the one
-    session = getattr(config, "_benchmarksession", None)
+    """``--ddp-fail-slower``: this run's benchmarks (``record_rounds`` keeps them) against the run
+    ``--benchmark-compare`` loaded, through ``ddp.analysis.compare``; a resolved slowdown fails the session."""
     terminalreporter.section("ddp-bench regression gate")
-    if session is None or not session.compared_mapping:
+    compared = config.stash.get(COMPARED, [])
+    if not compared:
         terminalreporter.write_line("--ddp-fail-slower needs --benchmark-compare and a saved run to compare with")
         config.stash[SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     try:
-        new = run_from_data(Path("this run"), {
-            "machine_info": session.get_machine_info(),
-            "benchmarks": [bench.as_dict(include_data=False) for bench in session.benchmarks if not bench.has_error],
-        })
+        new = run_from_data(Path("this run"), {"machine_info": compared[0][1], "benchmarks": config.stash.get(MEASURED, [])})
         olds = compared_runs(config)
     except RunFileError as error:
         terminalreporter.write_line(f"--ddp-fail-slower: {error}")
         config.stash[SESSION].exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    for path, old in olds:
+    for label, old in olds:
         judged = gate(old, new, threshold)  # the one gate, as `ddp compare` judges
-        terminalreporter.write_line(f"against {path}:")
+        terminalreporter.write_line(f"against {label}:")
         for line in [*judged.warnings, *judged.lines]:
             terminalreporter.write_line(line)
         if judged.failed:
@@ -185,14 +223,14 @@ def precision_summary(terminalreporter, config: pytest.Config) -> None:
 
 def aimed_summary(terminalreporter, config: pytest.Config) -> None:
     """How the rounds aimed at the comparison with the saved run ended: settled, or budget spent."""
-    for path, criterion in config.stash.get(AIMED, []):
+    for label, criterion in config.stash.get(AIMED, []):
         if not criterion.outcomes:
             continue
         terminalreporter.section("ddp-bench rounds aimed at the decision")
         outcomes = criterion.outcomes
         open_ = {name: o for name, o in outcomes.items() if not o.settled}
         terminalreporter.write_line(
-            f"against {path} at {criterion.threshold:.0%}: {len(outcomes) - len(open_)} of {len(outcomes)} "
+            f"against {label} at {criterion.threshold:.0%}: {len(outcomes) - len(open_)} of {len(outcomes)} "
             "step benchmarks settled before the budget"
         )
         for name, outcome in outcomes.items():

@@ -13,8 +13,7 @@ import statistics
 import pytest
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.records import allreduce_group_name, to_extra_info
-from ddp.bench.timing import record_rounds
+from ddp.bench.benchmark_json import allreduce_group_name
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +22,15 @@ def allreduce_records(grid) -> dict:
     return {}
 
 
-def test_allreduce(benchmark, allreduce_group, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records) -> None:
+def test_allreduce(benchmark, allreduce_group, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records,
+                   record_rounds) -> None:
     group = allreduce_group
     benchmark.group = allreduce_group_name(group.backend, group.world_size)
     if allreduce_world_size not in allreduce_records:
         records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options())
         allreduce_records[allreduce_world_size] = dict(zip(grid.allreduce_sizes_mb, records))
     record = allreduce_records[allreduce_world_size][allreduce_size_mb]
-    record_rounds(benchmark, record.round_seconds)
-    benchmark.extra_info.update(to_extra_info(record))
+    record_rounds(record.round_seconds, record)
     assert record.wrong == 0  # measure_all_reduces raises before this on a wrong sum
     # nccl-tests' definitions, by hand: algbw = bytes / s; busbw = algbw x 2(n-1)/n
     n, size_bytes = allreduce_world_size, int(allreduce_size_mb * 2**20)

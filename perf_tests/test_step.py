@@ -19,8 +19,7 @@ from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory
 from ddp.bench.rank_state import oom_reason, release
-from ddp.bench.records import step_record, to_extra_info
-from ddp.bench.timing import record_rounds
+from ddp.bench.summary import step_record
 from ddp.strategies.registry import traits
 
 
@@ -33,7 +32,7 @@ def measurer(rank_group, grid, aim_at_decision):
         rank_group.run(release)
 
 
-def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_precision) -> None:
+def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_rounds, record_precision) -> None:
     group = rank_group
     benchmark.group = step_config.group_name
     result = measurer.measurement(step_config)
@@ -41,8 +40,7 @@ def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_p
         pytest.skip(oom_reason(step_config, group.world_size, result.marker))
     measurement, index, local_index = result
     record = step_record(measurement, group.backend, device_name(group.device), index, local_index)
-    record_rounds(benchmark, record.round_seconds)
-    benchmark.extra_info.update(to_extra_info(record))
+    record_rounds(record.round_seconds, record)
     record_precision(record.reached_precision, record.target_precision)
 
     setups = measurement.setups[index]

@@ -16,8 +16,6 @@ import pytest
 
 from ddp.bench.measure import free
 from ddp.bench.race import race
-from ddp.bench.records import to_extra_info
-from ddp.bench.timing import record_rounds
 
 BUCKET_SIZE_MB = 25.0  # the default of both DDPs
 
@@ -29,7 +27,7 @@ def race_shape(grid, device: str) -> tuple[str, int, int]:
     return ("small", 1, 64) if device == "cuda" else ("mlp", 16, 1)
 
 
-def test_bucketed_versus_torch(benchmark, rank_group, grid) -> None:
+def test_bucketed_versus_torch(benchmark, rank_group, grid, record_rounds) -> None:
     model, batch_size, seq_len = race_shape(grid, rank_group.device)
     benchmark.group = f"versus: {model}, bucket {BUCKET_SIZE_MB:g} MiB"
     try:
@@ -39,6 +37,5 @@ def test_bucketed_versus_torch(benchmark, rank_group, grid) -> None:
         pytest.skip(str(error))
     finally:
         free(rank_group)
-    record_rounds(benchmark, result.record.round_seconds[result.record.primary])
-    benchmark.extra_info.update(to_extra_info(result.record))
+    record_rounds(result.record.round_seconds[result.record.primary], result.record)
     assert result.weights_differ is None, f"trained differently: {result.weights_differ}"

@@ -50,10 +50,10 @@ def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
         "--warmup-rounds", "0", "--benchmark-json", str(out),
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    records = {b["extra_info"]["strategy"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
+    records = {b["extra_info"]["config"]["strategy"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
     assert set(records) == {"local", "bucketed", "examples.toy:AveragingDDP"}
     mine = records["examples.toy:AveragingDDP"]
-    assert mine["model"] == "examples.toy:build"
+    assert mine["config"]["model"] == "examples.toy:build"
     # ResidualMLP: inp (2), 4 blocks x (LayerNorm 2 + Linear 2), head (2) = 20 tensors
     assert mine["num_parameter_tensors"] == 20
     assert mine["num_parameters"] == 256 * 512 + 512 + 4 * (2 * 512 + 512 * 512 + 512) + 512 * 10 + 10

@@ -9,28 +9,22 @@ import numpy as np
 import pytest
 
 from ddp.analysis.compare import compare, decide, failed, settled
-from ddp.bench.records import StepRecord, load_run, to_extra_info
+from ddp.bench.config import StepConfig
+from ddp.bench.records import load_run
 from ddp.cli import main as ddp_main
+from tests import synthetic
 
 
 def step(name: str, rounds: list[float], local: list[float] | None = None) -> dict:
-    median = float(np.median(rounds))
-    record = StepRecord(
-        strategy=name, backend="gloo", device="cpu", world_size=2, model="mini", num_parameters=10, batch_size=4,
-        seq_len=64, bucket_size_mb=None, num_parameter_tensors=2, num_buckets=None, bucket_sizes_bytes=None,
-        allreduce_calls_per_step=3, bytes_per_step=40, step_seconds=median, step_seconds_ci95=[min(rounds), max(rounds)],
-        round_seconds=rounds, comm_wait_seconds=0.0, comm_fraction=0.0, comm_fraction_ci95=[0.0, 0.0],
-        tokens_per_second=1.0, peak_memory_bytes=None, rank_step_seconds=[median, median], target_precision=0.02,
-        reached_precision=0.02, local_round_seconds=local,
-    )
-    return {"name": f"test_step[{name}-b4-s64]", "group": "g", "extra_info": to_extra_info(record),
-            "stats": {"median": median, "min": min(rounds), "iqr": 0.0}}
+    """A step benchmark of strategy ``name`` (not checked: a saved run may name any) with these rounds,
+    paired with ``local``'s when given."""
+    record = synthetic.step(StepConfig.from_dict({"strategy": name, "model": "mini", "batch_size": 4, "seq_len": 64}), rounds,
+                            local_rounds=local)
+    return synthetic.step_benchmark(record)
 
 
 def run(benchmarks: list[dict], torch_version: str = "2.13.0+cpu") -> dict:
-    return {"machine_info": {"node": "a", "cpu": {"brand_raw": "x", "count": 2},
-                             "ddp_bench": {"torch": torch_version, "backend": "gloo", "device": "cpu", "world_size": 2}},
-            "benchmarks": benchmarks}
+    return synthetic.run_json(benchmarks, torch_version=torch_version)
 
 
 def noisy(median: float, n: int, seed: int, spread: float = 0.05) -> list[float]:

@@ -1,4 +1,4 @@
-"""Exposed communication adds up: every strategy's ``comm_wait_seconds`` (``ddp.bench.trainer``)
+"""Exposed communication adds up: every strategy's ``exposed_comm_seconds`` (``ddp.bench.trainer``)
 accounts for what its step costs over ``local``'s, PyTorch's DDP included, whose wait happens
 inside ``loss.backward()``.
 
@@ -121,7 +121,7 @@ def test_exposed_communication_accounts_for_the_step_of_every_strategy(rank_grou
     figures = {
         config.strategy.rsplit(":", 1)[-1]: (
             statistics.median(measurement.round_seconds(index)),
-            statistics.median(measurement.comm_wait_seconds(index)),
+            statistics.median(measurement.exposed_comm_seconds(index)),
         )
         for index, config in enumerate(configs[1:], start=1)
     }

@@ -90,7 +90,7 @@ def test_it_runs_through_the_perf_grid_the_report_the_plots_and_the_simulator(tm
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    mine = {s.bucket_size_mb: s for s in load_run(run).steps if s.strategy == NAME}
+    mine = {s.config.bucket_size_mb: s for s in load_run(run).steps if s.strategy == NAME}
     assert set(mine) == {0.05, 1.0}
     assert all(s.bytes_per_step > 0 and s.allreduce_calls_per_step >= 2 for s in mine.values())  # counted: mask + chunks
 

@@ -8,7 +8,7 @@ import pytest
 from ddp.bench.config import StepConfig
 from ddp.bench.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
 from ddp.bench.measure import Measurement
-from ddp.bench.records import step_record
+from ddp.bench.summary import step_record
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.model import MODEL_SIZES, model_flops_per_token
 
@@ -62,14 +62,14 @@ def _measurement(config: StepConfig) -> Measurement:
 def test_step_records_carry_numerics_and_flops_and_mfu_only_where_a_peak_is_known():
     config = StepConfig("bucketed", "tiny", 2, 32, 25.0, precision="bf16", optimizer="fused", grad_comm="bf16")
     on_cpu = step_record(_measurement(config), "gloo", "cpu")
-    assert (on_cpu.precision, on_cpu.optimizer, on_cpu.grad_comm) == ("bf16", "fused", "bf16")
+    assert on_cpu.config == config
     assert on_cpu.model_flops_per_token == 1_219_584
     # 1,219,584 x 64 tokens / 0.5 s = 156,106,752 FLOP/s
     assert on_cpu.achieved_tflops == pytest.approx(156_106_752 / 1e12)
     assert on_cpu.mfu is None
     on_h100 = step_record(_measurement(config), "nccl", "NVIDIA H100 80GB HBM3")
     assert on_h100.mfu == pytest.approx(156_106_752 / 1e12 / 989.5)
-    assert on_h100.label == "bucketed 25 MB bf16 comm" and on_h100.numerics == "bf16 fused"
+    assert on_h100.label == "bucketed 25 MB bf16 comm" and on_h100.config.variant == "bf16 fused AdamW"
 
 
 def test_names_carry_what_differs_from_the_default_numerics():
@@ -90,16 +90,17 @@ def test_reduced_precision_communication_only_where_the_strategy_takes_comm_dtyp
         StepConfig("local", "tiny", 2, 32, precision="fp16")
 
 
-def test_a_comparison_warns_when_steps_of_one_name_were_computed_differently(tmp_path):
-    from ddp.analysis.compare import suspect_differences
+def test_a_comparison_of_steps_of_one_name_computed_differently_says_so(tmp_path):
+    """Names leave the default options out; two runs whose steps share a name but not a
+    configuration are not compared as if they were the same step."""
+    from ddp.analysis.compare import compare
     from ddp.bench.records import load_run
-    from tests.test_report import run_json, step_bench, write
+    from tests import synthetic
 
-    old = run_json([step_bench("local", 100.0, 0.1)])
-    old["benchmarks"][0]["extra_info"].update(schema_version=2)  # saved before numerics were recorded: CPU, for-loop
-    for key in ("precision", "optimizer", "grad_comm", "model_flops_per_token", "achieved_tflops", "mfu"):
-        del old["benchmarks"][0]["extra_info"][key]
-    new = run_json([step_bench("local", 100.0, 0.1)])
-    differences = suspect_differences(load_run(write(tmp_path / "old.json", old)), load_run(write(tmp_path / "new.json", new)))
-    assert differences == {"step numerics": ("fp32 for-loop", "fp32")}
-    assert suspect_differences(load_run(tmp_path / "new.json"), load_run(tmp_path / "new.json")) == {}
+    def run(**values):
+        record = synthetic.step(synthetic.config("local", **values), [0.1] * 3)
+        return load_run(synthetic.write(tmp_path / f"{len(values)}.json", synthetic.run_json([synthetic.step_benchmark(record)])))
+
+    old, new = run(), run(seed=1)  # same name, another seed
+    (row,) = compare(old, new, 0.10)
+    assert row.name == "test_step[local-b2-s32]" and row.verdict.startswith("different configuration: ")

@@ -11,7 +11,7 @@ from ddp.bench.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import Measurement, timed_rounds
 from ddp.bench.options import RoundOptions
-from ddp.bench.records import step_record
+from ddp.bench.summary import step_record
 from ddp.bench.trainer import StepSetup, StepTiming
 
 
@@ -62,7 +62,7 @@ def test_record_takes_the_slowest_rank_of_each_round_and_pairs_local() -> None:
     assert record.local_round_seconds == [1.0, 2.0, 3.5]
     assert record.overhead_seconds == pytest.approx(1.0)  # median of 1.0, 1.0, 0.5
     assert record.rank_step_seconds == [2.0, 2.0]
-    assert record.comm_wait_seconds == 1.0  # the slowest rank's wait: 0.5, 1.0, 1.0
+    assert record.exposed_comm_seconds == 1.0  # the slowest rank's wait: 0.5, 1.0, 1.0
     assert record.tokens_per_second == pytest.approx(2 * 2 * 8 / 3.0)
 
 

@@ -24,7 +24,7 @@ H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
 
 
 def test_xl_on_one_h100_fits_alone_but_not_three_together():
-    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "xl", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), XL_PARAMETERS, H100_BYTES)
+    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "xl", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), XL_PARAMETERS, H100_BYTES, 1)
     assert not memory.together
     assert all(memory.alone.values())
     assert memory.too_large() is None
@@ -35,15 +35,29 @@ def test_xl_on_one_h100_fits_alone_but_not_three_together():
 
 def test_a_model_too_large_alone_is_refused_with_what_it_needs():
     parameters = 3_400_000_000
-    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), parameters, H100_BYTES)
+    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), parameters, H100_BYTES, 1)
     message = memory.too_large()
     assert message.startswith("torch 25 MB, model 2.7b, batch 2, seq len 128 needs about 76.0 GiB")
     assert "use a smaller --model" in message
 
 
+def test_the_estimate_reads_what_each_strategy_shards():
+    """16 bytes a parameter replicated, 4 + 4 + 8/N with a sharded optimizer, 16/N fully sharded
+    (``Sharding``), 4 more where the strategy keeps its gradient buckets (PyTorch's DDP): the
+    3.4B-parameter model that no replicated strategy fits on one 80 GB GPU fits fully sharded on 8."""
+    parameters = 3_400_000_000
+    values = {"model": "2.7b", "batch_size": 1, "seq_len": 128, "bucket_size_mb": 25.0}
+    configs = {name: StepConfig.of(name, values) for name in ("torch", "sharded_optimizer", "zero", "fsdp", "torch_fsdp")}
+    memory = fit(list(configs.values()), parameters, H100_BYTES, 8)
+    needed = {name: memory.needed_alone_bytes[config] - 4 * parameters for name, config in configs.items()}  # less the step's
+    assert needed == {"torch": 20 * parameters, "sharded_optimizer": 9 * parameters, "zero": 13 * parameters,
+                      "fsdp": 2 * parameters, "torch_fsdp": 2 * parameters}
+    assert [name for name, config in configs.items() if not memory.alone[config]] == ["torch"]
+
+
 def test_small_models_stay_together():
     configs = race_configs(DEFAULT_CONTENDERS, {"model": "mini", "batch_size": 2, "seq_len": 64, "bucket_size_mb": 1.0})
-    assert fit(configs, parameter_count("mini", 2, 64), 8 * GIB).together
+    assert fit(configs, parameter_count("mini", 2, 64), 8 * GIB, 2).together
 
 
 def test_parameters_are_counted_without_building():
@@ -62,7 +76,7 @@ def test_blocks_pair_rounds_of_configurations_built_one_at_a_time(rank_group):
 
 def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_group, monkeypatch):
     def not_together(ranks, configs):
-        return fit(configs, 10**9, 40 * GIB)  # a billion parameters each, 40 GiB: alone only
+        return fit(configs, 10**9, 40 * GIB, ranks.world_size)  # a billion parameters each, 40 GiB: alone only
 
     monkeypatch.setattr(race_module, "fit_on", not_together)
     result = race(rank_group, {"model": "tiny", "batch_size": 2, "seq_len": 16, "bucket_size_mb": 1.0}, RoundOptions.fixed(2, 1))

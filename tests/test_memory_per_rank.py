@@ -14,7 +14,6 @@ import pytest
 
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import prepare, release
-from ddp.bench.records import StepRecord
 from ddp.strategies.base import Sharding
 from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
 
@@ -40,7 +39,6 @@ def test_memory_per_rank_matches_the_formula(rank_group, memory_by_strategy, str
         measured = sum(getattr(setup.memory, f"{kind}_bytes") for setup in setups)
         expected = world_size * per_parameter[kind] * parameters
         assert measured == pytest.approx(expected, rel=0.01), f"{strategy} {kind}: {measured} bytes on {world_size} ranks, formula {expected:.0f}"
-    assert all(setup.memory.peak_bytes is None for setup in setups) or rank_group.device == "cuda"
 
 
 def test_sharding_holds_less_than_replication(rank_group, memory_by_strategy):
@@ -60,4 +58,3 @@ def test_formulas_read_as_the_course_writes_them():
     assert Sharding(optimizer_state=True).formula == "4 + 4 + 8/N"
     assert Sharding(parameters=True, gradients=True, optimizer_state=True).formula == "16/N"
     assert Sharding(optimizer_state=True).bytes_per_parameter(4)["total"] == 10.0
-    assert StepRecord.__dataclass_fields__["formula_bytes"].default is None  # old runs load without it

@@ -67,11 +67,11 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
     for bench in steps:
         extra = bench["extra_info"]
         assert list(extra) == list(STEP_EXTRA_INFO)
-        assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["model"] == "tiny"
+        assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["config"]["model"] == "tiny"
         assert len(extra["rank_step_seconds"]) == 2
-        assert 0 <= extra["comm_wait_seconds"] <= bench["stats"]["max"]
+        assert 0 <= extra["exposed_comm_seconds"] <= bench["stats"]["max"]
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
-    buckets = {b["extra_info"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
+    buckets = {b["extra_info"]["config"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
     assert buckets[1.0] == 1 and buckets[0.1] > 1, f"tiny has 1 MB of gradients; got bucket counts {buckets}"
     allreduce = torchrun_json["benchmarks"][-1]["extra_info"]
     assert allreduce["wrong"] == 0 and allreduce["size_bytes"] == int(0.01 * 2**20) // 4 * 4

@@ -5,36 +5,32 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
+import torch
 
 from ddp.analysis.costmodel import (
     LINKS,
     Compute,
     Gradient,
     Link,
+    NotModelled,
     calibrate,
     channel_end,
     fit_link,
     gradients_in_backward_order,
+    gradients_of_module,
+    module_of,
     predict_grid,
     predict_step,
     ready_times,
     strategy_launches,
     validation_rows,
 )
-from ddp.bench.records import (
-    AllReduceRecord,
-    PredictionRecord,
-    StepRecord,
-    ValidationRecord,
-    load_records,
-    load_run,
-    to_extra_info,
-)
+from ddp.bench.records import PredictionRecord, RunFileError, ValidationRecord, load_records, load_run
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
+from tests import synthetic
 
 MB = 2**20
 
@@ -161,34 +157,18 @@ def test_no_communication_on_one_rank_or_for_local() -> None:
 
 
 def step_bench(strategy, bucket, rounds, comm_wait):
-    """A schema-2 step benchmark of a two-rank nccl run of the tiny model at batch 2, seq len 32."""
-    median = sorted(rounds)[len(rounds) // 2]
-    record = StepRecord(
-        strategy=strategy, backend="nccl", device="NVIDIA H100", world_size=2, model="tiny", num_parameters=259_392,
-        batch_size=2, seq_len=32, bucket_size_mb=bucket, num_parameter_tensors=37, num_buckets=None,
-        bucket_sizes_bytes=None, allreduce_calls_per_step=0 if strategy == "local" else 1,
-        bytes_per_step=0 if strategy == "local" else 259_392 * 4, step_seconds=median,
-        step_seconds_ci95=[min(rounds), max(rounds)], round_seconds=rounds, comm_wait_seconds=comm_wait,
-        comm_fraction=comm_wait / median, comm_fraction_ci95=[comm_wait / median] * 2,
-        tokens_per_second=2 * 2 * 32 / median, peak_memory_bytes=None, rank_step_seconds=[median, median],
-        target_precision=0.02, reached_precision=(max(rounds) - min(rounds)) / 2 / median,
-    )  # fmt: skip
-    return {"name": f"test_step[{strategy}-b2-s32]", "extra_info": to_extra_info(record),
-            "stats": {"median": median, "min": min(rounds), "rounds": len(rounds)}}  # fmt: skip
+    """A step benchmark of a two-rank nccl run of the tiny model at batch 2, seq len 32."""
+    record = synthetic.step(synthetic.config(strategy, bucket_size_mb=bucket), rounds, exposed=comm_wait, backend="nccl",
+                            device="NVIDIA H100", num_parameters=259_392)
+    return synthetic.step_benchmark(record)
 
 
 def allreduce_bench(size_bytes, seconds):
-    record = AllReduceRecord(
-        backend="nccl", world_size=2, size_bytes=size_bytes, seconds=seconds, seconds_ci95=[seconds, seconds],
-        round_seconds=[seconds] * 3, algbw_gbps=size_bytes / seconds / 1e9, busbw_gbps=size_bytes / seconds / 1e9, wrong=0,
-    )  # fmt: skip
-    return {"name": f"test_allreduce[n2-{size_bytes}]", "extra_info": to_extra_info(record),
-            "stats": {"median": seconds, "min": seconds, "rounds": 3}}  # fmt: skip
+    return synthetic.allreduce_benchmark(2, size_bytes / MB, seconds, backend="nccl")
 
 
 def write_run(path, benchmarks):
-    path.write_text(json.dumps({"machine_info": {}, "benchmarks": benchmarks}))
-    return path
+    return synthetic.write(path, synthetic.run_json(benchmarks, backend="nccl", device="cuda"))
 
 
 def test_validation_reads_a_saved_run(tmp_path) -> None:
@@ -260,11 +240,12 @@ def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
     }  # fmt: skip
 
 
-def test_predictions_saved_before_their_schema_still_load() -> None:
-    old = Path(__file__).parents[1] / "docs" / "images" / "simulate_predictions.json"  # written without kind
-    predictions = load_records(old, PredictionRecord)
-    assert predictions and all(p.kind == "prediction" and p.comm_seconds is None for p in predictions)
-    assert predictions[0].label == "bucketed 1 MB" and predictions[0].step_seconds == pytest.approx(0.30063862844539624)
+def test_predictions_of_another_schema_are_refused_saying_so(tmp_path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps([{"strategy": "naive", "bucket_size_mb": None, "batch_size": 2, "seq_len": 32, "world_size": 8,
+                                 "step_seconds": 0.3, "exposed_comm_seconds": 0.1, "schema_version": 2}]))
+    with pytest.raises(RunFileError, match=r"saved in ddp-bench's schema 2, this ddp-bench reads schema \d+: write it again"):
+        load_records(path, PredictionRecord)
 
 
 def test_a_reduce_scatter_and_an_all_gather_cost_one_all_reduce() -> None:
@@ -286,21 +267,39 @@ def test_sharded_strategies_move_the_bytes_their_collectives_need():
     the parameters, exposed, to bucketed's step."""
     link = Link("bandwidth only", latency_seconds=0.0, busbw_bytes_per_second=1e9)
     gradients = gradients_in_backward_order("tiny", 32)
+    module = module_of("tiny")
     total_bytes = sum(g.size_bytes for g in gradients)
     compute = Compute(1.0)
     for world_size in (2, 8, 64):
         share = (world_size - 1) / world_size
-        _, _, fsdp_comm, _ = predict_step("fsdp", None, compute, gradients, link, world_size)
+        _, _, fsdp_comm, _ = predict_step("fsdp", None, compute, gradients, link, world_size, module=module)
         assert fsdp_comm == pytest.approx(3 * share * total_bytes / 1e9)
         bucketed = predict_step("bucketed", 1.0, compute, gradients, link, world_size)
         zero1 = predict_step("sharded_optimizer", 1.0, compute, gradients, link, world_size)
         assert zero1[0] - bucketed[0] == pytest.approx(share * total_bytes / 1e9)
-        prefetched = predict_step("torch_fsdp", None, compute, gradients, link, world_size)
-        assert prefetched[0] <= predict_step("fsdp", None, compute, gradients, link, world_size)[0]
+        prefetched = predict_step("torch_fsdp", None, compute, gradients, link, world_size, module=module)
+        assert prefetched[0] <= predict_step("fsdp", None, compute, gradients, link, world_size, module=module)[0]
+
+
+def test_full_sharding_is_modelled_on_the_units_the_strategy_gathers():
+    """The units come from the strategy's own declaration (``Strategy.units``), not from a naming
+    convention: a model whose blocks are ``layers.<i>`` is three units and a root here, as ``fsdp``
+    shards it; a strategy that shards parameters and names no units is not modelled."""
+    module = torch.nn.Sequential()
+    module.stem = torch.nn.Linear(8, 8)
+    module.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    gradients = gradients_of_module(module, 1)
+    link = Link("bandwidth only", latency_seconds=0.0, busbw_bytes_per_second=1e9)
+    step, exposed, comm, calls = predict_step("fsdp", None, Compute(1.0), gradients, link, 2, module=module)
+    assert calls == 3 * (3 + 1)  # two all-gathers and a reduce-scatter per unit: three layers and the root
+    assert comm == pytest.approx(3 * 0.5 * sum(g.size_bytes for g in gradients) / 1e9)
+    with pytest.raises(NotModelled, match="says no units"):
+        predict_step("fsdp", None, Compute(1.0), gradients, link, 2)
 
 
 def test_sharded_strategies_cost_nothing_on_one_rank():
     gradients = gradients_in_backward_order("tiny", 32)
     for strategy in ("sharded_optimizer", "zero", "fsdp", "torch_fsdp"):
         bucket = 1.0 if strategy in ("sharded_optimizer", "zero") else None
-        assert predict_step(strategy, bucket, Compute(0.5), gradients, LINKS["ib-400g"], 1)[:3] == (0.5, 0.0, 0.0)
+        assert predict_step(strategy, bucket, Compute(0.5), gradients, LINKS["ib-400g"], 1, module=module_of("tiny"))[:3] \
+            == (0.5, 0.0, 0.0)

@@ -11,15 +11,15 @@ from ddp.analysis.figures import (
     BucketPlan,
     Win,
     bucket_plans,
-    config_label,
     overheads_over_local,
     resolved_apart,
+    several_models,
     winners,
 )
 from ddp.analysis.tables import mib, ms, pct
 from ddp.bench.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import traits
+from ddp.strategies.registry import FLOOR, traits
 
 
 def _times(faster: StepRecord, slower: StepRecord) -> str:
@@ -33,7 +33,7 @@ def _times(faster: StepRecord, slower: StepRecord) -> str:
 
 def winner_sentence(win: Win, with_model: bool) -> str:
     w = win.winner
-    text = f"**{config_label(win.config, with_model)}**: {w.label} is fastest at {ms(w.step_seconds)} ms"
+    text = f"**{win.group.group_label(with_model)}**: {w.label} is fastest at {ms(w.step_seconds)} ms"
     # the runner-up and every reference strategy, nearest first
     against = {r.strategy: r for r in [win.runner_up, *win.references] if r is not None and r.strategy != w.strategy}
     margins = [_times(w, other) for other in sorted(against.values(), key=lambda s: s.step_seconds)]
@@ -117,7 +117,7 @@ def commentary_section(run: Run) -> list[str]:
     if noise:
         lines += [noise, ""]
     wins = winners(steps)
-    with_model = len({w.config[0] for w in wins}) > 1
+    with_model = several_models(steps)
     if wins:
         counts = defaultdict(int)
         for win in wins:
@@ -126,20 +126,20 @@ def commentary_section(run: Run) -> list[str]:
         lines += [f"Fastest data-parallel strategy per configuration: {tally}.", ""]
         lines += [f"- {winner_sentence(win, with_model)}" for win in wins]
         lines.append("")
-    exposed = [s for s in steps if s.strategy != "local"]
+    exposed = [s for s in steps if s.strategy != FLOOR]
     if exposed:
-        worst = max(exposed, key=lambda s: s.comm_wait_seconds)
-        share = max(exposed, key=lambda s: s.comm_fraction)
+        worst = max(exposed, key=lambda s: s.exposed_comm_seconds)
+        share = max(exposed, key=lambda s: s.exposed_comm_fraction)
         text = (
-            f"Largest exposed communication: {worst.label} at {config_label(worst.config, with_model)} waits "
-            f"{ms(worst.comm_wait_seconds)} ms per step for its gradients ({pct(worst.comm_fraction)} of the step)"
+            f"Largest exposed communication: {worst.label} at {worst.group.group_label(with_model)} waits "
+            f"{ms(worst.exposed_comm_seconds)} ms per step for its gradients ({pct(worst.exposed_comm_fraction)} of the step)"
         )
         if share is not worst:
             text += (
                 f"; the largest share is {share.label} at "
-                f"{config_label(share.config, with_model)}: {pct(share.comm_fraction)} ({ms(share.comm_wait_seconds)} ms)"
+                f"{share.group.group_label(with_model)}: {pct(share.exposed_comm_fraction)} ({ms(share.exposed_comm_seconds)} ms)"
             )
-        local = [s.comm_wait_seconds for s in steps if s.strategy == "local"]
+        local = [s.exposed_comm_seconds for s in steps if s.strategy == FLOOR]
         if local:
             text += f". `local`, with nothing to wait for, measures up to {ms(max(local))} ms: the floor of this figure"
         lines += [text + ".", ""]

@@ -70,11 +70,13 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
-from ddp.bench.records import Run, StepRecord
+from ddp.bench.records import Run
 from ddp.bench.stats import Verdict, machine_adjusted_ratio_ci, ratio_of_medians_ci, verdict
+from ddp.strategies.registry import FLOOR
 
-# The facts whose difference makes a comparison suspect; machine_differences names them.
-MACHINE_FACTS = ("node", "cpu", "cpu count", "torch", "backend", "device", "world size", "GPU", "CUDA", "NCCL")
+DEFAULT_THRESHOLD = 0.10
+"""The gate's threshold unless told: ``ddp compare --fail-slower``, pytest's ``--ddp-fail-slower``
+and the rounds aimed at it, and the comparison in a report."""
 
 
 RAW = "raw"
@@ -240,9 +242,9 @@ class AimAtDecision:
         judged = []
         for index, config in enumerate(configs):
             old = self.old.get(self.name_of(config))
-            if config.strategy == "local" or old is None or not old.round_seconds:
+            if config.strategy == FLOOR or old is None or not old.round_seconds:
                 continue
-            twin = strategies.index("local") if "local" in strategies else None
+            twin = strategies.index(FLOOR) if FLOOR in strategies else None
             judged.append((self.name_of(config), old, seconds[index], None if twin is None else seconds[twin]))
         if not judged:
             return None  # nothing saved to compare with: the precision target decides
@@ -292,10 +294,11 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
             rows.append(BenchmarkComparison(name, a and a.median_seconds, b and b.median_seconds, None, None,
                                             "only in new" if a is None else "only in old"))
             continue
-        config = getattr(a.record, "config", None)
-        if config is not None and config != getattr(b.record, "config", None):
+        config, other = getattr(a.record, "config", None), getattr(b.record, "config", None)
+        if config is not None and config != other:
             rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, None, None,
-                                            f"different configuration: {config} vs {getattr(b.record, 'config', None)}"))
+                                            f"different configuration: {config.describe()} vs "
+                                            f"{other.describe() if other is not None else 'none'}"))
             continue
         if not a.round_seconds or not b.round_seconds:
             rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, b.median_seconds / a.median_seconds,
@@ -303,7 +306,7 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
             continue
         judged = decide(a.round_seconds, b.round_seconds, threshold, getattr(a.record, "local_round_seconds", None),
                         getattr(b.record, "local_round_seconds", None),
-                        reference=getattr(a.record, "strategy", None) == "local")
+                        reference=getattr(a.record, "strategy", None) == FLOOR)
         chosen = judged.ratio
         rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, chosen.point, (chosen.low, chosen.high),
                                         judged.verdict, judged.basis, judged.why, judged))
@@ -338,20 +341,6 @@ def machine_notes(rows: list[BenchmarkComparison]) -> list[str]:
     return lines
 
 
-def suspect_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
-    """Machine facts that differ between the runs and make their ratios suspect, and the numerics
-    of steps matched by name that were not computed alike (a run saved before schema 3 on CPU used
-    torch's per-tensor AdamW loop, a run today foreach: same names, not the same step)."""
-    differences = {key: value for key, value in machine_differences(old, new).items() if key in MACHINE_FACTS}
-    olds = old.by_name()
-    pairs = {(a.record.numerics, b.record.numerics) for name, b in new.by_name().items()
-             if name in olds and isinstance(b.record, StepRecord) and isinstance((a := olds[name]).record, StepRecord)}
-    unlike = sorted((a, b) for a, b in pairs if a != b)
-    if unlike:
-        differences["step numerics"] = (", ".join(a for a, _ in unlike), ", ".join(b for _, b in unlike))
-    return differences
-
-
 def table(rows: list[BenchmarkComparison], tablefmt: str = "simple") -> str:
     """The comparison as a table: what ``ddp compare``, the pytest gate (text) and the report
     (``github``) show."""
@@ -377,7 +366,7 @@ class Gate:
 def gate(old: Run, new: Run, threshold: float) -> Gate:
     """Compare ``new`` against ``old`` and judge: fails on a resolved slowdown beyond ``threshold``."""
     warnings = []
-    differences = suspect_differences(old, new)
+    differences = machine_differences(old, new)
     if differences:
         facts = "; ".join(f"{key}: {a} vs {b}" for key, (a, b) in differences.items())
         warnings.append(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "

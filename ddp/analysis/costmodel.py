@@ -47,9 +47,11 @@ Transformer block, then the root: embeddings, final norm, head) are all-gathered
 forward and again before their backward, and their gradients reduce-scattered when their backward
 ends (the root's last): 3 x (n-1)/n x the gradient bytes on the wire, 1.5 times an all-reduce's.
 Forward is half of backward, split over the units like backward, in proportion to their FLOPs.
-``fsdp`` gathers a unit when it starts (waiting for reduce-scatters queued before it on the
-channel); a class with ``prefetches_next_unit`` (``torch_fsdp``) issues the next unit's gather when
-the current one starts computing (``fully_sharded_step``).
+The units are the strategy's own (``Strategy.units``: for ``fsdp`` and ``torch_fsdp`` each child of
+an ``nn.ModuleList``, then the root). A strategy that does not prefetch (``fsdp``) gathers a unit
+when it starts (waiting for reduce-scatters queued before it on the channel); one with
+``Strategy.prefetches_next_unit`` (``torch_fsdp``) issues the next unit's gather when the current
+one starts computing (``fully_sharded_step``).
 
 ``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
 end minus the end of backward); ``step_seconds`` = compute + exposed.
@@ -74,12 +76,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
+from ddp.bench.config import AXES
 from ddp.bench.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.bench.workloads import build_workload
 from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.base import sharding_of
-from ddp.strategies.registry import resolve_strategy, traits
+from ddp.strategies.registry import FLOOR, resolve_strategy, traits
 
 ALGORITHMS = ("ring", "tree")
 
@@ -233,6 +237,11 @@ def gradients_of(model, seq_len: int) -> list[Gradient]:
     return gradients_in_backward_order(model, seq_len) if isinstance(model, str) else gradients_of_module(model, seq_len)
 
 
+def module_of(model) -> nn.Module:
+    """A built-in LM size by name, built on the meta device (nothing allocated), or the module itself."""
+    return build_model(model, device="meta") if isinstance(model, str) else model
+
+
 def ready_times(gradients: list[Gradient], backward_seconds: float) -> list[float]:
     """Seconds after backward starts at which each gradient is ready (backward uniform in FLOPs)."""
     total = sum(g.backward_flops_per_token for g in gradients)
@@ -290,16 +299,22 @@ def predict_step(
     link: Link,
     world_size: int,
     overlap_slowdown: float = 0.0,
+    module: nn.Module | None = None,
 ) -> tuple[float, float, float, int]:
-    """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step."""
+    """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step;
+    ``module``: the model the gradients are of, for a strategy that shards it into units."""
     backward = compute.backward_seconds
     ready = ready_times(gradients, backward)
-    if not traits(strategy).communicates or world_size <= 1:
+    described = traits(strategy)
+    if not described.communicates or world_size <= 1:
         return compute.step_seconds, 0.0, 0.0, 0
     sharding = sharding_of(resolve_strategy(strategy))
     if sharding is not None and sharding.parameters:
-        prefetch = bool(getattr(resolve_strategy(strategy), "prefetches_next_unit", False))
-        return fully_sharded_step(compute, gradients, link, world_size, prefetch, overlap_slowdown)
+        units = described.units(module) if module is not None else None
+        if units is None:
+            raise NotModelled(f"strategy {strategy!r} shards parameters but says no units (Strategy.units) for this model")
+        sizes = units_of(gradients, [name for name, _ in units])
+        return fully_sharded_step(compute, sizes, link, world_size, described.prefetches_next_unit, overlap_slowdown)
     launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
     comm = sum(duration for _, duration in launches)
     exposed = max(0.0, channel_end(launches) - backward)
@@ -307,26 +322,25 @@ def predict_step(
     return compute.step_seconds + exposed + overlap_slowdown * hidden, exposed, comm, len(launches)
 
 
-def units_of(gradients: list[Gradient]) -> list[tuple[float, float]]:
-    """``(bytes, backward FLOPs per token)`` of each FSDP unit in forward order: the root first
-    (everything outside ``blocks.<i>``), then the blocks."""
-    units: dict[str, list[float]] = {"": [0.0, 0.0]}
-    for gradient in reversed(gradients):  # forward (registration) order
-        parts = gradient.name.split(".")
-        key = ".".join(parts[:2]) if parts[0] == "blocks" and len(parts) > 2 else ""
-        unit = units.setdefault(key, [0.0, 0.0])
-        unit[0] += gradient.size_bytes
-        unit[1] += gradient.backward_flops_per_token
-    return [(size, flops) for size, flops in units.values()]
+def units_of(gradients: list[Gradient], unit_names: list[str]) -> list[tuple[float, float]]:
+    """``(bytes, backward FLOPs per token)`` of each unit a strategy gathers (``Strategy.units``:
+    their names, the root ``""`` last), in forward order with the root first: each gradient counts
+    in the innermost unit whose name prefixes its parameter's name, else in the root."""
+    named = sorted((name for name in unit_names if name), key=len, reverse=True)
+    units: dict[str, list[float]] = {"": [0.0, 0.0], **{name: [0.0, 0.0] for name in unit_names if name}}
+    for gradient in gradients:
+        key = next((name for name in named if gradient.name.startswith(f"{name}.")), "")
+        units[key][0] += gradient.size_bytes
+        units[key][1] += gradient.backward_flops_per_token
+    return [(size, flops) for name, (size, flops) in units.items() if name == "" or size > 0 or flops > 0]
 
 
 def fully_sharded_step(
-    compute: Compute, gradients: list[Gradient], link: Link, world_size: int, prefetch: bool, overlap_slowdown: float
+    compute: Compute, units: list[tuple[float, float]], link: Link, world_size: int, prefetch: bool, overlap_slowdown: float
 ) -> tuple[float, float, float, int]:
     """One full-sharding step on one serial channel (module docstring): an all-gather before each
     unit's forward and backward, a reduce-scatter after each unit's backward; ``prefetch`` issues
-    the next unit's all-gather when the current unit starts computing."""
-    units = units_of(gradients)
+    the next unit's all-gather when the current unit starts computing. ``units``: ``units_of``, the root first."""
     total_flops = sum(flops for _, flops in units) or 1.0
     forward_seconds = compute.backward_seconds / 2.0
     channel_free = comm = 0.0
@@ -399,24 +413,25 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     steps = run.steps
     if not steps:
         raise RunFileError(f"{run.path} holds no step benchmarks (perf_tests/test_step.py or `ddp run` rows)")
-    models = {s.model for s in steps}
+    models = {s.config.model for s in steps}
     worlds = {s.world_size for s in steps}
     if len(models) != 1 or len(worlds) != 1:
         raise RunFileError(f"{run.path} mixes models {sorted(models)} or world sizes {sorted(worlds)}; give one run of one model")
-    numerics = {s.numerics for s in steps}
-    if len(numerics) != 1 or any(s.grad_comm != "fp32" for s in steps):
+    variants = {s.config.variant for s in steps}
+    if len(variants) != 1 or any(s.config.grad_comm != AXES["grad_comm"].default for s in steps):
         raise RunFileError(
-            f"{run.path} mixes numerics {sorted(numerics)} or communicates gradients in bf16; the cost model takes one "
+            f"{run.path} mixes options {sorted(variants)} or communicates gradients in bf16; the cost model takes one "
             "precision and fp32 gradient all-reduces: give a run of one --precision without --grad-comm bf16"
         )
-    local = {(s.batch_size, s.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic) for s in steps if s.strategy == "local"}
+    local = {(s.config.batch_size, s.config.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic)
+             for s in steps if s.strategy == FLOOR}
     if not local:
         raise RunFileError(
             f"{run.path} has no `local` rows: the model needs a step without communication; benchmark with --strategies local,..."
         )
     allreduce = [(a.size_bytes, a.world_size, _statistic(a.round_seconds, a.seconds, statistic)) for a in run.allreduces]
     first = steps[0]
-    return Calibration(first.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic)
+    return Calibration(first.config.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic)
 
 
 def predict_grid(
@@ -429,13 +444,14 @@ def predict_grid(
 ) -> list[Prediction]:
     """Every strategy at every world size and shape; a strategy with no cost schedule is left out."""
     predictions = []
+    module = module_of(model_size)
     for (batch_size, seq_len), compute in sorted(computes.items()):
         gradients = gradients_of(model_size, seq_len)
         for world_size in world_sizes:
             for strategy, bucket_size_mb in strategies:
                 try:
                     step, exposed, comm, calls = predict_step(
-                        strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown
+                        strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown, module
                     )
                 except NotModelled:
                     continue  # the caller names the strategies absent from the predictions
@@ -450,15 +466,16 @@ def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[Val
     by_key = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len, p.world_size): p for p in predictions}
     rows = []
     for step in run.steps:
-        key = (step.strategy, step.bucket_size_mb, step.batch_size, step.seq_len, run.world_size)
+        config = step.config
+        key = (config.strategy, config.bucket_size_mb, config.batch_size, config.seq_len, run.world_size)
         if key not in by_key:
             continue
         predicted = by_key[key]
         measured = run.seconds(step)
         rows.append(ValidationRecord(
-            strategy=step.strategy, bucket_size_mb=step.bucket_size_mb, batch_size=step.batch_size, seq_len=step.seq_len,
+            strategy=config.strategy, bucket_size_mb=config.bucket_size_mb, batch_size=config.batch_size, seq_len=config.seq_len,
             measured_step_seconds=measured, predicted_step_seconds=predicted.step_seconds,
-            error=predicted.step_seconds / measured - 1.0, measured_comm_wait_seconds=step.comm_wait_seconds,
+            error=predicted.step_seconds / measured - 1.0, measured_exposed_comm_seconds=step.exposed_comm_seconds,
             predicted_exposed_comm_seconds=predicted.exposed_comm_seconds,
         ))
     return rows

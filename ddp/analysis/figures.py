@@ -7,44 +7,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ddp.bench.config import PRECISIONS
+from ddp.bench.config import StepConfig
 from ddp.bench.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import STRATEGIES, traits
-
-STRATEGY_ORDER = tuple(STRATEGIES)
+from ddp.strategies.registry import FLOOR, traits
 
 
-def strategy_rank(strategy: str, bucket_size_mb: float | None = None) -> tuple:
-    """Registry order, then a user's strategies by name, then by bucket cap."""
-    order = STRATEGY_ORDER.index(strategy) if strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
-    return (order, strategy, bucket_size_mb or 0.0)
-
-
-def _strategy_rank(step: StepRecord) -> tuple:
-    return strategy_rank(step.strategy, step.bucket_size_mb)
+def step_order(step: StepRecord) -> tuple:
+    """A step's place in tables: its configuration's (``StepConfig.sort_key``: registry order of
+    strategies, then each axis's values in their declared order)."""
+    return step.config.sort_key()
 
 
 def sorted_steps(steps: list[StepRecord]) -> list[StepRecord]:
-    """By configuration, then in registry order of strategies, then by bucket cap."""
-    return sorted(steps, key=lambda s: (s.config, _strategy_rank(s)))
+    """By group, then in registry order of strategies, then by their members (bucket cap, ...)."""
+    return sorted(steps, key=lambda s: (s.group.sort_key(), step_order(s)))
 
 
-def configs(steps: list[StepRecord]) -> list[tuple[str, int, int, str]]:
-    return sorted({s.config for s in steps}, key=lambda c: (c[:3], NUMERICS_ORDER.get(c[3].split()[0], len(NUMERICS_ORDER)), c[3]))
+def groups(steps: list[StepRecord]) -> list[StepConfig]:
+    """The groups of ``steps`` (each its ``local`` twin's configuration), in the order of their axes' values."""
+    return sorted({s.group for s in steps}, key=StepConfig.sort_key)
 
 
-# Precisions in the order reports show them side by side; the numerics a name leaves out (fp32).
-NUMERICS_ORDER = {precision: index for index, precision in enumerate(PRECISIONS)}
-DEFAULT_NUMERICS = PRECISIONS[0]
-
-
-def config_label(config: tuple[str, int, int, str], with_model: bool) -> str:
-    """``batch 2, seq 32``, ``batch 2, seq 32, bf16``: the numerics shown where they are not the
-    default, as in benchmark names."""
-    model, batch, seq, numerics = config
-    text = f"batch {batch}, seq {seq}" + ("" if numerics == DEFAULT_NUMERICS else f", {numerics}")
-    return f"{model}, {text}" if with_model else text
+def several_models(steps: list[StepRecord]) -> bool:
+    """Whether labels must name the model."""
+    return len({s.config.model for s in steps}) > 1
 
 
 @dataclass(frozen=True)
@@ -87,11 +74,11 @@ def resolved_apart(a: StepRecord, b: StepRecord) -> bool:
 
 def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
     """Every non-local step against ``local`` at the same configuration (where local ran)."""
-    local = {s.config: s.step_seconds for s in steps if s.strategy == "local"}
+    local = {s.group: s.step_seconds for s in steps if s.strategy == FLOOR}
     return [
-        Overhead(s, local[s.config])
+        Overhead(s, local[s.group])
         for s in sorted_steps(steps)
-        if s.strategy != "local" and s.config in local and local[s.config] > 0
+        if s.strategy != FLOOR and s.group in local and local[s.group] > 0
     ]
 
 
@@ -99,7 +86,7 @@ def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
 class Win:
     """The fastest data-parallel strategy at one configuration, and its margins."""
 
-    config: tuple[str, int, int, str]
+    group: StepConfig
     winner: StepRecord
     runner_up: StepRecord | None
     references: list[StepRecord]
@@ -114,8 +101,8 @@ def fastest(steps: list[StepRecord]) -> StepRecord | None:
 def winners(steps: list[StepRecord]) -> list[Win]:
     """Per configuration, the fastest strategy other than ``local`` (bucket caps at their best)."""
     wins = []
-    for config in configs(steps):
-        here = [s for s in steps if s.config == config and s.strategy != "local"]
+    for group in groups(steps):
+        here = [s for s in steps if s.group == group and s.strategy != FLOOR]
         winner = fastest(here)
         if winner is None:
             continue
@@ -123,10 +110,10 @@ def winners(steps: list[StepRecord]) -> list[Win]:
         others = [s for s in best_per_strategy if s.strategy != winner.strategy]
         wins.append(
             Win(
-                config=config,
+                group=group,
                 winner=winner,
                 runner_up=fastest(others),
-                references=[s for s in sorted(best_per_strategy, key=_strategy_rank) if traits(s.strategy).reference_in_reports],
+                references=[s for s in sorted(best_per_strategy, key=step_order) if traits(s.strategy).reference_in_reports],
             )
         )
     return wins
@@ -159,17 +146,15 @@ class BucketPlan:
 
 def bucket_plans(steps: list[StepRecord]) -> list[BucketPlan]:
     plans = {}
-    for s in sorted_steps(steps):
-        if s.num_buckets is not None and s.bucket_size_mb is not None:
-            plans.setdefault(
-                (s.strategy, s.bucket_size_mb),
-                BucketPlan(s.strategy, s.bucket_size_mb, s.num_buckets, s.bytes_per_step, s.bucket_sizes_bytes),
-            )
-    return [plans[key] for key in sorted(plans, key=lambda k: strategy_rank(*k))]
+    for s in sorted(steps, key=step_order):
+        cap = s.config.bucket_size_mb
+        if s.num_buckets is not None and cap is not None:
+            plans.setdefault((s.strategy, cap), BucketPlan(s.strategy, cap, s.num_buckets, s.bytes_per_step, s.bucket_sizes_bytes))
+    return list(plans.values())
 
 
 def machine_summary(run: Run) -> dict[str, str]:
-    """What must match for two runs' times to be comparable."""
+    """What a run records of its machine, as the report's header lists it."""
     info = run.machine_info
     cpu = info.get("cpu") or {}
     bench = info.get("ddp_bench") or {}
@@ -190,7 +175,12 @@ def machine_summary(run: Run) -> dict[str, str]:
     return {key: str(value) for key, value in summary.items() if value not in (None, "")}
 
 
+# The facts that must match for two runs' times to be comparable: a difference in any of them
+# makes a ratio between the runs measure the machine as much as the code.
+MACHINE_FACTS = ("node", "cpu", "cpu count", "torch", "backend", "device", "world size", "GPU", "CUDA", "NCCL")
+
+
 def machine_differences(old: Run, new: Run) -> dict[str, tuple[str, str]]:
-    """The machine facts that differ between two runs: {fact: (old, new)}."""
+    """The ``MACHINE_FACTS`` that differ between two runs: {fact: (old, new)}."""
     a, b = machine_summary(old), machine_summary(new)
-    return {key: (a.get(key, "unknown"), b.get(key, "unknown")) for key in dict.fromkeys([*a, *b]) if a.get(key) != b.get(key)}
+    return {key: (a.get(key, "unknown"), b.get(key, "unknown")) for key in MACHINE_FACTS if a.get(key) != b.get(key)}

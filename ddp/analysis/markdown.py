@@ -5,7 +5,7 @@ of ``ddp.analysis.compare`` and the plots of ``ddp.analysis.plots``.
 Nothing here reruns or parses printed output: every number comes from the JSON that
 ``--benchmark-json`` or ``--benchmark-save`` wrote. Time per step is the median round (one
 training step on every rank, the slowest rank's time), shown with its 95% interval;
-``comm_wait_seconds`` (from the last gradient backward produced to gradients synchronized) is the
+``exposed_comm_seconds`` (from the end of backward's computation to gradients synchronized) is the
 communication the step could not hide, compute the rest. With several runs, the last one is
 reported in full and every earlier one is compared with it, benchmark by benchmark.
 """
@@ -18,22 +18,24 @@ from pathlib import Path
 
 from ddp.analysis import plots
 from ddp.analysis.commentary import commentary_section
-from ddp.analysis.compare import compare
+from ddp.analysis.compare import DEFAULT_THRESHOLD, compare
 from ddp.analysis.compare import table as comparison_table
 from ddp.analysis.figures import (
-    _strategy_rank,
     bucket_plans,
-    config_label,
-    configs,
+    groups,
     machine_differences,
     machine_summary,
     overheads_over_local,
+    several_models,
     sorted_steps,
-    strategy_rank,
+    step_order,
 )
 from ddp.analysis.sharding import FIT_WORLD_SIZES, H100_BYTES, LEVELS, MEASURED_HEADERS, fit_rows, measured_memory_rows
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
+from ddp.bench.config import AXES, StepConfig
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
+from ddp.strategies.base import REPLICATED
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 
 TABLE_FORMAT = "github"
 
@@ -58,25 +60,26 @@ def header_section(run: Run) -> list[str]:
     summary = machine_summary(run)
     summary.setdefault("GPU", "none")
     rows += [[key, value] for key, value in summary.items()]
-    models = sorted({s.model for s in run.steps})
+    models = sorted({s.config.model for s in run.steps})
     if models:
         rows.append(["model", ", ".join(models)])
     return ["## Machine", "", _table(rows, ["", ""]), ""]
 
 
 def _pivot(steps: list[StepRecord], cell) -> tuple[list, list[str]]:
-    keys = configs(steps)
-    with_model = len({k[0] for k in keys}) > 1
-    labels = list(dict.fromkeys(s.label for s in sorted(steps, key=_strategy_rank)))
-    by = {(s.label, s.config): s for s in steps}
+    """A table with a row per strategy (its label) and a column per group."""
+    keys = groups(steps)
+    with_model = several_models(steps)
+    labels = list(dict.fromkeys(s.label for s in sorted(steps, key=step_order)))
+    by = {(s.label, s.group): s for s in steps}
     rows = [[label] + [cell(by[(label, k)]) if (label, k) in by else "" for k in keys] for label in labels]
-    return rows, ["strategy"] + [config_label(k, with_model) for k in keys]
+    return rows, ["strategy"] + [k.group_label(with_model) for k in keys]
 
 
 def step_section(run: Run) -> list[str]:
     steps = run.steps
     time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}")
-    share_rows, _ = _pivot(steps, lambda s: f"{pct(s.comm_fraction)} ({ms(s.comm_wait_seconds)} ms)")
+    share_rows, _ = _pivot(steps, lambda s: f"{pct(s.exposed_comm_fraction)} ({ms(s.exposed_comm_seconds)} ms)")
     world = sorted({s.world_size for s in steps})
     return [
         f"## Time per step ({', '.join(map(str, world))} ranks; batch is per rank)",
@@ -85,8 +88,8 @@ def step_section(run: Run) -> list[str]:
         "",
         _table(time_rows, headers),
         "",
-        "Communication share: the slowest rank's wait from its last gradient to gradients synchronized, "
-        "as a share of its step (and in ms). For `local` it is the floor of the measurement.",
+        "Exposed communication: the slowest rank's wait from the end of backward's computation to gradients "
+        f"synchronized, as a share of its step (and in ms). For `{FLOOR}` it is the floor of the measurement.",
         "",
         _table(share_rows, headers),
         "",
@@ -105,7 +108,7 @@ def flops_section(run: Run) -> list[str]:
     if not steps:
         return []
     rows, headers = _pivot(steps, _tflops)
-    flops = sorted({(s.model, s.seq_len, s.model_flops_per_token) for s in steps})
+    flops = sorted({(s.config.model, s.config.seq_len, s.model_flops_per_token) for s in steps})
     per_token = "; ".join(f"{model} at seq {seq}: {value / 1e9:.4g} GFLOP" for model, seq, value in flops)
     unknown = sorted({s.device for s in steps if s.mfu is None})
     return [
@@ -121,68 +124,72 @@ def flops_section(run: Run) -> list[str]:
     ]
 
 
-def precision_section(run: Run) -> list[str]:
-    """Per model, batch and seq len run in more than one precision: each strategy's step, overhead
-    over local and exposed communication in every precision side by side, and how the ranking and
-    the best bucket cap change."""
+def variant_section(run: Run) -> list[str]:
+    """Per shape (model, batch, seq len) run with more than one set of options (precision, AdamW's
+    implementation, ...): each strategy's step, overhead over local and exposed communication in
+    every variant side by side, and how the ranking and the best bucket cap change."""
     steps = run.steps
-    by_base = defaultdict(list)
+    by_shape = defaultdict(list)
     for s in steps:
-        by_base[s.config[:3]].append(s)
-    bases = [base for base, here in sorted(by_base.items()) if len({s.numerics for s in here}) > 1]
-    if not bases:
+        by_shape[s.config.shape].append(s)
+    shapes = [shape for shape, here in sorted(by_shape.items()) if len({s.config.variant for s in here}) > 1]
+    if not shapes:
         return []
     overhead = {id(o.step): o for o in overheads_over_local(steps)}
-    with_model = len({base[0] for base in bases}) > 1
+    with_model = len({shape[0] for shape in shapes}) > 1
     lines = [
-        "## By precision",
+        "## By precision and options",
         "",
-        "The same steps in each precision: median step (ms), overhead over `local` in the same precision (ms), "
-        "and exposed communication (comm wait, ms). Reduced precision shrinks compute and not the gradients "
-        "to all-reduce (unless communicated in bf16), so communication's share of the step grows.",
+        f"The same steps in each variant (precision, AdamW's implementation, ...): median step (ms), overhead over "
+        f"`{FLOOR}` in the same variant (ms), and exposed communication (ms). Reduced precision shrinks compute and not "
+        "the gradients to all-reduce (unless communicated in bf16), so communication's share of the step grows.",
         "",
     ]
-    for base in bases:
-        here = by_base[base]
-        numerics = [c[3] for c in configs(here)]
-        labels = list(dict.fromkeys(s.label for s in sorted(here, key=_strategy_rank)))
-        by = {(s.label, s.numerics): s for s in here}
+    for shape in shapes:
+        here = by_shape[shape]
+        variants = list(dict.fromkeys(g.variant for g in groups(here)))
+        labels = list(dict.fromkeys(s.label for s in sorted(here, key=step_order)))
+        by = {(s.label, s.config.variant): s for s in here}
         rows = []
         for label in labels:
             row = [label]
-            for n in numerics:
-                s = by.get((label, n))
+            for variant in variants:
+                s = by.get((label, variant))
                 o = overhead.get(id(s)) if s is not None else None
                 row += ["", "", ""] if s is None else [
                     ms(s.step_seconds), "" if o is None else ms(o.extra_seconds),
-                    "" if s.strategy == "local" else ms(s.comm_wait_seconds)]
+                    "" if s.strategy == FLOOR else ms(s.exposed_comm_seconds)]
             rows.append(row)
-        headers = ["strategy"] + [f"{n}: {what}" for n in numerics for what in ("step", "over local", "exposed comm")]
-        model, batch, seq = base
-        title = f"batch {batch}, seq {seq}" if not with_model else f"{model}, batch {batch}, seq {seq}"
-        lines += [f"**{title}**", "", _table(rows, headers), ""]
-        for n in numerics:
-            ranked = sorted((s for s in here if s.numerics == n and s.strategy != "local"), key=lambda s: s.step_seconds)
+        headers = ["strategy"] + [f"{v}: {what}" for v in variants for what in ("step", "over local", "exposed comm")]
+        lines += [f"**{_shape_label(here[0], with_model)}**", "", _table(rows, headers), ""]
+        for variant in variants:
+            ranked = sorted((s for s in here if s.config.variant == variant and s.strategy != FLOOR), key=lambda s: s.step_seconds)
             if not ranked:
                 continue
             best_caps = {}
             for s in ranked:
-                if s.bucket_size_mb is not None:
-                    best_caps.setdefault(s.label.replace(f" {s.bucket_size_mb:g} MB", ""), s.bucket_size_mb)
+                if s.config.bucket_size_mb is not None:
+                    best_caps.setdefault(s.strategy, s.config.bucket_size_mb)
             order = " < ".join(f"{s.label} {ms(s.step_seconds)}" for s in ranked)
             caps = ", ".join(f"{name} {cap:g} MB" for name, cap in best_caps.items())
-            lines.append(f"- {n}: {order} (ms)" + (f"; best cap: {caps}" if caps else ""))
+            lines.append(f"- {variant}: {order} (ms)" + (f"; best cap: {caps}" if caps else ""))
         lines.append("")
     return lines
+
+
+def _shape_label(step: StepRecord, with_model: bool) -> str:
+    """The shape of a step in words, without its options: ``batch 4, seq len 64``."""
+    shape_only = StepConfig.of(FLOOR, {name: getattr(step.config, name) for name, axis in AXES.items() if axis.role == "shape"})
+    return shape_only.group_label(with_model)
 
 
 def overhead_section(run: Run) -> list[str]:
     overheads = overheads_over_local(run.steps)
     if not overheads:
         return ["## Overhead over `local`", "", "No `local` benchmark in this run: nothing to measure overhead against.", ""]
-    with_model = len({o.step.model for o in overheads}) > 1
+    with_model = several_models([o.step for o in overheads])
     rows = [
-        [config_label(o.step.config, with_model), o.step.label, ms(o.local_seconds), ms(o.step.step_seconds),
+        [o.step.group.group_label(with_model), o.step.label, ms(o.local_seconds), ms(o.step.step_seconds),
          f"{ms(o.extra_seconds)} {interval_ms(o.interval)}", f"{o.ratio:.3f}",
          {None: "unpaired", True: "yes", False: "not resolved"}[o.resolved]]
         for o in overheads
@@ -207,7 +214,7 @@ def memory_section(run: Run) -> list[str]:
         "gradients are synchronized (`ddp.bench.state_bytes`; the same count on CPU and CUDA), beside the formula of "
         "what it shards (fp32 weights, gradients, AdamW's two moments: replicated 4 + 4 + 8 bytes a parameter, "
         "ZeRO-1 4 + 4 + 8/N, full sharding 16/N). Activations and communication buffers are not state: on "
-        "CUDA the allocator's peak over the same step shows them.",
+        "CUDA the allocator's peak over the timed steps shows them.",
         "",
         _table(rows, MEASURED_HEADERS),
         "",
@@ -216,7 +223,7 @@ def memory_section(run: Run) -> list[str]:
 
 def sharding_section(run: Run) -> list[str]:
     """Which model fits at which world size, and what the run measured sharding to cost."""
-    sharded = [s for s in run.steps if s.memory_formula not in (None, "4 + 4 + 8")]
+    sharded = [s for s in run.steps if s.memory is not None and s.memory.sharding not in (None, REPLICATED)]
     if not sharded:
         return []
     gb = 1e9
@@ -243,16 +250,20 @@ def sharding_section(run: Run) -> list[str]:
         _table(fits, ["model", "parameters (B)", "state", "bytes a parameter"] + [f"N={n}" for n in FIT_WORLD_SIZES]),
         "",
     ]
-    # against bucketed where the run has it (sharded_optimizer and fsdp reuse its machinery), else PyTorch's DDP
-    replicated = {s.config: s for s in sorted_steps(run.steps)[::-1] if s.strategy in ("bucketed", "torch")}
+    # against the first of the default contenders the run has (bucketed: the sharded optimizer builds on it)
+    replicated = {}
+    for s in sorted(run.steps, key=lambda s: (DEFAULT_CONTENDERS.index(s.strategy) if s.strategy in DEFAULT_CONTENDERS else 99,
+                                             step_order(s))):
+        if s.strategy in DEFAULT_CONTENDERS and s.memory is not None:
+            replicated.setdefault(s.group, s)
     costs = []
     for step in sorted_steps(sharded):
-        reference = replicated.get(step.config)
-        if reference is not None and step.parameters_bytes and reference.parameters_bytes:
-            held = sum(step.parameters_bytes + step.gradients_bytes + step.optimizer_state_bytes)
-            held_reference = sum(reference.parameters_bytes + reference.gradients_bytes + reference.optimizer_state_bytes)
-            costs.append([config_label(step.config, False), step.label, reference.label,
-                          f"{step.step_seconds / reference.step_seconds:.2f}", f"{held / held_reference:.2f}"])  # fmt: skip
+        reference = replicated.get(step.group)
+        if reference is not None:
+            held = sum(step.memory.rank_total(r) for r in range(step.world_size))
+            held_reference = sum(reference.memory.rank_total(r) for r in range(reference.world_size))
+            costs.append([step.group.group_label(False), step.label, reference.label,
+                          f"{step.step_seconds / reference.step_seconds:.2f}", f"{held / held_reference:.2f}"])
     if costs:
         lines += [
             f"Measured here ({run.steps[0].world_size} ranks): step time and state held, each against replicated DDP "
@@ -270,22 +281,21 @@ def sharding_section(run: Run) -> list[str]:
 
 
 def bucket_section(run: Run) -> list[str]:
-    steps = [s for s in run.steps if s.bucket_size_mb is not None]
+    steps = [s for s in run.steps if s.config.bucket_size_mb is not None]
     if not steps:
         return []
     plans = {(p.strategy, p.bucket_size_mb): p for p in bucket_plans(steps)}
-    keys = configs(steps)
-    with_model = len({k[0] for k in keys}) > 1
-    by = {(s.strategy, s.bucket_size_mb, s.grad_comm, s.config): s for s in steps}
+    keys = groups(steps)
+    with_model = several_models(steps)
+    by = {(s.label, s.group): s for s in steps}
     rows = []
-    lines_of = sorted({(s.strategy, s.bucket_size_mb, s.grad_comm) for s in steps}, key=lambda k: (strategy_rank(k[0], k[1]), k[2]))
-    for strategy, cap, comm in lines_of:
-        plan = plans.get((strategy, cap))
-        name = strategy if comm == "fp32" else f"{strategy} {comm} comm"
-        row = [name, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
-        row += [ms(by[(strategy, cap, comm, k)].step_seconds) if (strategy, cap, comm, k) in by else "" for k in keys]
+    for label, first in {s.label: s for s in sorted(steps, key=step_order)}.items():
+        cap = first.config.bucket_size_mb
+        plan = plans.get((first.strategy, cap))
+        row = [label, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
+        row += [ms(by[(label, k)].step_seconds) if (label, k) in by else "" for k in keys]
         rows.append(row)
-    headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{config_label(k, with_model)} (ms)" for k in keys]
+    headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{k.group_label(with_model)} (ms)" for k in keys]
     return section(
         "By bucket size",
         "Median step time, ms, with the number of buckets each cap produced and the count that "
@@ -332,8 +342,8 @@ def race_section(run: Run) -> list[str]:
                  "yes" if r.ratio_over_reference_ci95[name][1] < 1 or r.ratio_over_reference_ci95[name][0] > 1 else "not resolved")]
             for name in r.contenders
         ]
-        cap = "" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MB"
-        lines += [f"Model {r.model}{cap}, {r.world_size} ranks:", "",
+        lines += [f"{r.configs[-1].group_label()}" + ("" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MB")
+                  + f", {r.world_size} ranks:", "",
                   _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference} [95%]", "resolved"]), ""]
     return lines
 
@@ -352,8 +362,6 @@ def others_section(run: Run) -> list[str]:
     ]
 
 
-# The threshold a report's comparison judges against, as `ddp compare`'s default.
-COMPARISON_THRESHOLD = 0.10
 
 
 def comparison_section(old: Run, new: Run) -> list[str]:
@@ -366,7 +374,7 @@ def comparison_section(old: Run, new: Run) -> list[str]:
             "them measures the machine as much as the code: rerun both on one machine before drawing conclusions.",
             "",
         ]
-    rows = compare(old, new, COMPARISON_THRESHOLD)
+    rows = compare(old, new, DEFAULT_THRESHOLD)
     matched = [r.ratio for r in rows if r.ratio is not None]
     only_old = sum(1 for r in rows if r.new_seconds is None)
     only_new = sum(1 for r in rows if r.old_seconds is None)
@@ -377,7 +385,7 @@ def comparison_section(old: Run, new: Run) -> list[str]:
     summary += f"; {only_old} only in the old run, {only_new} only in the new one."
     verdicts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows if r.ratio_ci95)}
     if verdicts:
-        summary += " Against a threshold of " + f"{COMPARISON_THRESHOLD:.0%}: " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + "."
+        summary += " Against a threshold of " + f"{DEFAULT_THRESHOLD:.0%}: " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) + "."
     lines += [
         "Matched by benchmark name, as `ddp compare` does: new / old below 1 means the new run is faster, with a "
         "95% interval over both runs' rounds, taken on each round's step / local where both runs interleaved them "
@@ -393,8 +401,6 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
     """report.md for ``runs`` (the last reported in full, the earlier ones compared with it)."""
     run = runs[-1]
     lines = ["# ddp-bench report", ""]
-    lines += [f"> {note}" for earlier in runs for note in earlier.notes]
-    lines += [""] if any(r.notes for r in runs) else []
     lines += header_section(run)
     if run.steps:
         lines += commentary_section(run)
@@ -402,7 +408,7 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
         lines += comparison_section(old, run)
     if run.steps:
         lines += step_section(run)
-        lines += precision_section(run)
+        lines += variant_section(run)
         lines += flops_section(run)
         lines += overhead_section(run)
         lines += memory_section(run)

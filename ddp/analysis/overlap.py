@@ -7,7 +7,7 @@ computed) and its ``collectives`` (launch and completion of each), all on the ``
 clock, one clock for every rank since ``RankGroup`` runs them on one host.
 
 Per step (``step_comm_figures``): ``exposed_comm_seconds`` is the time the step waited for
-communication once backward's computation was done (the benchmarks' ``comm_wait_seconds``),
+communication once backward's computation was done (the benchmarks' ``exposed_comm_seconds``),
 ``overlapped_comm_seconds`` the time collectives were in flight during backward's computation,
 ``comm_seconds`` their sum, and ``overlap_fraction`` the overlapped share of it.
 
@@ -63,7 +63,7 @@ def step_comm_figures(step: dict) -> dict:
     """comm, overlapped and exposed seconds of one step record (see ``profile_rank``).
 
     Exposed communication is what the step waited for: from the end of backward's computation to
-    the start of the optimizer, the figure ``ddp.bench.trainer`` defines as ``comm_wait_seconds``
+    the start of the optimizer, the figure ``ddp.bench.trainer`` defines as ``exposed_comm_seconds``
     (a wait inside ``loss.backward()``, where PyTorch's DDP waits, counts as any other), so that
     forward + backward compute + exposed + optimizer is the step. Overlapped communication is the
     time collectives were in flight during backward's computation: hidden behind it. A step that

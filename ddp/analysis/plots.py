@@ -5,7 +5,7 @@
   length, one line per batch size and bucketing strategy (in the strategy's own ``line_style``:
   bucketed solid, torch dashed), with ``local`` as the floor (the seeds' figures, from saved data);
 - ``report_compute_vs_comm.png``: per configuration, each strategy's step split into compute and
-  exposed communication (``comm_wait_seconds``), stacked;
+  exposed communication (``exposed_comm_seconds``), stacked;
 - ``report_allreduce.png``: all-reduce time and bus bandwidth against size, one line per backend
   and world size (the seed 004 charts).
 
@@ -24,10 +24,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from ddp.analysis.costmodel import Prediction  # noqa: E402
-from ddp.analysis.figures import config_label, configs, sorted_steps  # noqa: E402
+from ddp.analysis.figures import groups, several_models, sorted_steps, step_order  # noqa: E402
+from ddp.bench.config import AXES  # noqa: E402
 from ddp.bench.records import Run, strategy_label  # noqa: E402
 from ddp.strategies.bucketed import BYTES_PER_MB  # noqa: E402
-from ddp.strategies.registry import traits  # noqa: E402
+from ddp.strategies.registry import FLOOR, traits  # noqa: E402
 
 DPI = 100  # keeps each PNG well under 200 KB
 
@@ -50,68 +51,73 @@ def _save(figure, path: Path) -> Path:
 
 
 def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
-    steps = [s for s in run.steps if s.seq_len == seq_len]
-    bucketed = [s for s in steps if s.bucket_size_mb is not None]
+    steps = [s for s in run.steps if s.config.seq_len == seq_len]
+    bucketed = [s for s in steps if s.config.bucket_size_mb is not None]
     if not bucketed:
         return None
     figure, axes = plt.subplots(figsize=(6.4, 4.0))
-    # one colour per batch size and numerics (precision, optimizer): each its own set of lines
-    groups = sorted({(s.batch_size, s.numerics) for s in bucketed})
-    several = len({n for _, n in groups}) > 1
-    colors = {group: f"C{i}" for i, group in enumerate(groups)}
-    for batch, numerics in groups:
-        suffix = f", {numerics}" if several else ""
-        for strategy in dict.fromkeys(s.strategy for s in sorted_steps(bucketed)):
-            for comm in sorted({s.grad_comm for s in bucketed}):
-                line = sorted(
-                    (s for s in bucketed if (s.batch_size, s.numerics, s.strategy, s.grad_comm) == (batch, numerics, strategy, comm)),
-                    key=lambda s: s.bucket_size_mb,
-                )
-                if line:
-                    axes.errorbar(
-                        [s.bucket_size_mb for s in line],
-                        [s.step_seconds * 1e3 for s in line],
-                        yerr=_yerr_ms(line),
-                        capsize=3,
-                        linestyle=traits(strategy).line_style,
-                        marker="o" if comm == "fp32" else "x",
-                        color=colors[(batch, numerics)],
-                        label=f"{strategy}{'' if comm == 'fp32' else f' {comm} comm'}, batch {batch}{suffix}",
-                    )
-        local = [s for s in steps if s.batch_size == batch and s.numerics == numerics and s.strategy == "local"]
+    # one colour per group (batch size and options): each its own set of lines; one line per
+    # strategy with its members other than the cap (bf16 communication: crosses)
+    keys = groups(bucketed)
+    colors = {key: f"C{i}" for i, key in enumerate(keys)}
+    for key in keys:
+        suffix = key.group_label(with_model=False)
+        here = sorted((s for s in bucketed if s.group == key), key=step_order)
+        lines: dict[str, list] = {}
+        for s in here:
+            lines.setdefault(" ".join([s.strategy, *_other_members(s)]), []).append(s)
+        for name, line in lines.items():
+            line.sort(key=lambda s: s.config.bucket_size_mb)
+            axes.errorbar(
+                [s.config.bucket_size_mb for s in line],
+                [s.step_seconds * 1e3 for s in line],
+                yerr=_yerr_ms(line),
+                capsize=3,
+                linestyle=traits(line[0].strategy).line_style,
+                marker="o" if name == line[0].strategy else "x",
+                color=colors[key],
+                label=f"{name}, {suffix}",
+            )
+        local = [s for s in steps if s.group == key and s.strategy == FLOOR]
         if local:
-            axes.axhline(local[0].step_seconds * 1e3, color=colors[(batch, numerics)], linestyle=traits("local").line_style,
-                         linewidth=1, label=f"local, batch {batch}{suffix}")
+            axes.axhline(local[0].step_seconds * 1e3, color=colors[key], linestyle=traits(FLOOR).line_style,
+                         linewidth=1, label=f"{FLOOR}, {suffix}")
     axes.set_xscale("log")
-    caps = sorted({s.bucket_size_mb for s in bucketed})
+    caps = sorted({s.config.bucket_size_mb for s in bucketed})
     axes.set_xticks(caps, [f"{cap:g}" for cap in caps])
     axes.minorticks_off()
     axes.set_ylim(bottom=0)  # differences between caps read against the whole step
     axes.set_xlabel("bucket cap (MB)")
     axes.set_ylabel("step time, median (ms)")
-    models = ", ".join(sorted({s.model for s in steps}))
+    models = ", ".join(sorted({s.config.model for s in steps}))
     axes.set_title(f"Step time against bucket cap: model {models}, seq len {seq_len}")
     axes.legend(fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     return _save(figure, path)
 
 
+def _other_members(step) -> list[str]:
+    """The step's members other than its bucket cap, in words (``bf16 comm``)."""
+    return [AXES[name].text(value) for name, value in step.config.values().items()
+            if name in AXES and AXES[name].role == "member" and name != "bucket_size_mb" and value != AXES[name].default]
+
+
 def plot_compute_vs_comm(run: Run, path: Path) -> Path | None:
-    keys = configs(run.steps)
+    keys = groups(run.steps)
     if not keys:
         return None
-    with_model = len({k[0] for k in keys}) > 1
+    with_model = several_models(run.steps)
     columns = min(2, len(keys))
     rows = (len(keys) + columns - 1) // columns
     figure, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 3.6 * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        steps = sorted_steps([s for s in run.steps if s.config == key])
+        steps = sorted_steps([s for s in run.steps if s.group == key])
         labels = [s.label for s in steps]
         compute = [s.compute_seconds * 1e3 for s in steps]
-        comm = [s.comm_wait_seconds * 1e3 for s in steps]
-        ax.bar(labels, compute, color="C0", label="compute (step - comm wait)")
-        ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication (comm wait)")
-        ax.set_title(config_label(key, with_model))
+        comm = [s.exposed_comm_seconds * 1e3 for s in steps]
+        ax.bar(labels, compute, color="C0", label="compute (step - exposed communication)")
+        ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication")
+        ax.set_title(key.group_label(with_model))
         ax.set_ylabel("ms per step (median)")
         ax.tick_params(axis="x", labelrotation=45, labelsize="small")
         for tick in ax.get_xticklabels():
@@ -154,7 +160,7 @@ def plot_allreduce(run: Run, path: Path) -> Path | None:
 
 def draw_all(run: Run, out: Path) -> list[Path]:
     """Every plot the run has data for, written into ``out``."""
-    drawn = [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}.png") for seq in sorted({s.seq_len for s in run.steps})]
+    drawn = [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}.png") for seq in sorted({s.config.seq_len for s in run.steps})]
     drawn.append(plot_compute_vs_comm(run, out / "report_compute_vs_comm.png"))
     drawn.append(plot_allreduce(run, out / "report_allreduce.png"))
     return [path for path in drawn if path is not None]

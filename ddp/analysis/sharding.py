@@ -62,16 +62,17 @@ def measured_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
     mib = 2**20
     rows = []
     for step in steps:
-        if step.parameters_bytes is None:
+        memory = step.memory
+        if memory is None:
             continue
-        largest = max(range(len(step.parameters_bytes)), key=lambda r: step.parameters_bytes[r] + step.gradients_bytes[r] + step.optimizer_state_bytes[r])
-        measured = [step.parameters_bytes[largest], step.gradients_bytes[largest], step.optimizer_state_bytes[largest]]
-        formula = step.formula_bytes or {}
-        peak = (step.memory_peak_bytes or [None])[largest]
+        largest = max(range(step.world_size), key=memory.rank_total)
+        measured = [memory.parameters_bytes[largest], memory.gradients_bytes[largest], memory.optimizer_state_bytes[largest]]
+        formula = memory.formula_bytes(step.num_parameters, step.world_size) or {}
+        peak = (step.peak_memory_bytes or [None] * step.world_size)[largest]
         rows.append([
             step.label, step.world_size,
             *(f"{value / mib:.2f}" for value in measured), f"{sum(measured) / mib:.2f}",
-            step.memory_formula or "not stated",
+            memory.formula or "not stated",
             f"{formula['total'] / mib:.2f}" if formula else "",
             "" if peak is None else f"{peak / mib:.1f}",
         ])  # fmt: skip

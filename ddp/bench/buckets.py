@@ -23,7 +23,8 @@ from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blo
 from ddp.bench.memory import device_memory_bytes, fit, parameter_count
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import oom_reason
-from ddp.bench.records import StepRecord, step_record
+from ddp.bench.records import StepRecord
+from ddp.bench.summary import step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 # All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.
@@ -59,7 +60,7 @@ def sweep(ranks, values: Mapping, caps_mb: tuple[float, ...], policy: RoundOptio
         for cap in caps_mb:
             config = StepConfig.of(strategy, {**values, "bucket_size_mb": cap})
             pair = [config, config.local_twin()]
-            memory = fit(pair, parameters, memory_bytes)
+            memory = fit(pair, parameters, memory_bytes, ranks.world_size)
             if memory.too_large():
                 skipped.append(memory.too_large())
                 continue

@@ -315,11 +315,19 @@ class StepConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepConfig:
-        """A configuration saved by ``to_dict``; an axis the file predates is at its default."""
+        """A configuration saved by ``to_dict``, taken as it was saved (not checked again: a user's
+        strategy or model saved there need not be importable where the run is read); an axis the
+        file predates is at its default."""
         unknown = sorted(set(data) - set(FIELDS))
         if unknown:
             raise ValueError(f"unknown configuration fields {', '.join(unknown)}: saved by a newer ddp-bench")
-        return cls(**data)
+        missing = sorted(name for name, f in FIELDS.items() if f.default is dataclasses.MISSING and name not in data)
+        if missing:
+            raise ValueError(f"the configuration lacks {', '.join(missing)}")
+        config = cls.__new__(cls)
+        for name, f in FIELDS.items():
+            object.__setattr__(config, name, data.get(name, f.default))
+        return config
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(StepConfig)}

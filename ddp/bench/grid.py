@@ -1,7 +1,7 @@
 """A whole benchmark grid measured outside pytest (``ddp run``, whose process is itself one of
 torchrun's ranks): the step benchmarks of a ``GridOptions`` through ``GridMeasurer``, as
 ``--interleave`` says, then its all-reduce sizes, returned as pytest-benchmark entries under
-perf_tests' names (``ddp.bench.records.step_entry``, ``allreduce_entry``), so that a torchrun run
+perf_tests' names (``ddp.bench.benchmark_json``), so that a torchrun run
 compares, reports and simulates like a pytest one."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
+from ddp.bench.benchmark_json import allreduce_entry, step_entry
 from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, free
 from ddp.bench.options import GridOptions
 from ddp.bench.rank_state import oom_reason
-from ddp.bench.records import StepRecord, allreduce_entry, step_entry, step_record
+from ddp.bench.records import StepRecord
+from ddp.bench.summary import step_record
 
 
 def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig, StepRecord | str], None]) -> list[dict]:
@@ -32,11 +34,11 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
                 continue
             measurement, index, local_index = result
             record = step_record(measurement, ranks.backend, device_name(device), index, local_index)
-            benchmarks.append(step_entry(config, record))
+            benchmarks.append(step_entry(config, record, policy))
             on_step(config, record)
         free(ranks)
         records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)
-        benchmarks += [allreduce_entry(record, size_mb) for size_mb, record in zip(grid.allreduce_sizes_mb, records)]
+        benchmarks += [allreduce_entry(record, size_mb, policy) for size_mb, record in zip(grid.allreduce_sizes_mb, records)]
     finally:
         free(ranks)
     return benchmarks

@@ -54,19 +54,21 @@ class Measurement:
         """Each timed round's step time of configuration ``index``: its slowest rank's."""
         return [max(t.step_seconds for t in timings[index]) for timings in self.rounds]
 
-    def comm_wait_seconds(self, index: int = 0) -> list[float]:
-        """Each timed round's comm wait of configuration ``index`` on its slowest rank (the rank
-        whose step time is the round's)."""
-        return [max(timings[index], key=lambda t: t.step_seconds).comm_wait_seconds for timings in self.rounds]
+    def exposed_comm_seconds(self, index: int = 0) -> list[float]:
+        """Each timed round's exposed communication of configuration ``index`` on its slowest rank
+        (the rank whose step time is the round's)."""
+        return [max(timings[index], key=lambda t: t.step_seconds).exposed_comm_seconds for timings in self.rounds]
 
     def rank_round_seconds(self, index: int = 0) -> list[list[float]]:
         """Per rank, each timed round's step time of configuration ``index``."""
         world_size = len(self.rounds[0][index])
         return [[timings[index][rank].step_seconds for timings in self.rounds] for rank in range(world_size)]
 
-    def peak_memory_bytes(self, index: int = 0) -> int | None:
-        peaks = [t.peak_memory_bytes for timings in self.rounds for t in timings[index] if t.peak_memory_bytes is not None]
-        return max(peaks) if peaks else None
+    def peak_memory_bytes(self, index: int = 0) -> list[int] | None:
+        """Per rank, the CUDA allocator's peak over the timed rounds of configuration ``index``; None on CPU."""
+        world_size = len(self.rounds[0][index])
+        peaks = [[timings[index][rank].peak_memory_bytes for timings in self.rounds] for rank in range(world_size)]
+        return None if any(p is None for rank in peaks for p in rank) else [max(rank) for rank in peaks]
 
 
 @dataclass(frozen=True)

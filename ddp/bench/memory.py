@@ -5,12 +5,14 @@ Commands that keep several models built at once (``ddp versus``: local, bucketed
 (2.0B parameters) fits alone with any strategy but not three at once (about 3 x 40 GiB), and an
 attempt ends in out-of-memory after minutes of building. The estimate:
 
-- what a built configuration keeps between steps: 16 bytes a parameter (fp32 weights 4, gradients
-  4, AdamW's two moments 8), and for PyTorch's DDP 4 more (its buckets, a second copy of the
-  gradients: this suite does not set gradient_as_bucket_view). One H100 run (torch 2.11, xl at
-  batch 4 x seq 128) peaked at 60.8 GiB for torch against local's 38.1 GiB, 12 bytes a parameter
-  more, but in a run known to keep memory of earlier configurations alive: the estimate keeps the
-  lower figure, so that it never refuses what may fit;
+- what a built configuration keeps between steps: the bytes a parameter its strategy's ``Sharding``
+  says a rank holds (fp32 weights 4, gradients 4, AdamW's two moments 8, each divided by the world
+  size where the strategy shards it: 16 replicated, 4 + 4 + 8/N for ZeRO-1, 16/N fully sharded;
+  16 for a user's class that does not say), and 4 more where the strategy keeps its gradient
+  buckets beside the gradients (``Strategy.keeps_gradient_buckets``: PyTorch's DDP). One H100 run
+  (torch 2.11, xl at batch 4 x seq 128) peaked at 60.8 GiB for torch against local's 38.1 GiB, 12
+  bytes a parameter more, but in a run known to keep memory of earlier configurations alive: the
+  estimate keeps the lower figure, so that it never refuses what may fit;
 - what only the running step needs, freed before the next configuration's step: 4 bytes a
   parameter (foreach AdamW's temporaries: local's xl peak is 38.2 GiB, about 20 bytes a
   parameter) plus the activations, which are not estimated: ``HEADROOM`` of the memory is left
@@ -35,9 +37,9 @@ import torch
 from ddp.bench.config import StepConfig
 from ddp.bench.workloads import build_workload
 from ddp.launcher import Rank, on_rank
+from ddp.strategies.base import FP32_BYTES, REPLICATED, sharding_of
+from ddp.strategies.registry import resolve_strategy, traits
 
-KEPT_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
-EXTRA_KEPT_BYTES_PER_PARAMETER = {"torch": 4}  # PyTorch's DDP's buckets (above)
 STEP_BYTES_PER_PARAMETER = 4  # foreach AdamW's temporaries during the step
 HEADROOM = 0.10  # of the memory, left for activations and the allocator
 GIB = 2**30
@@ -50,8 +52,11 @@ def parameter_count(model: str, batch_size: int, seq_len: int) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def kept_bytes(config: StepConfig, parameters: int) -> int:
-    return parameters * (KEPT_BYTES_PER_PARAMETER + EXTRA_KEPT_BYTES_PER_PARAMETER.get(config.strategy, 0))
+def kept_bytes(config: StepConfig, parameters: int, world_size: int) -> float:
+    """What a built configuration keeps on a rank between steps (module docstring)."""
+    sharding = sharding_of(resolve_strategy(config.strategy)) or REPLICATED
+    buckets = FP32_BYTES if traits(config.strategy).keeps_gradient_buckets else 0
+    return parameters * (sharding.bytes_per_parameter(world_size)["total"] + buckets)
 
 
 def step_bytes(parameters: int) -> int:
@@ -102,14 +107,15 @@ class Fit:
         worst = max(large, key=lambda c: self.needed_alone_bytes[c])
         return (f"{worst.describe()} needs about {self.needed_alone_bytes[worst] / GIB:.1f} GiB per rank before "
                 f"activations, more than the {usable / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB: "
-                "use a smaller --model, or shard the model (this strategy keeps a full copy on every rank)")
+                "use a smaller --model, more ranks with a strategy that shards, or a strategy that shards more")
 
 
-def fit(configs: Sequence[StepConfig], parameters: int, memory_bytes: int) -> Fit:
-    """Whether ``configs`` (all of one workload, ``parameters`` each) fit together and alone."""
+def fit(configs: Sequence[StepConfig], parameters: int, memory_bytes: int, world_size: int) -> Fit:
+    """Whether ``configs`` (all of one workload, ``parameters`` each, on ``world_size`` ranks) fit
+    together and alone."""
     usable = memory_bytes * (1 - HEADROOM)
-    alone = {c: kept_bytes(c, parameters) + step_bytes(parameters) for c in configs}
-    together = sum(kept_bytes(c, parameters) for c in configs) + step_bytes(parameters)
+    alone = {c: kept_bytes(c, parameters, world_size) + step_bytes(parameters) for c in configs}
+    together = sum(kept_bytes(c, parameters, world_size) for c in configs) + step_bytes(parameters)
     return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes)
 
 
@@ -117,4 +123,4 @@ def fit_on(ranks, configs: Sequence[StepConfig]) -> Fit:
     """``fit`` against the smallest memory among ``ranks``."""
     first = configs[0]
     parameters = parameter_count(first.model, first.batch_size, first.seq_len)
-    return fit(configs, parameters, min(ranks.run(device_memory_bytes)))
+    return fit(configs, parameters, min(ranks.run(device_memory_bytes)), ranks.world_size)

@@ -31,7 +31,8 @@ from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blo
 from ddp.bench.memory import fit_on
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import oom_reason, parameters_of
-from ddp.bench.records import RaceRecord, race_record
+from ddp.bench.records import RaceRecord
+from ddp.bench.summary import race_record
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
 
 

@@ -1,12 +1,15 @@
 """The saved-run schema: what a step, an all-reduce and a race record in a benchmark's
-``extra_info``, written and read here and nowhere else.
+``extra_info``, and the other files ddp-bench saves, written and read here and nowhere else.
 
 Runs are pytest-benchmark JSON (``--benchmark-json``, ``--benchmark-save``, or ``ddp run --json``).
-Each benchmark's ``extra_info`` holds a record: ``StepRecord``, ``AllReduceRecord`` or
-``RaceRecord``, told apart by their ``kind`` field, with ``schema_version``. The dataclasses below
-are the schema: their fields are the keys, documented once, with units. Every consumer (report,
-simulate, compare, versus) reads runs through ``load_run``, which fails with one ``RunFileError``
-naming the file and saying what to do.
+Each benchmark's ``extra_info`` holds one record: ``StepRecord``, ``AllReduceRecord`` or
+``RaceRecord``, told apart by their ``kind``, with ``schema_version``. The dataclasses below are
+the schema: their fields are the keys, documented once, with units. A step's configuration is one
+nested object, ``config`` (``ddp.bench.config.StepConfig``: every axis by name; an axis a file
+predates reads at its default), and its training state another, ``memory`` (``StateRecord``).
+Every reader (report, simulate, compare, versus) goes through ``load_run``, which fails with one
+``RunFileError`` naming the file and saying what to do; a file of another schema version is
+refused in one line that names its version.
 
 The same module owns the other files ddp-bench saves, each a typed record with ``kind`` and
 ``schema_version``: the cost model's predictions and validation rows (``ddp simulate --json``,
@@ -15,50 +18,30 @@ figures per strategy (``ddp profile``'s ``summary.json``: ``ProfileSummary``).
 
 Per-round data is saved in the record itself (``round_seconds``), because pytest-benchmark saves
 ``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
-
-Schema history: 2 added ``kind``, ``model`` (was ``model_size``), the rounds and the 95%
-intervals; version 1 records (the first release) are read with those fields missing. 3 lets a
-race hold any contenders: ``RaceRecord``'s ``ratio_bucketed_over_torch`` became
-``ratio_over_reference`` per contender, with ``contenders`` and ``reference``; version 2 races are
-read as bucketed against the reference torch.
-4 added the step's numerics (``precision``, ``optimizer``, ``grad_comm``, on races too) and
-``model_flops_per_token``, ``achieved_tflops``, ``mfu``: older records were all fp32 with fp32
-communication and PyTorch's default AdamW (``foreach`` on GPUs; on CPU, where torch's default is
-its per-tensor loop, ``for-loop``); they are read so, the run saying so in ``Run.notes``, and their
-FLOPs figures are computed on reading, by the same formula.
-5 added memory per rank to steps (``parameters_bytes`` ... ``formula_bytes``); older records read them as None.
+How the figures are computed from the rounds is ``ddp.bench.summary``; how a run measured outside
+pytest is written as pytest-benchmark JSON is ``ddp.bench.benchmark_json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pytest_benchmark import __version__ as pytest_benchmark_version
-from pytest_benchmark.stats import Stats
-from pytest_benchmark.utils import get_commit_info
+from ddp.bench.config import AXES, StepConfig
+from ddp.strategies.base import Sharding
 
-from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
-from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
-from ddp.strategies.base import sharding_of
-from ddp.strategies.registry import resolve_strategy
-
-SCHEMA_VERSION = 5
-# The test file and function whose results step and all-reduce rows stand for: comparisons
-# match benchmarks on their names, the same for a pytest run and a torchrun run.
-STEP_TEST = "perf_tests/test_step.py::test_step"
+SCHEMA_VERSION = 6
 # The phases of the one step (``ddp.bench.trainer``), as profiles record and readers name them.
 PHASES = ("forward", "backward", "gradient_sync", "optimizer")
-ALLREDUCE_TEST = "perf_tests/test_allreduce.py::test_allreduce"
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
-    """``bucketed 25 MB`` or ``naive``: a strategy as every table, plot and report names it."""
-    return strategy if bucket_size_mb is None else f"{strategy} {bucket_size_mb:g} MB"
+    """``bucketed 25 MB`` or ``naive``: a strategy as tables and plots name it, for records that hold
+    no whole configuration (predictions); ``StepConfig.label`` names the others."""
+    return strategy if bucket_size_mb is None else f"{strategy} {AXES['bucket_size_mb'].text(bucket_size_mb)}"
 
 
 def file_stem(strategy: str) -> str:
@@ -71,22 +54,47 @@ class RunFileError(Exception):
 
 
 @dataclass(frozen=True)
+class StateRecord:
+    """Each rank's training state after a step, counted as distinct tensor storages
+    (``ddp.bench.state_bytes``), beside what the strategy's ``Sharding`` says it holds."""
+
+    parameters_bytes: list[int]
+    """Each rank's parameters, in bytes (a DTensor's local shard)."""
+    gradients_bytes: list[int]
+    """Each rank's gradients right after synchronization (buckets in full), in bytes."""
+    optimizer_state_bytes: list[int]
+    """Each rank's optimizer state (its shard's, for ZeRO and FSDP), in bytes."""
+    sharding: Sharding | None
+    """What the strategy splits over the ranks; None for a user's class that does not say."""
+
+    @property
+    def formula(self) -> str | None:
+        """Bytes a parameter on each rank by ``sharding``, e.g. ``4 + 4 + 8/N``."""
+        return None if self.sharding is None else self.sharding.formula
+
+    def formula_bytes(self, num_parameters: int, world_size: int) -> dict[str, float] | None:
+        """The formula for a model and world size: bytes per rank of ``parameters``, ``gradients``,
+        ``optimizer_state`` and their ``total`` (fp32 weights, AdamW; trainable parameters only)."""
+        if self.sharding is None:
+            return None
+        return {kind: size * num_parameters for kind, size in self.sharding.bytes_per_parameter(world_size).items()}
+
+    def rank_total(self, rank: int) -> int:
+        return self.parameters_bytes[rank] + self.gradients_bytes[rank] + self.optimizer_state_bytes[rank]
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One configuration's training step (``ddp.bench.trainer``), timed over rounds."""
 
-    strategy: str
+    config: StepConfig
+    """What was trained: strategy, model, batch per rank, sequence length, bucket cap, precision, ..."""
     backend: str
     device: str
     """``cpu`` or the GPU's name."""
     world_size: int
-    model: str
-    """The workload: an LM size, a named model or ``package.module:build``."""
     num_parameters: int
-    batch_size: int
-    """Samples per rank."""
-    seq_len: int
-    bucket_size_mb: float | None
-    """Bucket cap in MiB; None for strategies that do not bucket."""
+    """Trainable parameters of the model (a tied weight counts once)."""
     num_parameter_tensors: int
     num_buckets: int | None
     bucket_sizes_bytes: list[int] | None
@@ -101,17 +109,16 @@ class StepRecord:
     """95% interval of that median (order statistics over rounds)."""
     round_seconds: list[float]
     """Each timed round's step time (slowest rank), in the order run."""
-    comm_wait_seconds: float
-    """Median over rounds of the slowest rank's wait from its last gradient to gradients synchronized."""
-    comm_fraction: float
-    """Median over rounds of comm wait / step time."""
-    comm_fraction_ci95: list[float]
-    tokens_per_second: float
-    """Tokens the whole group trains per second at ``step_seconds``."""
-    peak_memory_bytes: int | None
-    """Peak CUDA memory allocated in a step (None on CPU)."""
     rank_step_seconds: list[float]
     """Each rank's median step time."""
+    exposed_comm_seconds: float
+    """Median over rounds of the slowest rank's exposed communication: from the end of backward's
+    computation to gradients synchronized (``ddp.bench.trainer``)."""
+    exposed_comm_fraction: float
+    """Median over rounds of exposed communication / step time."""
+    exposed_comm_fraction_ci95: list[float]
+    tokens_per_second: float
+    """Tokens the whole group trains per second at ``step_seconds``."""
     target_precision: float
     """The relative half-width of the median's interval that rounds were added to reach."""
     reached_precision: float | None
@@ -125,58 +132,39 @@ class StepRecord:
     overhead_ratio: float | None = None
     """Median over rounds of step / local step in the same round."""
     overhead_ratio_ci95: list[float] | None = None
-    precision: str = "fp32"
-    """What the step computed in: ``fp32``, ``tf32`` or ``bf16`` (``ddp.bench.trainer``)."""
-    optimizer: str = "foreach"
-    """AdamW's implementation: ``foreach`` or ``fused`` (``for-loop``: a CPU run saved before
-    schema 4, which used torch's default, its per-tensor loop on CPU)."""
-    grad_comm: str = "fp32"
-    """The dtype gradients were all-reduced in (``bf16``: accumulated back into fp32)."""
     model_flops_per_token: float | None = None
     """Training FLOPs per token, 6 * N + 12 * layers * d_model * seq len (``ddp.bench.flops``);
     None for workloads other than the built-in LM."""
     achieved_tflops: float | None = None
     """Model TFLOP/s per device at ``step_seconds``: FLOPs per token x batch x seq len / step time."""
     mfu: float | None = None
-    """``achieved_tflops`` over the device's dense peak in ``precision`` (a fraction); None on CPU
-    and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""
-    parameters_bytes: list[int] | None = None
-    """Each rank's parameters, in bytes (``ddp.bench.state_bytes``: distinct storages, a DTensor's shard)."""
-    gradients_bytes: list[int] | None = None
-    """Each rank's gradients right after synchronization (buckets in full), in bytes."""
-    optimizer_state_bytes: list[int] | None = None
-    """Each rank's optimizer state (its shard's, for ZeRO and FSDP), in bytes."""
-    memory_peak_bytes: list[int | None] | None = None
-    """Each rank's CUDA allocator peak over the step the memory was counted in; None on CPU."""
-    memory_formula: str | None = None
-    """Bytes a parameter on each rank by the strategy's ``Sharding``, e.g. ``4 + 4 + 8/N``; None for a
-    user's class that does not say what it shards."""
-    formula_bytes: dict[str, float] | None = None
-    """The formula for this model and world size: bytes per rank of ``parameters``, ``gradients``,
-    ``optimizer_state`` and their ``total`` (fp32 weights, AdamW; trainable parameters only)."""
+    """``achieved_tflops`` over the device's dense peak in the step's precision (a fraction); None
+    on CPU and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""
+    peak_memory_bytes: list[int] | None = None
+    """Each rank's CUDA allocator peak over the timed rounds; None on CPU."""
+    memory: StateRecord | None = None
+    """Each rank's training state, counted in an untimed step after warm-up."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def strategy(self) -> str:
+        return self.config.strategy
+
+    @property
     def label(self) -> str:
         """``bucketed 25 MB``, ``bucketed 25 MB bf16 comm`` or ``naive``: the strategy as report columns name it."""
-        label = strategy_label(self.strategy, self.bucket_size_mb)
-        return label if self.grad_comm == "fp32" else f"{label} {self.grad_comm} comm"
+        return self.config.label
 
     @property
-    def config(self) -> tuple[str, int, int, str]:
-        """What a step's time depends on besides the strategy: (model, batch, seq len, ``numerics``).
-        Steps of one config are compared with each other, and with its ``local``."""
-        return (self.model, self.batch_size, self.seq_len, self.numerics)
-
-    @property
-    def numerics(self) -> str:
-        """``fp32``, ``bf16``, ``bf16 fused``: what the step computed in, as reports name it."""
-        return self.precision if self.optimizer == "foreach" else f"{self.precision} {self.optimizer}"
+    def group(self) -> StepConfig:
+        """What a step's time depends on besides the strategy (its ``local`` twin): steps of one
+        group are compared with each other, and with its ``local``."""
+        return self.config.group_key
 
     @property
     def compute_seconds(self) -> float:
-        return max(0.0, self.step_seconds - self.comm_wait_seconds)
+        return max(0.0, self.step_seconds - self.exposed_comm_seconds)
 
 
 @dataclass(frozen=True)
@@ -202,10 +190,10 @@ class AllReduceRecord:
 class RaceRecord:
     """Strategies raced on one rank group, a step of each per round (``ddp versus``, ``ddp.bench.race``)."""
 
-    model: str
-    parameters: int
-    bucket_size_mb: float | None
-    """The cap of the contenders that take one."""
+    configs: list[StepConfig]
+    """Each contender's configuration, ``local``'s first: one model, batch, sequence length and
+    options, each contender with its members (the bucket cap where it takes one)."""
+    num_parameters: int
     world_size: int
     backend: str
     contenders: list[str]
@@ -223,11 +211,6 @@ class RaceRecord:
     overhead_over_local_seconds: dict[str, float]
     """Per contender other than local, median over rounds of its step minus local's in the same round."""
     overhead_over_local_seconds_ci95: dict[str, list[float]]
-    precision: str = "fp32"
-    """What the steps computed in (``StepRecord.precision``)."""
-    optimizer: str = "foreach"
-    grad_comm: str = "fp32"
-    """What bucketed and torch all-reduced gradients in."""
     kind: str = "race"
     schema_version: int = SCHEMA_VERSION
 
@@ -237,131 +220,24 @@ class RaceRecord:
         return self.contenders[1]
 
     @property
+    def model(self) -> str:
+        return self.configs[0].model
+
+    @property
+    def bucket_size_mb(self) -> float | None:
+        """The cap of the contenders that take one."""
+        return next((c.bucket_size_mb for c in self.configs if c.bucket_size_mb is not None), None)
+
+    @property
     def local_round_seconds(self) -> list[float]:
         """``local``'s rounds, interleaved with the primary's."""
-        return self.round_seconds["local"]
-
-
-# ------------------------------------------------------------------------------------ writing
-
-
-def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
-    """The record of configuration ``index`` of a ``ddp.bench.measure.Measurement``, paired with
-    ``local_index`` (its local twin in the same rounds) when given."""
-    config = measurement.configs[index]
-    setup = measurement.setups[index][0]
-    rounds = measurement.round_seconds(index)
-    waits = measurement.comm_wait_seconds(index)
-    step = statistics.median(rounds)
-    fractions = [w / s for w, s in zip(waits, rounds) if s > 0]
-    paired = {}
-    if local_index is not None:
-        local = measurement.round_seconds(local_index)
-        difference, *difference_ci = paired_difference_ci(rounds, local)
-        ratio, *ratio_ci = paired_ratio_ci(rounds, local)
-        paired = dict(
-            local_round_seconds=local, overhead_seconds=difference, overhead_seconds_ci95=difference_ci,
-            overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
-        )
-    sizes = setup.bucket_sizes_bytes
-    world_size = len(measurement.setups[index])
-    memories = [rank_setup.memory for rank_setup in measurement.setups[index]]
-    memory = {}
-    if all(m is not None for m in memories):
-        memory = dict(
-            parameters_bytes=[m.parameters_bytes for m in memories],
-            gradients_bytes=[m.gradients_bytes for m in memories],
-            optimizer_state_bytes=[m.optimizer_state_bytes for m in memories],
-            memory_peak_bytes=[m.peak_bytes for m in memories],
-        )
-    sharding = sharding_of(resolve_strategy(config.strategy))
-    if sharding is not None:
-        per_parameter = sharding.bytes_per_parameter(world_size)
-        memory.update(
-            memory_formula=sharding.formula,
-            formula_bytes={kind: size * setup.num_parameters for kind, size in per_parameter.items()},
-        )
-    flops_per_token = workload_flops_per_token(config.model, config.seq_len)
-    tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
-    return StepRecord(
-        strategy=config.strategy, backend=backend, device=device, world_size=len(measurement.setups[index]),
-        model=config.model, num_parameters=setup.num_parameters, batch_size=config.batch_size,
-        seq_len=config.seq_len, bucket_size_mb=config.bucket_size_mb,
-        num_parameter_tensors=setup.num_parameter_tensors,
-        num_buckets=None if sizes is None else len(sizes), bucket_sizes_bytes=sizes,
-        allreduce_calls_per_step=setup.allreduce_calls_per_step, bytes_per_step=setup.bytes_per_step,
-        step_seconds=step, step_seconds_ci95=list(median_ci(rounds)), round_seconds=rounds,
-        comm_wait_seconds=statistics.median(waits), comm_fraction=statistics.median(fractions),
-        comm_fraction_ci95=list(median_ci(fractions)),
-        tokens_per_second=len(measurement.setups[index]) * config.batch_size * config.seq_len / step,
-        peak_memory_bytes=measurement.peak_memory_bytes(index),
-        rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
-        target_precision=measurement.target_precision,
-        reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
-        precision=config.precision, optimizer=config.optimizer, grad_comm=config.grad_comm,
-        model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=mfu(tflops, device, config.precision),
-        **paired,
-        **memory,
-    )
+        return self.round_seconds[self.contenders[0]]
 
 
 def to_extra_info(record) -> dict:
-    """What goes into a benchmark's ``extra_info``: the record's fields, JSON-ready."""
+    """What goes into a benchmark's ``extra_info``: the record's fields, JSON-ready (the nested
+    configuration and state as objects)."""
     return dataclasses.asdict(record)
-
-
-def benchmark_entry(name: str, fullname: str, group: str, param: str, params: dict, record, round_seconds: list[float]) -> dict:
-    """One benchmark as pytest-benchmark saves it, for runs written outside pytest (``ddp run``,
-    ``ddp versus --json``): its stats computed by pytest-benchmark's own ``Stats`` from the rounds."""
-    stats = Stats()
-    for seconds in round_seconds:
-        stats.update(seconds)
-    return {
-        "group": group, "name": name, "fullname": fullname, "params": params, "param": param,
-        "extra_info": to_extra_info(record),
-        "options": {"disable_gc": False, "timer": "slowest_rank_clock", "min_rounds": 1, "max_time": 1.0,
-                    "min_time": 5e-06, "warmup": False},
-        "stats": {**stats.as_dict(), "data": list(round_seconds), "iterations": 1},
-    }
-
-
-def step_entry(config, record: StepRecord) -> dict:
-    """A step benchmark under perf_tests/test_step.py's names (``config`` is its ``StepConfig``), for
-    runs written outside pytest: comparisons match it with a pytest run's."""
-    return benchmark_entry(
-        f"test_step[{config.test_id}]", f"{STEP_TEST}[{config.test_id}]", config.group_name, config.test_id,
-        {"step_config": f"UNSERIALIZABLE[{config!r}]"}, record, record.round_seconds,
-    )
-
-
-def allreduce_group_name(backend: str, world_size: int) -> str:
-    """The benchmark group of the all-reduces of one backend and world size."""
-    return f"all_reduce: {backend}, {world_size} ranks"
-
-
-def allreduce_entry(record: AllReduceRecord, size_mb: float) -> dict:
-    """An all-reduce benchmark under perf_tests/test_allreduce.py's names."""
-    param = f"n{record.world_size}-{size_mb:g}mb"
-    return benchmark_entry(
-        f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", allreduce_group_name(record.backend, record.world_size), param,
-        {"allreduce_world_size": record.world_size, "allreduce_size_mb": size_mb}, record, record.round_seconds,
-    )
-
-
-def run_document(machine_info: dict, benchmarks: list[dict]) -> dict:
-    """A whole saved run in pytest-benchmark's format, as ``--benchmark-json`` writes it."""
-    return {
-        "machine_info": machine_info, "commit_info": get_commit_info(), "benchmarks": benchmarks,
-        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": pytest_benchmark_version,
-    }
-
-
-def write_new(path: Path, document: dict) -> None:
-    """Write a run to ``path``, which must not exist: nothing a user saved is overwritten."""
-    if path.exists():
-        raise RunFileError(f"{path} exists: give a new path (nothing saved is overwritten)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=4))
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -389,8 +265,6 @@ class Run:
     commit_info: dict
     datetime: str | None
     benchmarks: list[Benchmark] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    """What reading assumed about the file, e.g. the precision of records older than schema 4."""
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -439,85 +313,47 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-_KINDS = {"step": StepRecord, "allreduce": AllReduceRecord, "race": RaceRecord}
+def _step(info: dict) -> StepRecord:
+    memory = info.get("memory")
+    if memory is not None:
+        sharding = memory.get("sharding")
+        memory = StateRecord(**{**memory, "sharding": None if sharding is None else Sharding(**sharding)})
+    return StepRecord(**{**info, "config": StepConfig.from_dict(info["config"]), "memory": memory})
 
 
-def _kind(info: dict) -> str | None:
-    if "kind" in info:
-        return info["kind"]
-    # schema 1 had no kind: tell its records apart by their keys
-    if {"strategy", "comm_wait_seconds"} <= set(info):
-        return "step"
-    if {"size_bytes", "algbw_gbps"} <= set(info):
-        return "allreduce"
-    return None  # a schema-1 race lacks what a RaceRecord holds: it is listed with its median only
+def _race(info: dict) -> RaceRecord:
+    return RaceRecord(**{**info, "configs": [StepConfig.from_dict(config) for config in info["configs"]]})
 
 
-def _upgrade(kind: str, info: dict, bench: dict) -> dict:
-    """An older record with the fields of the current schema it lacks: schema 1's filled from the
-    stats, schema 2's race read as bucketed against the reference torch, schema 4's numerics the
-    only ones the suite had (fp32, torch's default AdamW, fp32 communication) and its FLOPs figures
-    computed."""
-    info = dict(info)
-    stats = bench["stats"]
-    data = stats.get("data")
-    if kind == "race" and info.get("schema_version", 1) == 2 and "ratio_bucketed_over_torch" in info:
-        info.setdefault("contenders", list(info.get("round_seconds", {})))
-        info.setdefault("reference", "torch")
-        info.setdefault("ratio_over_reference", {"bucketed": info.pop("ratio_bucketed_over_torch")})
-        info.setdefault("ratio_over_reference_ci95", {"bucketed": info.pop("ratio_bucketed_over_torch_ci95", None)})
-    if kind in ("step", "race") and info.get("schema_version", 1) < 4:
-        info.setdefault("precision", "fp32")
-        # AdamW(lr) without foreach=: torch's foreach kernels on CUDA, its per-tensor loop on CPU
-        # (a race records no device: gloo is read as CPU, nccl as GPUs)
-        on_cpu = info.get("device", "cpu") == "cpu" if kind == "step" else info.get("backend") != "nccl"
-        info.setdefault("optimizer", "for-loop" if on_cpu else "foreach")
-        info.setdefault("grad_comm", "fp32")
-    if kind == "step" and info.get("schema_version", 1) < 4:
-        model, seq_len, step = info.get("model") or info.get("model_size"), info.get("seq_len"), info.get("step_seconds")
-        if model is not None and seq_len is not None and step is not None:
-            flops_per_token = workload_flops_per_token(model, seq_len)
-            tflops = achieved_tflops(flops_per_token, info.get("batch_size", 0) * seq_len, step)
-            info.setdefault("model_flops_per_token", flops_per_token)
-            info.setdefault("achieved_tflops", tflops)
-            info.setdefault("mfu", mfu(tflops, info.get("device", "cpu"), "fp32"))
-    if kind == "step" and info.get("schema_version", 1) < 2:
-        info.setdefault("model", info.pop("model_size", None))
-        info.setdefault("round_seconds", data)
-        info.setdefault("step_seconds_ci95", list(median_ci(data)) if data else None)
-        info.setdefault("comm_fraction_ci95", None)
-        info.setdefault("target_precision", None)
-        info.setdefault("reached_precision", None)
-    elif kind == "allreduce":
-        info.setdefault("seconds", stats["median"])
-        info.setdefault("seconds_ci95", list(median_ci(data)) if data else None)
-        info.setdefault("round_seconds", data)
-    info.pop("model_size", None)
-    info["schema_version"] = SCHEMA_VERSION
-    return info
+_KINDS = {"step": (StepRecord, _step), "allreduce": (AllReduceRecord, lambda info: AllReduceRecord(**info)),
+          "race": (RaceRecord, _race)}
 
 
-def _record(path: Path, bench: dict, kind: str):
-    cls = _KINDS.get(kind)
-    if cls is None:
+def _record(path: Path, bench: dict) -> StepRecord | AllReduceRecord | RaceRecord | None:
+    info = bench.get("extra_info") or {}
+    kind = info.get("kind")
+    if kind is None and not {"strategy", "size_bytes", "contenders"} & set(info):
+        return None  # not a ddp-bench benchmark: listed with its median only
+    version = info.get("schema_version", 1)
+    if version != SCHEMA_VERSION:
+        newer = version > SCHEMA_VERSION
+        raise RunFileError(
+            f"{path}: benchmark {bench['name']!r} was saved in ddp-bench's schema {version}, this ddp-bench reads "
+            f"schema {SCHEMA_VERSION}: " + ("upgrade ddp-bench" if newer else
+                                             "rerun the perf tests to save it again, or read it with the ddp-bench that wrote it")
+        )
+    if kind not in _KINDS:
         raise RunFileError(f"{path}: benchmark {bench['name']!r} has an unknown record kind {kind!r}; upgrade ddp-bench")
-    info = bench["extra_info"]
-    if info.get("schema_version", 1) > SCHEMA_VERSION:
-        raise RunFileError(
-            f"{path}: benchmark {bench['name']!r} has schema version {info['schema_version']}, newer than this "
-            f"ddp-bench reads ({SCHEMA_VERSION}): upgrade ddp-bench"
-        )
-    if info.get("schema_version", 1) < SCHEMA_VERSION:
-        info = _upgrade(kind, info, bench)
-    names = {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-    missing = sorted(required - set(info))
+    cls, build = _KINDS[kind]
+    missing = sorted(f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in info)
     if missing:
-        raise RunFileError(
-            f"{path}: {kind} benchmark {bench['name']!r} lacks extra_info {', '.join(missing)}; the run was "
-            "not written by ddp-bench's perf tests or predates that field: rerun the perf tests"
-        )
-    return cls(**{key: value for key, value in info.items() if key in names})
+        raise RunFileError(f"{path}: {kind} benchmark {bench['name']!r} lacks extra_info {', '.join(missing)}; the run was "
+                           "not written by ddp-bench's perf tests: rerun them")
+    try:
+        return build(info)
+    except (TypeError, ValueError) as error:
+        raise RunFileError(f"{path}: {kind} benchmark {bench['name']!r} is not a schema {SCHEMA_VERSION} record ({error}): "
+                           "rerun the perf tests") from None
 
 
 def load_run(path: str | Path) -> Run:
@@ -538,51 +374,19 @@ def run_from_data(path: Path, data: dict) -> Run:
                 f"{path}: benchmark {bench['name']!r} has no stats.median (was it run with --benchmark-disable?); "
                 "rerun the perf tests without --benchmark-disable"
             )
-        kind = _kind(bench.get("extra_info") or {})
-        record = _record(path, bench, kind) if kind is not None else None
-        if kind == "step" and bench["extra_info"].get("schema_version", 1) < 4 and not run.notes:
-            run.notes.append(
-                f"{path.name}: steps saved before schema 4 do not record their numerics; read as fp32 with fp32 "
-                "gradient communication and torch's default AdamW (foreach on GPUs, its per-tensor for-loop on CPU), "
-                "the only numerics the suite had then"
-            )
+        record = _record(path, bench)
         rounds = getattr(record, "round_seconds", None)
         if isinstance(rounds, dict):  # a race: its benchmark's rounds are its primary contender's
             rounds = rounds.get(record.primary)
         if not isinstance(rounds, list):
             rounds = stats.get("data")
         run.benchmarks.append(
-            Benchmark(
-                name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
-                round_seconds=rounds, record=record,
-            )
+            Benchmark(name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
+                      round_seconds=rounds, record=record)
         )
     if not run.benchmarks:
         raise RunFileError(f"{path} holds no benchmarks; run `pytest perf_tests --benchmark-json PATH` and pass that file")
     return run
-
-
-def race_record(measurement, backend: str, reference: str) -> RaceRecord:
-    """The record of a race (``ddp.bench.race``): ``local`` (configuration 0) and the contenders in the
-    same rounds, each divided by ``reference``'s."""
-    names = [config.strategy for config in measurement.configs]
-    rounds = {name: measurement.round_seconds(index) for index, name in enumerate(names)}
-    ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
-    overhead = {name: paired_difference_ci(rounds[name], rounds["local"]) for name in names[1:]}
-    caps = [config.bucket_size_mb for config in measurement.configs if config.bucket_size_mb is not None]
-    numerics = measurement.configs[names.index(reference)]  # every contender's precision and optimizer
-    return RaceRecord(
-        model=measurement.configs[0].model, parameters=measurement.setups[0][0].num_parameters,
-        bucket_size_mb=caps[0] if caps else None, world_size=len(measurement.setups[0]), backend=backend,
-        contenders=names, reference=reference, round_seconds=rounds,
-        median_step_seconds={name: statistics.median(r) for name, r in rounds.items()},
-        median_step_seconds_ci95={name: list(median_ci(r)) for name, r in rounds.items()},
-        ratio_over_reference={name: value[0] for name, value in ratios.items()},
-        ratio_over_reference_ci95={name: list(value[1:]) for name, value in ratios.items()},
-        overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
-        overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
-        precision=numerics.precision, optimizer=numerics.optimizer, grad_comm=numerics.grad_comm,
-    )
 
 
 # ------------------------------------------------------------------------------------ predictions and profiles
@@ -600,9 +404,9 @@ class PredictionRecord:
     step_seconds: float
     exposed_comm_seconds: float
     """What communication adds after backward ends."""
-    comm_seconds: float | None = None
-    """All-reduce time of the step on the channel, hidden or not (None in files of schema 2 and before)."""
-    num_allreduces: int | None = None
+    comm_seconds: float
+    """Collective time of the step on the channel, hidden or not."""
+    num_allreduces: int
     kind: str = "prediction"
     schema_version: int = SCHEMA_VERSION
 
@@ -623,7 +427,7 @@ class ValidationRecord:
     predicted_step_seconds: float
     error: float
     """predicted / measured - 1."""
-    measured_comm_wait_seconds: float
+    measured_exposed_comm_seconds: float
     predicted_exposed_comm_seconds: float
     kind: str = "validation"
     schema_version: int = SCHEMA_VERSION
@@ -652,7 +456,7 @@ class ProfileRecord:
     ranks: list[dict]
     """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""
     config: dict
-    """The ``ProfileConfig`` profiled."""
+    """The ``ProfileConfig`` profiled: its step's configuration (``step``), warm-up and profiled steps, folder."""
     timeline_json: str
     timeline_png: str
     kind: str = "profile"
@@ -676,18 +480,26 @@ def write_records(path: Path, records) -> None:
     path.write_text(json.dumps([dataclasses.asdict(record) for record in records], indent=2))
 
 
+def _check_version(path: Path, rows: list[Any], what: str) -> None:
+    versions = sorted({row.get("schema_version") for row in rows if isinstance(row, dict)} - {SCHEMA_VERSION}, key=str)
+    if versions:
+        raise RunFileError(f"{path}: {what} saved in ddp-bench's schema {versions[0]}, this ddp-bench reads schema "
+                           f"{SCHEMA_VERSION}: write it again with this ddp-bench")
+
+
 def load_records(path: str | Path, cls):
-    """A JSON list of ``cls`` records written by ``write_records``; files of schema 2 and before
-    (plain dicts, no ``kind``) load with the fields they lack at their defaults."""
+    """A JSON list of ``cls`` records written by ``write_records``."""
     path = Path(path)
     try:
         rows = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
-    names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(rows, list):
+        raise RunFileError(f"{path}: not a JSON list of {cls.__name__}")
+    _check_version(path, rows, f"a list of {cls.__name__}")
     try:
-        return [cls(**{**{k: v for k, v in row.items() if k in names}, "schema_version": SCHEMA_VERSION}) for row in rows]
-    except (TypeError, AttributeError) as error:
+        return [cls(**row) for row in rows]
+    except TypeError as error:
         raise RunFileError(f"{path}: not a JSON list of {cls.__name__} ({error})") from None
 
 
@@ -697,6 +509,8 @@ def write_profile_summary(path: Path, summary: ProfileSummary) -> None:
 
 def load_profile_summary(path: str | Path) -> ProfileSummary:
     """``summary.json`` as ``ddp profile`` wrote it."""
-    data = json.loads(Path(path).read_text())
+    path = Path(path)
+    data = json.loads(path.read_text())
+    _check_version(path, [data], "a profile summary")
     strategies = {name: ProfileRecord(**{"strategy": name, **entry}) for name, entry in data.pop("strategies").items()}
     return ProfileSummary(strategies=strategies, **data)

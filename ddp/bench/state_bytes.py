@@ -8,7 +8,7 @@ synchronization has just finished (so a bucketed strategy's buckets count in ful
 included); optimizer state is every tensor in the optimizer's ``state``, and in that of any
 optimizer it wraps (a sharded optimizer keeps its shard's state in an inner one). What no
 tensor of those holds is not counted: PyTorch's reducer buckets, communication buffers,
-activations. On CUDA the allocator's peak over the same step (``peak_bytes``) shows all of it.
+activations. On CUDA the allocator's peak over the timed steps (``StepRecord.peak_memory_bytes``) shows all of it.
 
 Counting visits every parameter, so it runs in its own untimed step (``measure_memory``), never
 in a timed one.
@@ -31,8 +31,6 @@ class StateMemory:
     gradients_bytes: int
     """Gradients held right after ``finish_gradient_synchronization()``."""
     optimizer_state_bytes: int
-    peak_bytes: int | None
-    """CUDA: the allocator's peak over the measured step, activations and buffers included; None on CPU."""
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -81,10 +79,9 @@ class _GradientCounter:
 def measure_memory(trainer) -> StateMemory:
     """Run one untimed step of ``trainer`` (a ``ddp.bench.trainer.Trainer``) and count its state."""
     counter = _GradientCounter(trainer.model)
-    timing = trainer.step(counter)
+    trainer.step(counter)
     return StateMemory(
         parameters_bytes=storage_bytes(trainer.model.parameters()),
         gradients_bytes=counter.gradients_bytes,
         optimizer_state_bytes=storage_bytes(optimizer_state_tensors(trainer.optimizer)),
-        peak_bytes=timing.peak_memory_bytes,
     )

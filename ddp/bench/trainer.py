@@ -40,7 +40,7 @@ same work is the reference it is measured against (perf_tests/test_harness_cost.
 once hung a tensor hook on every parameter (a Python call, a ``perf_counter`` and a CUDA event
 per parameter: 435 a step for xl); on one H100 a plain loop with those hooks ran 3-17% slower.
 
-**The figures** of one step, on each rank: ``step_seconds``, and ``comm_wait_seconds``: the
+**The figures** of one step, on each rank: ``step_seconds``, and ``exposed_comm_seconds``: the
 *exposed communication*, from the end of backward's computation until gradients were synchronized
 (``finish_gradient_synchronization()`` returned and, on CUDA, the collectives completed on the
 compute stream). The end of backward's computation is the first callback the autograd engine runs
@@ -134,7 +134,7 @@ class StepTiming:
 
     rank: int
     step_seconds: float
-    comm_wait_seconds: float
+    exposed_comm_seconds: float
     """Exposed communication: from the end of backward's computation to gradients synchronized
     (module docstring). Can be slightly negative on CUDA, where the two events are on different
     streams' clocks."""
@@ -300,12 +300,12 @@ class Trainer:
                 torch.cuda.synchronize(self.device)
         step_seconds = time.perf_counter() - start
         if self.cuda:
-            comm_wait_seconds = compute_end.event.elapsed_time(synchronized) / 1000.0
+            exposed_comm_seconds = compute_end.event.elapsed_time(synchronized) / 1000.0
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            comm_wait_seconds = synchronized_seconds - compute_end.seconds
+            exposed_comm_seconds = synchronized_seconds - compute_end.seconds
             peak = None
-        return StepTiming(self.rank, step_seconds, comm_wait_seconds, peak)
+        return StepTiming(self.rank, step_seconds, exposed_comm_seconds, peak)
 
     def close(self) -> None:
         """Undo what building this configuration hung on shared objects, and drop every reference

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddp.analysis.compare import gate
+from ddp.analysis.compare import DEFAULT_THRESHOLD, gate
 from ddp.bench.parsing import percent_type
 from ddp.bench.records import load_run
 from ddp.cli import UsageError
@@ -17,8 +17,8 @@ from ddp.cli import UsageError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD.json", help="the baseline run")
     parser.add_argument("new", metavar="NEW.json", help="the run to check")
-    parser.add_argument("--fail-slower", default=0.10, metavar="PERCENT", type=percent_type("--fail-slower"),
-                        help="fail when a benchmark is resolved slower by more than this, e.g. 10%% (default: 10%%)")
+    parser.add_argument("--fail-slower", default=DEFAULT_THRESHOLD, metavar="PERCENT", type=percent_type("--fail-slower"),
+                        help=f"fail when a benchmark is resolved slower by more than this, e.g. 10%% (default: {DEFAULT_THRESHOLD * 100:g}%%)")
 
 
 def main(args: argparse.Namespace) -> int:

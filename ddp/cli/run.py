@@ -29,11 +29,11 @@ from pathlib import Path
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
 from ddp.analysis.tables import interval_ms, ms, table
+from ddp.bench.benchmark_json import run_document, write_new
 from ddp.bench.grid import measure_grid
 from ddp.bench.machine import software_info
 from ddp.bench.measure import InProcessRanks
 from ddp.bench.options import LaunchOptions, add_grid_options, add_launch_options, grid_options
-from ddp.bench.records import run_document, write_new
 from ddp.cli import UsageError
 from ddp.launcher import TorchrunRank
 

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.run} benchmarks model {run.model!r}: simulate models the built-in LM sizes only")
         model_size = run.model
         computes = {shape: Compute(seconds, args.optimizer_fraction) for shape, seconds in run.local_seconds.items()}
-        strategies = sorted({(s.strategy, s.bucket_size_mb) for s in run.steps}, key=lambda s: (s[0], s[1] or 0))
+        strategies = sorted({(s.strategy, s.config.bucket_size_mb) for s in run.steps}, key=lambda s: (s[0], s[1] or 0))
         cpu_gloo = run.backend == "gloo" and run.device == "cpu"
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
     else:
@@ -151,6 +151,6 @@ def main(args: argparse.Namespace) -> int:
 def validation_table(rows) -> str:
     return tabulate(
         [[r.batch_size, r.seq_len, r.label, ms(r.measured_step_seconds, 1), ms(r.predicted_step_seconds, 1), f"{r.error:+.1%}",
-          ms(r.measured_comm_wait_seconds, 1), ms(r.predicted_exposed_comm_seconds, 1)] for r in rows],
-        headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured comm wait ms", "predicted exposed ms"],
+          ms(r.measured_exposed_comm_seconds, 1), ms(r.predicted_exposed_comm_seconds, 1)] for r in rows],
+        headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured exposed comm ms", "predicted exposed ms"],
     )

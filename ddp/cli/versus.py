@@ -11,6 +11,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.tables import interval_ms, ms
+from ddp.bench.benchmark_json import benchmark_entry, run_document, write_new
 from ddp.bench.machine import software_info
 from ddp.bench.options import (
     RoundOptions,
@@ -22,7 +23,6 @@ from ddp.bench.options import (
     round_options,
 )
 from ddp.bench.race import check_contenders, race, race_configs
-from ddp.bench.records import benchmark_entry, run_document, write_new
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import DEFAULT_CONTENDERS
@@ -82,8 +82,8 @@ def main(args: argparse.Namespace) -> int:
         except MemoryError as error:
             raise UsageError(str(error)) from None
     record = result.record
-    print(f"model {record.model}: {record.parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
-          f"bucket {args.bucket_size_mb:g} MiB, {record.precision}, {len(record.round_seconds['local'])} rounds")
+    print(f"{record.configs[-1].describe()}: {record.num_parameters / 1e6:.1f}M parameters, {resolved.describe()}, "
+          f"{len(record.local_round_seconds)} rounds")
     print(f"contenders raced {result.interleaving}")
     print(table(record))
     if result.weights_differ is not None:
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         name = benchmark_name(contenders, record.model)
         entry = benchmark_entry(name, f"ddp versus::{name}", f"versus: {record.model}, bucket {args.bucket_size_mb:g} MiB",
-                                record.model, {}, record, record.round_seconds[record.primary])
+                                record.model, {}, record, record.round_seconds[record.primary], rounds)
         write_new(args.json, run_document({"ddp_bench": software_info(resolved.backend, resolved.device, resolved.world_size,
                                                                       resolved.why)}, [entry]))
     return 0

@@ -209,6 +209,20 @@ class Strategy(nn.Module, abc.ABC):
     closes_bucket_after_cap: bool = False
     """True where a bucket is closed once it has reached the cap (PyTorch's DDP), so buckets may
     exceed it; False where it is closed before the tensor that would overflow it."""
+    keeps_gradient_buckets: bool = False
+    """True where the strategy keeps its buckets beside the parameters' gradients, a second copy of
+    them (PyTorch's DDP without ``gradient_as_bucket_view``): 4 more bytes a parameter in memory."""
+    prefetches_next_unit: bool = False
+    """A strategy that shards parameters: True where it issues the next unit's all-gather when the
+    current unit starts computing (``fully_shard``'s implicit prefetching), False where it gathers a
+    unit when the unit starts. The cost model schedules the all-gathers by it."""
+
+    @classmethod
+    def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]] | None:
+        """A strategy that shards parameters: the units it all-gathers one at a time, as (name,
+        submodule), the root (``""``, holding every parameter outside the others) last. A parameter
+        belongs to the innermost unit whose name prefixes its own. None: the strategy gathers no units."""
+        return None
 
     @classmethod
     def communication_schedule(
@@ -275,6 +289,9 @@ class Traits:
     reference_in_reports: bool
     first_bucket_bytes: int | None
     closes_bucket_after_cap: bool
+    keeps_gradient_buckets: bool
+    prefetches_next_unit: bool
+    units: Callable[[nn.Module], list[tuple[str, nn.Module]] | None]
     communication_schedule: Callable[..., list[Transfer] | None]
 
 
@@ -299,6 +316,9 @@ def traits_of(cls: type) -> Traits:
         reference_in_reports=bool(read("reference_in_reports")),
         first_bucket_bytes=read("first_bucket_bytes"),
         closes_bucket_after_cap=bool(read("closes_bucket_after_cap")),
+        keeps_gradient_buckets=bool(read("keeps_gradient_buckets")),
+        prefetches_next_unit=bool(read("prefetches_next_unit")),
+        units=read("units"),
         communication_schedule=schedule,
     )
 

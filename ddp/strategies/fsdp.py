@@ -87,7 +87,11 @@ class FullyShardedDP(Strategy):
     after; gradients reduce-scattered to the shards; optional ``compute_dtype`` over fp32 shards."""
 
     sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
-    prefetches_next_unit = False  # gathers when a unit starts (read by the cost model)
+    prefetches_next_unit = False  # gathers when a unit starts
+
+    @classmethod
+    def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        return plan_units(module)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()

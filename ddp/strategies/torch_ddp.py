@@ -38,6 +38,7 @@ class TorchDDP(Strategy):
     line_style = "--"  # dashed beside bucketed's solid line at the same bucket caps
     reference_in_reports = True  # the one to beat
     first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB, whatever bucket_cap_mb says
+    keeps_gradient_buckets = True  # gradient_as_bucket_view is left False, PyTorch's default
     closes_bucket_after_cap = True
 
     @classmethod

@@ -25,7 +25,11 @@ class TorchFSDP(Strategy):
     with fp32 gradient reduction."""
 
     sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
-    prefetches_next_unit = True  # fully_shard's implicit prefetching (read by the cost model)
+    prefetches_next_unit = True  # fully_shard's implicit prefetching
+
+    @classmethod
+    def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        return plan_units(module)  # the units it passes to fully_shard
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()

@@ -1,0 +1,84 @@
+"""From measured rounds to the figures a record holds: medians with their intervals, the overhead
+over ``local`` paired over rounds, throughput, FLOPs and MFU, memory per rank beside the
+strategy's formula. The arithmetic only: the schema is ``ddp.bench.records``, the statistics
+``ddp.bench.stats``, the FLOPs ``ddp.bench.flops``."""
+
+from __future__ import annotations
+
+import statistics
+
+from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
+from ddp.bench.records import RaceRecord, StateRecord, StepRecord
+from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
+from ddp.strategies.base import sharding_of
+from ddp.strategies.registry import resolve_strategy
+
+
+def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
+    """The record of configuration ``index`` of a ``ddp.bench.measure.Measurement``, paired with
+    ``local_index`` (its local twin in the same rounds) when given; ``device`` is ``cpu`` or the GPU's name."""
+    config = measurement.configs[index]
+    setups = measurement.setups[index]
+    setup = setups[0]
+    rounds = measurement.round_seconds(index)
+    exposed = measurement.exposed_comm_seconds(index)
+    step = statistics.median(rounds)
+    fractions = [e / s for e, s in zip(exposed, rounds) if s > 0]
+    paired = {}
+    if local_index is not None:
+        local = measurement.round_seconds(local_index)
+        difference, *difference_ci = paired_difference_ci(rounds, local)
+        ratio, *ratio_ci = paired_ratio_ci(rounds, local)
+        paired = dict(
+            local_round_seconds=local, overhead_seconds=difference, overhead_seconds_ci95=difference_ci,
+            overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
+        )
+    world_size = len(setups)
+    memories = [rank_setup.memory for rank_setup in setups]
+    memory = None
+    if all(m is not None for m in memories):
+        memory = StateRecord(
+            parameters_bytes=[m.parameters_bytes for m in memories],
+            gradients_bytes=[m.gradients_bytes for m in memories],
+            optimizer_state_bytes=[m.optimizer_state_bytes for m in memories],
+            sharding=sharding_of(resolve_strategy(config.strategy)),
+        )
+    flops_per_token = workload_flops_per_token(config.model, config.seq_len)
+    tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
+    sizes = setup.bucket_sizes_bytes
+    return StepRecord(
+        config=config, backend=backend, device=device, world_size=world_size,
+        num_parameters=setup.num_parameters, num_parameter_tensors=setup.num_parameter_tensors,
+        num_buckets=None if sizes is None else len(sizes), bucket_sizes_bytes=sizes,
+        allreduce_calls_per_step=setup.allreduce_calls_per_step, bytes_per_step=setup.bytes_per_step,
+        step_seconds=step, step_seconds_ci95=list(median_ci(rounds)), round_seconds=rounds,
+        rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
+        exposed_comm_seconds=statistics.median(exposed), exposed_comm_fraction=statistics.median(fractions),
+        exposed_comm_fraction_ci95=list(median_ci(fractions)),
+        tokens_per_second=world_size * config.batch_size * config.seq_len / step,
+        target_precision=measurement.target_precision,
+        reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
+        model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=mfu(tflops, device, config.precision),
+        peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
+        **paired,
+    )
+
+
+def race_record(measurement, backend: str, reference: str) -> RaceRecord:
+    """The record of a race (``ddp.bench.race``): ``local`` (configuration 0) and the contenders in the
+    same rounds, each divided by ``reference``'s."""
+    names = [config.strategy for config in measurement.configs]
+    floor = names[0]
+    rounds = {name: measurement.round_seconds(index) for index, name in enumerate(names)}
+    ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
+    overhead = {name: paired_difference_ci(rounds[name], rounds[floor]) for name in names[1:]}
+    return RaceRecord(
+        configs=list(measurement.configs), num_parameters=measurement.setups[0][0].num_parameters,
+        world_size=len(measurement.setups[0]), backend=backend, contenders=names, reference=reference, round_seconds=rounds,
+        median_step_seconds={name: statistics.median(r) for name, r in rounds.items()},
+        median_step_seconds_ci95={name: list(median_ci(r)) for name, r in rounds.items()},
+        ratio_over_reference={name: value[0] for name, value in ratios.items()},
+        ratio_over_reference_ci95={name: list(value[1:]) for name, value in ratios.items()},
+        overhead_over_local_seconds={name: value[0] for name, value in overhead.items()},
+        overhead_over_local_seconds_ci95={name: list(value[1:]) for name, value in overhead.items()},
+    )
