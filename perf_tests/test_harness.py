@@ -1,5 +1,5 @@
-"""The benchmark harness on a real rank group (not timed): running out of memory is a skip the
-rank group survives, on every rank or on one. The harness's pure units (the timing loop's
+"""The benchmark harness on a real rank group (not timed): running out of memory, on every rank or
+on one, and a configuration the machine cannot run, are skips the rank group survives. The harness's pure units (the timing loop's
 stopping rule, records, ids, bandwidths) are tested in tests/test_measure.py, which CI
 runs in full."""
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import MeasuredOutOfMemory, Measurement, measure
+from ddp.bench.measure import Measurement, NotMeasured, measure
 from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import oom_reason, release
+from ddp.bench.rank_state import release
+from ddp.bench.trainer import CannotRun
 from ddp.launcher import rank_info
 from ddp.model import build_model
 from ddp.strategies.local import LocalTraining
@@ -27,12 +28,31 @@ class OutOfMemoryDDP(LocalTraining):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
 
+class CannotRunHereDDP(LocalTraining):
+    """A strategy that says this machine cannot run it (``ddp.bench.trainer.CannotRun``), as a
+    configuration does whose compiler is missing."""
+
+    def __init__(self, module, **options) -> None:
+        raise CannotRun("no compiler for this backend here: install one, or leave the option off")
+
+
+def test_a_configuration_that_cannot_run_here_is_skipped_with_its_reason(rank_group) -> None:
+    config = StepConfig(f"{__name__}:CannotRunHereDDP", "tiny", batch_size=2, seq_len=16)
+    result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
+    assert isinstance(result, NotMeasured)
+    assert result.reason(rank_group.world_size) == (
+        f"cannot run {config.describe()}: no compiler for this backend here: install one, or leave the option off")
+    measured = measure(rank_group, [StepConfig("local", "tiny", batch_size=2, seq_len=16)], RoundOptions.fixed(2, 0))
+    assert isinstance(measured, Measurement) and len(measured.rounds) == 2  # the next configuration runs
+    rank_group.run(release)
+
+
 def test_out_of_memory_is_reported_and_the_group_survives(rank_group) -> None:
     config = StepConfig(f"{__name__}:OutOfMemoryDDP", "tiny", batch_size=2, seq_len=16)
     starts = rank_group.starts if rank_group.started else rank_group.starts + 1
     result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
-    assert isinstance(result, MeasuredOutOfMemory)
-    reason = oom_reason(config, rank_group.world_size, result.marker)
+    assert isinstance(result, NotMeasured)
+    reason = result.reason(rank_group.world_size)
     assert "batch 2, seq len 16" in reason and "Tried to allocate 20.00 GiB" in reason
     # The ranks freed their state and answer the next call without being replaced.
     working = StepConfig("local", "tiny", batch_size=2, seq_len=16)
@@ -74,8 +94,8 @@ def test_out_of_memory_on_one_rank_mid_backward_is_reported_quickly_and_the_next
     began = time.monotonic()
     result = measure(rank_group, [config], RoundOptions.fixed(3, 0))
     assert time.monotonic() - began < 60, "the ranks must not wait out the launcher's timeout"
-    assert isinstance(result, MeasuredOutOfMemory) and result.marker.rank == 1
-    assert "one rank only" in oom_reason(config, rank_group.world_size, result.marker)
+    assert isinstance(result, NotMeasured) and result.marker.rank == 1
+    assert "one rank only" in result.reason(rank_group.world_size)
     starts = rank_group.starts
     measured = measure(rank_group, [StepConfig("local", "tiny", batch_size=2, seq_len=16)], RoundOptions.fixed(2, 0))
     assert isinstance(measured, Measurement) and len(measured.rounds) == 2

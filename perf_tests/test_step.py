@@ -17,8 +17,8 @@ import pytest
 
 from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
-from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory
-from ddp.bench.rank_state import oom_reason, release
+from ddp.bench.measure import GridMeasurer, NotMeasured
+from ddp.bench.rank_state import release
 from ddp.bench.summary import step_record
 from ddp.strategies.registry import traits
 
@@ -36,8 +36,8 @@ def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_r
     group = rank_group
     benchmark.group = step_config.group_name
     result = measurer.measurement(step_config)
-    if isinstance(result, MeasuredOutOfMemory):
-        pytest.skip(oom_reason(step_config, group.world_size, result.marker))
+    if isinstance(result, NotMeasured):
+        pytest.skip(result.reason(group.world_size))
     measurement, index, local_index = result
     record = step_record(measurement, group.backend, device_name(group.device), index, local_index)
     record_rounds(record.round_seconds, record)

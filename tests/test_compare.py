@@ -128,7 +128,7 @@ def paired_rounds(step_seconds: float, local_seconds: float, n: int, seed: int, 
 
 
 def test_a_slowdown_that_also_disturbs_local_is_caught_on_the_raw_basis(files):
-    # issue 19's case: a class slowed by 15% moves +30% raw while local beside it moves and gets
+    # a class slowed by 15% moves +30% raw while local beside it moves and gets
     # noisy, so that step / local resolves nothing: the raw ratio decides
     old = load_run(files("old.json", run([step("slowed", *paired_rounds(0.0345, 0.009, 40, 1))])))
     new = load_run(files("new.json", run([step("slowed", *paired_rounds(0.0448, 0.0108, 40, 2, local_own=0.25))])))

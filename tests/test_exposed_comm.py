@@ -16,8 +16,8 @@ communication dominates every step, and for each strategy, measured in the same 
 
 The tolerance is what synchronizing may cost besides waiting: copies into buckets, the strategy's
 own Python, the contention left (``TOLERANCE_OF_LOCAL`` of the local step plus
-``TOLERANCE_SECONDS``). Before the fix ``torch`` read zero here: its figure ran from the last
-gradient to the return of ``finish_gradient_synchronization()``, after its reducer had waited.
+``TOLERANCE_SECONDS``). A figure that ran from the last gradient to the return of
+``finish_gradient_synchronization()`` would read zero for ``torch`` here: its reducer waits before that.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ same code), which no interval over one run's rounds can show. Where both runs in
 benchmark with ``local`` (its record has ``local_round_seconds``), three ratios are taken
 (``decide``): the *raw* ratio of the step's medians, the *paired* ratio of each round's step /
 local (a change in the machine slows both and cancels), and the *reference*: ``local``'s own raw
-ratio. Dividing by ``local`` alone let a regression hide (issue 19: a class slowed by 15% moved
+ratio. Dividing by ``local`` alone lets a regression hide (measured: a class slowed by 15% moved
 +30% raw, but ``local`` beside it moved x1.34 and the paired interval [0.99, 1.19] resolved
 nothing), so the verdict combines them, and the ``why`` column says which decided:
 

@@ -68,7 +68,7 @@ class Overhead:
 def resolved_apart(a: StepRecord, b: StepRecord) -> bool:
     """Whether two steps' 95% intervals of their medians do not overlap: a difference the run resolves."""
     if not a.step_seconds_ci95 or not b.step_seconds_ci95:
-        return True  # a run without intervals (schema 1): nothing to judge by
+        return True  # a step without an interval (a single round): nothing to judge by
     return a.step_seconds_ci95[1] < b.step_seconds_ci95[0] or b.step_seconds_ci95[1] < a.step_seconds_ci95[0]
 
 

@@ -50,22 +50,26 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
-def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
-    steps = [s for s in run.steps if s.config.seq_len == seq_len]
+def plot_step_vs_bucket(run: Run, seq_len: int, path: Path, variant: str | None = None) -> Path | None:
+    """Step time against bucket cap at ``seq_len`` (and, where the run has several, one ``variant``
+    of the options: each gets its own figure, so that every line stays readable)."""
+    steps = [s for s in run.steps if s.config.seq_len == seq_len and variant in (None, s.config.variant)]
     bucketed = [s for s in steps if s.config.bucket_size_mb is not None]
     if not bucketed:
         return None
-    figure, axes = plt.subplots(figsize=(6.4, 4.0))
-    # one colour per group (batch size and options): each its own set of lines; one line per
-    # strategy with its members other than the cap (bf16 communication: crosses)
+    figure, axes = plt.subplots(figsize=(9.0, 4.2))
+    # one colour per group (a batch size, ...), ``local`` its floor; within it one line per strategy
+    # and its members other than the cap (bf16 communication), in the strategy's own line style
+    # (bucketed solid, torch dashed), each with a marker of its own
     keys = groups(bucketed)
     colors = {key: f"C{i}" for i, key in enumerate(keys)}
+    names = list(dict.fromkeys(_line_name(s) for s in sorted(bucketed, key=step_order)))
+    markers = {name: MARKERS[i % len(MARKERS)] for i, name in enumerate(names)}
     for key in keys:
-        suffix = key.group_label(with_model=False)
-        here = sorted((s for s in bucketed if s.group == key), key=step_order)
+        suffix = _varying_label(key, keys)
         lines: dict[str, list] = {}
-        for s in here:
-            lines.setdefault(" ".join([s.strategy, *_other_members(s)]), []).append(s)
+        for s in sorted((s for s in bucketed if s.group == key), key=step_order):
+            lines.setdefault(_line_name(s), []).append(s)
         for name, line in lines.items():
             line.sort(key=lambda s: s.config.bucket_size_mb)
             axes.errorbar(
@@ -74,14 +78,14 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
                 yerr=_yerr_ms(line),
                 capsize=3,
                 linestyle=traits(line[0].strategy).line_style,
-                marker="o" if name == line[0].strategy else "x",
+                marker=markers[name],
                 color=colors[key],
-                label=f"{name}, {suffix}",
+                label=f"{name}{suffix}",
             )
         local = [s for s in steps if s.group == key and s.strategy == FLOOR]
         if local:
             axes.axhline(local[0].step_seconds * 1e3, color=colors[key], linestyle=traits(FLOOR).line_style,
-                         linewidth=1, label=f"{FLOOR}, {suffix}")
+                         linewidth=1, label=f"{FLOOR}{suffix}")
     axes.set_xscale("log")
     caps = sorted({s.config.bucket_size_mb for s in bucketed})
     axes.set_xticks(caps, [f"{cap:g}" for cap in caps])
@@ -90,16 +94,28 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path) -> Path | None:
     axes.set_xlabel("bucket cap (MB)")
     axes.set_ylabel("step time, median (ms)")
     models = ", ".join(sorted({s.config.model for s in steps}))
-    axes.set_title(f"Step time against bucket cap: model {models}, seq len {seq_len}")
-    axes.legend(fontsize="small")
+    axes.set_title(f"Step time against bucket cap: model {models}, seq len {seq_len}" + (f", {variant}" if variant else ""),
+                   fontsize="medium")
+    axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes.grid(True, which="both", alpha=0.3)
     return _save(figure, path)
 
 
-def _other_members(step) -> list[str]:
-    """The step's members other than its bucket cap, in words (``bf16 comm``)."""
-    return [AXES[name].text(value) for name, value in step.config.values().items()
-            if name in AXES and AXES[name].role == "member" and name != "bucket_size_mb" and value != AXES[name].default]
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _line_name(step) -> str:
+    """A line of step against bucket cap: the strategy with its members other than the cap (``torch bf16 comm``)."""
+    members = [AXES[name].text(value) for name, value in step.config.values().items()
+               if name in AXES and AXES[name].role == "member" and name != "bucket_size_mb" and value != AXES[name].default]
+    return " ".join([step.strategy, *members])
+
+
+def _varying_label(key, keys) -> str:
+    """``, batch 4``: the group's values of the axes that differ between the figure's groups."""
+    varying = [name for name, axis in AXES.items() if axis.role in ("shape", "option")
+               and len({getattr(k, name) for k in keys}) > 1]
+    return "".join(f", {AXES[name].text(getattr(key, name))}" for name in varying)
 
 
 def plot_compute_vs_comm(run: Run, path: Path) -> Path | None:
@@ -160,7 +176,14 @@ def plot_allreduce(run: Run, path: Path) -> Path | None:
 
 def draw_all(run: Run, out: Path) -> list[Path]:
     """Every plot the run has data for, written into ``out``."""
-    drawn = [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}.png") for seq in sorted({s.config.seq_len for s in run.steps})]
+    variants = list(dict.fromkeys(g.variant for g in groups(run.steps)))
+    drawn = []
+    for seq in sorted({s.config.seq_len for s in run.steps}):
+        if len(variants) == 1:
+            drawn.append(plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}.png"))
+        else:
+            drawn += [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}_{variant.replace(' ', '_')}.png", variant)
+                      for variant in variants]
     drawn.append(plot_compute_vs_comm(run, out / "report_compute_vs_comm.png"))
     drawn.append(plot_allreduce(run, out / "report_allreduce.png"))
     return [path for path in drawn if path is not None]

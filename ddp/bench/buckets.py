@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
-from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
+from ddp.bench.measure import NotMeasured, free, measure, measure_in_blocks
 from ddp.bench.memory import device_memory_bytes, fit, parameter_count
 from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import oom_reason
 from ddp.bench.records import StepRecord
 from ddp.bench.summary import step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
@@ -68,9 +67,9 @@ def sweep(ranks, values: Mapping, caps_mb: tuple[float, ...], policy: RoundOptio
                 result = measure(ranks, pair, policy)
             else:
                 result, _ = measure_in_blocks(ranks, pair, policy)
-            if isinstance(result, MeasuredOutOfMemory):
+            if isinstance(result, NotMeasured):
                 free(ranks)
-                skipped.append(oom_reason(config, ranks.world_size, result.marker))
+                skipped.append(result.reason(ranks.world_size))
                 continue
             records.append(step_record(result, ranks.backend, device_name(ranks.device), 0, 1))
     free(ranks)

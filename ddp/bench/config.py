@@ -272,10 +272,11 @@ class StepConfig:
 
     @property
     def variant(self) -> str:
-        """The options in words, ``bf16``, ``bf16 fused AdamW``; at the defaults, the default precision
-        (``fp32``): what a report sets side by side for one shape."""
-        named = [a.text(v) for a, v in self._named("option")]
-        return " ".join(named) or AXES["precision"].text(AXES["precision"].default)
+        """The options in words, the first (the precision) always named and the others where they
+        are not the default: ``fp32``, ``bf16``, ``fp32 fused AdamW``: what a report sets side by side
+        for one shape."""
+        options = self.axis_values("option")
+        return " ".join(a.text(v) for index, (a, v) in enumerate(options) if index == 0 or v != a.default)
 
     # ----------------------------------------------------------------------- groups
 

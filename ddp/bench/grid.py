@@ -12,16 +12,15 @@ from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.benchmark_json import allreduce_entry, step_entry
 from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
-from ddp.bench.measure import GridMeasurer, MeasuredOutOfMemory, free
+from ddp.bench.measure import GridMeasurer, NotMeasured, free
 from ddp.bench.options import GridOptions
-from ddp.bench.rank_state import oom_reason
 from ddp.bench.records import StepRecord
 from ddp.bench.summary import step_record
 
 
 def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig, StepRecord | str], None]) -> list[dict]:
     """Every benchmark of ``grid`` on ``ranks``; ``on_step(config, record)`` is told of each step
-    benchmark as it is measured (``record`` is the skip reason when a rank ran out of memory)."""
+    benchmark as it is measured (``record`` is the skip reason when it could not be measured)."""
     policy = grid.round_options()
     configs = grid.configs()
     benchmarks = []
@@ -29,8 +28,8 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
         measurer = GridMeasurer(ranks, configs, policy, grid.interleave)
         for config in configs:
             result = measurer.measurement(config)
-            if isinstance(result, MeasuredOutOfMemory):
-                on_step(config, oom_reason(config, ranks.world_size, result.marker))
+            if isinstance(result, NotMeasured):
+                on_step(config, result.reason(ranks.world_size))
                 continue
             measurement, index, local_index = result
             record = step_record(measurement, ranks.backend, device_name(device), index, local_index)

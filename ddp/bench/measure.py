@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
 from ddp.bench.options import INTERLEAVE, RoundOptions
-from ddp.bench.rank_state import OutOfMemory, first_out_of_memory, prepare, release, timed_round
+from ddp.bench.rank_state import OutOfMemory, Unsupported, first_withdrawn, prepare, release, skip_reason, timed_round
 from ddp.bench.stats import relative_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
@@ -72,11 +72,20 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class MeasuredOutOfMemory:
-    """A measurement that ran out of memory on some rank."""
+class NotMeasured:
+    """A measurement that did not run: some rank ran out of memory, or cannot run the configuration."""
 
     config: StepConfig
-    marker: OutOfMemory
+    marker: OutOfMemory | Unsupported
+
+    def reason(self, world_size: int) -> str:
+        """A one-line skip reason naming the configuration (``ddp.bench.rank_state.skip_reason``)."""
+        return skip_reason(self.config, world_size, self.marker)
+
+
+class CannotMeasure(Exception):
+    """A measurement that cannot be made here: predicted not to fit, out of memory, or a
+    configuration this machine cannot run; the message is one line saying which and what to do."""
 
 
 StopCriterion = Callable[[Sequence[StepConfig], list[list[float]]], "bool | None"]
@@ -86,11 +95,11 @@ None when it has nothing to judge (the precision target then decides)."""
 
 
 def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1,
-                 settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory:
+                 settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory | Unsupported:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
-    ``OutOfMemory`` a rank returned. ``budget_scale`` multiplies the time budget: a round of a
+    marker (``OutOfMemory``, ``Unsupported``) a rank returned. ``budget_scale`` multiplies the time budget: a round of a
     group of n benchmarks holds n benchmarks' steps. ``settled(rounds)``, when given and not None,
     replaces the precision target as the reason to stop before the budget."""
     rounds: list[list] = []
@@ -98,7 +107,7 @@ def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_
     precision = float("inf")
     while True:
         per_rank = run_round(len(rounds))
-        marker = first_out_of_memory(per_rank)
+        marker = first_withdrawn(per_rank)
         if marker is not None:
             return marker
         rounds.append(per_rank)
@@ -134,24 +143,24 @@ def _worst_precision(rounds: list[list]) -> float:
 
 
 def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
-            stop: StopCriterion | None = None) -> Measurement | MeasuredOutOfMemory:
+            stop: StopCriterion | None = None) -> Measurement | NotMeasured:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
     ``stop`` (if given) says the rounds are settled. The configurations stay built on the ranks
     afterwards (``release`` frees them)."""
     configs = list(configs)
     setups = ranks.run(prepare, configs, policy.warmup_rounds)
-    marker = first_out_of_memory(setups)
+    marker = first_withdrawn(setups)
     if marker is not None:
-        return MeasuredOutOfMemory(configs[0], marker)
+        return NotMeasured(configs[0], marker)
 
     def settled(rounds: list[list]) -> bool | None:
         return stop(configs, config_round_seconds(rounds))
 
     outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks,
                            settled=None if stop is None else settled)
-    if isinstance(outcome, OutOfMemory):
-        return MeasuredOutOfMemory(configs[0], outcome)
+    if isinstance(outcome, (OutOfMemory, Unsupported)):
+        return NotMeasured(configs[0], outcome)
     per_round, precision = outcome
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
@@ -222,7 +231,7 @@ class GridMeasurer:
         self.policy = policy
         self.interleave = interleave
         self.stop = stop
-        self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | MeasuredOutOfMemory] = {}
+        self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotMeasured] = {}
         self._alone: set[StepConfig] = set()
 
     @staticmethod
@@ -231,7 +240,7 @@ class GridMeasurer:
         optimizer), which is its local twin."""
         return config.local_twin()
 
-    def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | MeasuredOutOfMemory:
+    def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotMeasured:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
         if config not in self._measured:
             if self.interleave == "group" and self._key(config) not in self._alone:
@@ -248,7 +257,7 @@ class GridMeasurer:
         seconds of its own, so that a burst of load on a shared machine moves its median little."""
         others = [c for c in self.configs if self._key(c) == self._key(local) and c.strategy != FLOOR]
         pairs = [self.measurement(c) for c in others]
-        pairs = [p for p in pairs if not isinstance(p, MeasuredOutOfMemory)]
+        pairs = [p for p in pairs if not isinstance(p, NotMeasured)]
         if not pairs:
             return  # nothing measured beside it: measured alone
         rounds = [[round_[twin]] for measurement, _, twin in pairs for round_ in measurement.rounds]
@@ -262,7 +271,7 @@ class GridMeasurer:
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
         result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
-        if isinstance(result, MeasuredOutOfMemory):
+        if isinstance(result, NotMeasured):
             free(self.ranks)
             self._alone.add(self._key(config))
             return
@@ -273,7 +282,7 @@ class GridMeasurer:
         paired = self.interleave != "off" and config.strategy != FLOOR
         members = [config, config.local_twin()] if paired else [config]
         result = measure(self.ranks, members, self.policy, stop=self.stop)
-        if isinstance(result, MeasuredOutOfMemory):
+        if isinstance(result, NotMeasured):
             free(self.ranks)
             self._measured[config] = result
         else:
@@ -284,7 +293,7 @@ BLOCKS = 2  # forward then reversed order: the fewest blocks in which a linear d
 
 
 def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions, collect=None, collect_for=None,
-                      blocks: int = BLOCKS) -> tuple[Measurement | MeasuredOutOfMemory, dict]:
+                      blocks: int = BLOCKS) -> tuple[Measurement | NotMeasured, dict]:
     """``measure`` for configurations that do not fit in memory together: each is built alone,
     runs a block of rounds and is freed, in the order given and then reversed (A B C, C B A, ...).
 
@@ -309,7 +318,7 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions
         order = configs if block % 2 == 0 else configs[::-1]
         for config in order:
             result = measure(ranks, [config], block_policy)
-            if isinstance(result, MeasuredOutOfMemory):
+            if isinstance(result, NotMeasured):
                 free(ranks)
                 return result, collected
             setups.setdefault(config, result.setups[0])

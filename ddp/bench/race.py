@@ -11,7 +11,7 @@ default) and each one's overhead over ``local`` are paired over rounds, with int
 When the contenders do not fit in memory together (``ddp.bench.memory``: xl on one 80 GB GPU
 needs about 3 x 35 GiB), they race one at a time in alternating blocks of rounds instead
 (``ddp.bench.measure.measure_in_blocks``, which states what that pairing guarantees); when even
-one does not fit alone, the race is refused before anything is built.
+one does not fit alone, the race is refused before anything is built (``CannotMeasure``).
 
 After the race, every contender must hold the reference's weights: the correctness check inside
 the performance run, since a fast DDP that trains differently is no result. ``weights_differ``
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import MeasuredOutOfMemory, free, measure, measure_in_blocks
+from ddp.bench.measure import CannotMeasure, NotMeasured, free, measure, measure_in_blocks
 from ddp.bench.memory import fit_on
 from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import oom_reason, parameters_of
+from ddp.bench.rank_state import OutOfMemory, parameters_of
 from ddp.bench.records import RaceRecord
 from ddp.bench.summary import race_record
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
@@ -64,8 +64,8 @@ def race_configs(contenders: Sequence[str], values: Mapping) -> list[StepConfig]
 def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
     """Race the contenders on ``ranks`` with ``values`` (``StepConfig`` fields by name): built
     together when they fit in memory (a step of each per round, in rotating order), else one at a
-    time in alternating blocks of rounds. Raises ``MemoryError`` with a one-line reason when one
-    cannot fit even alone (before anything is built) or a rank ran out."""
+    time in alternating blocks of rounds. Raises ``CannotMeasure`` with a one-line reason when one
+    cannot fit even alone (before anything is built), a rank ran out of memory, or one cannot run here."""
     configs = race_configs(contenders, values)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
     # steps when their weights are compared.
@@ -74,9 +74,11 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
     communicating = [c for c in configs if traits(c.strategy).communicates]
     memory = fit_on(ranks, configs)
     if memory.too_large():
-        raise MemoryError(memory.too_large())
+        raise CannotMeasure(memory.too_large())
     measurement = measure(ranks, configs, policy) if memory.together else None
-    if measurement is not None and not isinstance(measurement, MeasuredOutOfMemory):
+    if isinstance(measurement, NotMeasured) and not isinstance(measurement.marker, OutOfMemory):
+        raise CannotMeasure(measurement.reason(ranks.world_size))
+    if measurement is not None and not isinstance(measurement, NotMeasured):
         weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in communicating}
         interleaving = "built together, one step of each per round in rotating order"
     else:
@@ -85,8 +87,8 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
         why = f"they do not fit in memory together: {memory.explain()}" if measurement is None else \
             "they ran out of memory built together"
         measurement, collected = measure_in_blocks(ranks, configs, policy, collect=parameters_of, collect_for=communicating)
-        if isinstance(measurement, MeasuredOutOfMemory):
-            raise MemoryError(oom_reason(measurement.config, ranks.world_size, measurement.marker))
+        if isinstance(measurement, NotMeasured):
+            raise CannotMeasure(measurement.reason(ranks.world_size))
         weights = {c.strategy: collected[c][0] for c in communicating}
         interleaving = f"one at a time in alternating blocks of rounds ({why})"
     record = race_record(measurement, ranks.backend, communicating[-1].strategy)

@@ -9,9 +9,10 @@ would get alone. On CUDA, ``release`` checks that the allocator is back where it
 first build and says what is left otherwise.
 
 **Out of memory** is not an error here: a rank that runs out frees what it held and returns an
-``OutOfMemory`` marker, so the caller decides (perf_tests skip with ``oom_reason``). It is freed
+``OutOfMemory`` marker, so the caller decides (perf_tests skip with its ``reason``). It is freed
 outside the ``except`` block: the exception's traceback holds the frames of the failed step, and
-with them its activations and autograd graph.
+with them its activations and autograd graph. A configuration this machine cannot run
+(``ddp.bench.trainer.CannotRun``) returns an ``Unsupported`` marker the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
-from ddp.bench.trainer import StepSetup, StepTiming, Trainer
+from ddp.bench.trainer import CannotRun, StepSetup, StepTiming, Trainer
 from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import steps_to_settle
@@ -59,6 +60,15 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
+class Unsupported(Withdrawn):
+    """Returned instead of a result by a rank that cannot run a configuration (``CannotRun``); it
+    has freed its state."""
+
+    rank: int
+    message: str
+
+
+@dataclass(frozen=True)
 class _Failure:
     """What is kept of an out-of-memory error once its traceback (and the tensors its frames
     hold) is gone."""
@@ -78,7 +88,7 @@ class RankBench:
     empty_allocated_bytes: int | None = None
     """CUDA memory allocated when this rank held nothing: what ``release`` returns to."""
 
-    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | OutOfMemory:
+    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | Withdrawn:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
         twin of the next strategy at the same batch and sequence length is the same) and run
         ``warmup_steps`` untimed steps of each.
@@ -104,13 +114,17 @@ class RankBench:
                     counting = index == steps - 1 and config not in kept and not trainer.states_its_collectives
                     trainer.count_collectives() if counting else trainer.step()
             return [self.trainers[config].setup() for config in configs]
+        except CannotRun as error:
+            message = str(error)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
             failure = self._failure(info, error)
-        return self.out_of_memory(info, failure)
+            return self.out_of_memory(info, failure)
+        self.release(info)
+        return Unsupported(info.rank, message)
 
-    def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | OutOfMemory:
+    def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | Withdrawn:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
         drift in the machine falls on all of them alike; timings in the order of ``configs``."""
         missing = [c.describe() for c in configs if c not in self.trainers]
@@ -184,12 +198,12 @@ class RankBench:
 
 
 @on_rank
-def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | OutOfMemory:
+def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | Withdrawn:
     return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps)
 
 
 @on_rank
-def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | OutOfMemory:
+def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | Withdrawn:
     return rank.keep(RankBench).round(rank.info, configs, round_index)
 
 
@@ -205,9 +219,16 @@ def parameters_of(rank: Rank, config: StepConfig) -> list[torch.Tensor]:
     return [p.cpu() for p in gather_full_params(rank.keep(RankBench).trainer(config).model).values()]
 
 
-def first_out_of_memory(results: Sequence) -> OutOfMemory | None:
-    """The first rank's ``OutOfMemory`` marker among per-rank results, if any rank ran out."""
-    return next((r for r in results if isinstance(r, OutOfMemory)), None)
+def first_withdrawn(results: Sequence) -> OutOfMemory | Unsupported | None:
+    """The first rank's marker among per-rank results, if any rank ran out of memory or could not run."""
+    return next((r for r in results if isinstance(r, Withdrawn)), None)
+
+
+def skip_reason(config: StepConfig, world_size: int, marker: OutOfMemory | Unsupported) -> str:
+    """Why ``config`` was not measured: the rank's out-of-memory figures, or why it cannot run."""
+    if isinstance(marker, Unsupported):
+        return f"cannot run {config.describe()}: {marker.message}"
+    return oom_reason(config, world_size, marker)
 
 
 def oom_reason(config: StepConfig, world_size: int, marker: OutOfMemory) -> str:

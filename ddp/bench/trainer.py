@@ -36,9 +36,9 @@ gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as
 **What the harness adds to a step, and nothing more**: two clock readings, one hook on the loss
 (not one per parameter) and one autograd-engine callback, plus on CUDA two events, a
 ``synchronize`` before the clock starts and the peak-memory counter reset. A plain loop of the
-same work is the reference it is measured against (perf_tests/test_harness_cost.py). The harness
-once hung a tensor hook on every parameter (a Python call, a ``perf_counter`` and a CUDA event
-per parameter: 435 a step for xl); on one H100 a plain loop with those hooks ran 3-17% slower.
+same work is the reference it is measured against (perf_tests/test_harness_cost.py). Nothing runs
+per parameter: a tensor hook on every parameter (a Python call, a ``perf_counter`` and a CUDA
+event each: 435 a step for xl) made a plain loop 3-17% slower on one H100.
 
 **The figures** of one step, on each rank: ``step_seconds``, and ``exposed_comm_seconds``: the
 *exposed communication*, from the end of backward's computation until gradients were synchronized
@@ -179,6 +179,12 @@ class BackwardComputeEnd:
         self.seconds = time.perf_counter()
         if self.event is not None:
             self.event.record()
+
+
+class CannotRun(Exception):
+    """Raised while building or stepping a configuration that this machine cannot run (a
+    compiler it lacks, a strategy that does not support an option): the suite skips the
+    configuration with this message as the reason, and the next one runs."""
 
 
 def drop_parameter_hooks(module: nn.Module) -> None:

@@ -43,6 +43,7 @@ import torch
 
 from ddp.analysis.tables import table
 from ddp.cli import UsageError
+from ddp.strategies.registry import FLOOR
 
 SKIPPED = "skipped"
 
@@ -52,7 +53,7 @@ XL_STEPS = ("--model", "xl", "--batch-sizes", "4", "--seq-lens", "64,512", "--bu
             "--rounds", "3", "--max-rounds", "5", "--warmup-rounds", "1", "--round-budget", "5")
 # 2.7b at 16 x 1024 tokens needs far more than any one GPU has for activations; the next
 # configuration (tiny) must still run on the same session.
-OUT_OF_MEMORY = ("--model", "2.7b", "--strategies", "local", "--batch-sizes", "16", "--seq-lens", "1024",
+OUT_OF_MEMORY = ("--model", "2.7b", "--strategies", FLOOR, "--batch-sizes", "16", "--seq-lens", "1024",
                  "--rounds", "1", "--max-rounds", "1", "--warmup-rounds", "0")
 
 

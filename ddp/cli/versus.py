@@ -13,6 +13,7 @@ from tabulate import tabulate
 from ddp.analysis.tables import interval_ms, ms
 from ddp.bench.benchmark_json import benchmark_entry, run_document, write_new
 from ddp.bench.machine import software_info
+from ddp.bench.measure import CannotMeasure
 from ddp.bench.options import (
     RoundOptions,
     add_config_options,
@@ -79,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
             result = race(group, values, rounds, contenders)
-        except MemoryError as error:
+        except CannotMeasure as error:
             raise UsageError(str(error)) from None
     record = result.record
     print(f"{record.configs[-1].describe()}: {record.num_parameters / 1e6:.1f}M parameters, {resolved.describe()}, "

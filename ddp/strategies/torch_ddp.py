@@ -67,7 +67,7 @@ class TorchDDP(Strategy):
         if not self.parameters_to_sync:
             raise ValueError(
                 "PyTorch's DistributedDataParallel refuses a module with no parameter that requires grad; "
-                "there is nothing to synchronize: train it without a DDP wrapper (or with 'local')"
+                "there is nothing to synchronize: train it without a DDP wrapper (or with the floor strategy, local)"
             )
         device = self.parameters_to_sync[0].device
         self.ddp = DistributedDataParallel(
