@@ -139,11 +139,15 @@ class RankBench:
                     dist.barrier()  # every rank starts each contender's step together
                 timings[index] = self.trainers[configs[index]].step()
             return [timings[index] for index in range(len(configs))]
+        except CannotRun as error:
+            message = str(error)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
             failure = self._failure(info, error)
-        return self.out_of_memory(info, failure)
+            return self.out_of_memory(info, failure)
+        self.release(info)
+        return Unsupported(info.rank, message)
 
     @staticmethod
     def _failure(info: RankInfo, error: BaseException) -> _Failure:
