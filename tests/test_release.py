@@ -19,6 +19,7 @@ import weakref
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import RankBench, prepare, release, timed_round
@@ -46,8 +47,10 @@ class SelfHookedDDP(DataParallel):
 
 
 def _live_tensors() -> dict[int, torch.Tensor]:
+    """Every tensor alive on this rank, but the compiler's fake tensors (shapes and dtypes that
+    torch.compile keeps in its caches, with no storage of their own)."""
     gc.collect()
-    return {id(obj): obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)}
+    return {id(obj): obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor)}
 
 
 def _storage_bytes(tensors) -> int:
@@ -114,7 +117,8 @@ def _configs(model: str, batch_size: int, seq_len: int) -> list[StepConfig]:
     return [StepConfig(name, model, batch_size, seq_len, 1.0 if takes_bucket_size(name) else None) for name in names]
 
 
-@pytest.mark.parametrize("config", _configs("tiny", 2, 16), ids=lambda c: c.strategy.rsplit(":", 1)[-1])
+@pytest.mark.parametrize("config", [*_configs("tiny", 2, 16), StepConfig("bucketed", "tiny", 2, 16, 1.0, compile="on")],
+                         ids=lambda c: c.test_id.split("-b2")[0].rsplit(":", 1)[-1] + ("-compile" if c.compile == "on" else ""))
 def test_a_released_configuration_leaves_nothing_alive(rank_group, config) -> None:
     for rank, alive in enumerate(rank_group.run(build_step_release, config)):
         assert not alive, f"rank {rank} still holds, after release: {'; '.join(alive[:8])}"

@@ -135,6 +135,7 @@ def _context_length(config: StepConfig) -> str | None:
 PRECISIONS = ("fp32", "tf32", "bf16")  # what each means: ddp.bench.trainer
 OPTIMIZERS = ("foreach", "fused")
 GRAD_COMMS = ("fp32", "bf16")
+COMPILE = ("off", "on")
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,14 @@ class StepConfig:
         text=lambda v: f"{v} comm", id=lambda v: f"{v}comm",
     )
     """``bf16``: gradients all-reduced in bf16 (strategies that take ``comm_dtype``); ``fp32``: as they are."""
+    compile: str = _axis(
+        "off", role="option", flag="--compile", plural="compile settings", choices=COMPILE,
+        help="on: the model under torch.compile, its forward and backward compiled before the strategy wraps it (the "
+        "strategy stays eager); a configuration that cannot compile is skipped with the reason; see docs/perf-suite.md",
+        parse=choice("--compile", COMPILE), cpu=("off",), gpu=("off",),
+        text=lambda v: "compiled" if v == "on" else "eager", id=lambda v: "compile" if v == "on" else "eager",
+    )
+    """``on``: the model compiled by ``torch.compile`` (``ddp.bench.trainer``); ``off``: eager."""
     seed: int = 0
     """Seeds the model's weights and the global batch (not an axis: every configuration uses 0)."""
 

@@ -33,6 +33,15 @@ each other.
 takes ``comm_dtype`` to all-reduce gradients in bf16 and accumulate the result back into the fp32
 gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as they are.
 
+**Compilation** (``StepConfig.compile``): ``on`` compiles the model with ``torch.compile``
+(``nn.Module.compile``: in place, so the strategy wraps the very module it would wrap eagerly)
+before the strategy wraps it, so forward and backward run as compiled graphs while the strategy's
+hooks and collectives stay eager, outside them; the first steps compile, untimed (the warm-up).
+This is compiling the model under a hand-written DDP; PyTorch's DDP compiled whole (its
+``DDPOptimizer`` splitting graphs at buckets) is another configuration, not this one. A
+configuration the compiler cannot take (no C++ compiler or Triton, a strategy whose hooks it
+cannot trace) raises ``CannotRun`` with the compiler's message, and the suite skips it.
+
 **What the harness adds to a step, and nothing more**: two clock readings, one hook on the loss
 (not one per parameter) and one autograd-engine callback, plus on CUDA two events, a
 ``synchronize`` before the clock starts and the peak-memory counter reset. A plain loop of the
@@ -212,6 +221,8 @@ class Trainer:
         workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
         self.workload: Workload = workload
         module = workload.module
+        if config.compile == "on":
+            module.compile()  # in place: forward and backward compiled on the first step
         # counted before wrapping: a sharding strategy takes the parameters out of the module or empties them
         params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
@@ -279,7 +290,16 @@ class Trainer:
     def step(self, observer: StepObserver = NO_OBSERVER) -> StepTiming:
         """One step in this configuration's precision; setting and restoring it is outside the clock."""
         with numerics(self.config.precision):
-            return self._timed_step(observer)
+            if self.config.compile == "off":
+                return self._timed_step(observer)
+            from torch._dynamo.exc import TorchDynamoException  # the compiler's errors, imported only when compiling
+            from torch._inductor.exc import InvalidCxxCompiler
+
+            try:
+                return self._timed_step(observer)
+            except (TorchDynamoException, InvalidCxxCompiler) as error:
+                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise CannotRun(f"torch.compile failed ({type(error).__name__}: {message}); run it with --compile off") from None
 
     def _timed_step(self, observer: StepObserver) -> StepTiming:
         phase = observer.phase

@@ -1,0 +1,71 @@
+"""``--compile on``: the model under ``torch.compile`` (``ddp.bench.trainer``), an option axis of the
+grid declared in one place. A compiled step trains as the eager one does, and a strategy the
+compiler cannot take is skipped with the compiler's reason, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp.bench.config import StepConfig
+from ddp.bench.measure import Measurement, NotMeasured, measure
+from ddp.bench.options import RoundOptions, grid_defaults, grid_options
+from ddp.bench.rank_state import release
+from ddp.bench.trainer import Trainer
+from ddp.launcher import rank_info
+from ddp.strategies.base import gather_full_params
+from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
+
+STEPS = 3
+
+
+def test_compile_is_an_option_of_the_grid_off_by_default():
+    compiled = StepConfig("bucketed", "tiny", 2, 32, 1.0, compile="on")
+    assert compiled.test_id == "bucketed-b2-s32-bucket1mb-compile"
+    assert compiled.group_name == "step: model tiny, batch 2, seq len 32, compiled"
+    assert compiled.local_twin() == StepConfig("local", "tiny", 2, 32, compile="on")  # the floor is compiled too
+    assert StepConfig("bucketed", "tiny", 2, 32, 1.0).test_id == "bucketed-b2-s32-bucket1mb"  # off: names unchanged
+    for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
+        assert grid_defaults(backend, device).values("compile") == ("off",)
+    grid = grid_options({"compile": ("off", "on"), "strategy": ("local", "naive"), "model": ("tiny",), "batch_size": (2,),
+                         "seq_len": (32,)}.get, "gloo", "cpu")
+    assert [c.test_id for c in grid.configs()] == ["local-b2-s32", "naive-b2-s32", "local-b2-s32-compile", "naive-b2-s32-compile"]
+
+
+def trained(strategy: str) -> dict:
+    """Runs on every rank: ``STEPS`` of the benchmark's step, eager and compiled, from the same
+    seed; returns each one's parameters, or why the compiled one cannot run."""
+    info = rank_info()
+    out = {}
+    for compile_ in ("off", "on"):
+        config = StepConfig(strategy, "tiny", 2, 32, 1.0 if takes_bucket_size(strategy) else None, compile=compile_)
+        trainer = Trainer(config, info)
+        try:
+            for _ in range(STEPS):
+                trainer.step()
+            out[compile_] = [p.detach().cpu().clone() for p in gather_full_params(trainer.model).values()]
+        finally:
+            trainer.close()
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["bucketed", "torch"])
+def test_a_compiled_step_trains_as_the_eager_one(rank_group, strategy):
+    for result in rank_group.run(trained, strategy):
+        for compiled, eager in zip(result["on"], result["off"], strict=True):
+            # the same arithmetic reordered by the compiler: fp32 rounding, compounded over 3 AdamW steps
+            torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_every_strategy_compiled_is_measured_or_skipped_with_the_compilers_reason(rank_group):
+    """Each strategy, compiled, either runs (and is measured) or is skipped saying that
+    torch.compile failed and what to do, and the next one runs on the same ranks."""
+    for strategy in ("local", *DDP_STRATEGIES):
+        config = StepConfig(strategy, "tiny", 2, 32, 1.0 if takes_bucket_size(strategy) else None, compile="on")
+        result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
+        if isinstance(result, NotMeasured):
+            reason = result.reason(rank_group.world_size)
+            assert reason.startswith(f"cannot run {config.describe()}: torch.compile failed (") and "--compile off" in reason, reason
+        else:
+            assert isinstance(result, Measurement) and len(result.rounds) == 2, strategy
+        rank_group.run(release)
