@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from ddp.bench.parsing import percent
 from ddp.bench.stats import (
     Verdict,
     machine_adjusted_ratio_ci,
@@ -20,7 +21,6 @@ from ddp.bench.stats import (
     paired_ci,
     paired_difference_ci,
     paired_ratio_ci,
-    parse_percent,
     ratio_of_medians_ci,
     relative_half_width,
     verdict,
@@ -244,14 +244,14 @@ def test_verdict_bad_input(low, high, threshold):
 
 
 @pytest.mark.parametrize("text, fraction", [("10%", 0.10), (" 2.5 % ", 0.025), ("0.1", 0.1), ("150%", 1.5), ("1e-2", 0.01)])
-def test_parse_percent(text, fraction):
-    assert parse_percent(text) == pytest.approx(fraction)
+def test_percent(text, fraction):
+    assert percent(text) == pytest.approx(fraction)
 
 
 @pytest.mark.parametrize("text", ["10", "1", "1.0", "-5%", "-0.1", "0", "0%", "abc", "", "%", "nan", "inf%", "10%%"])
 def test_parse_percent_refuses_and_says_what_to_write(text):
     with pytest.raises(ValueError, match=r"^--fail-slower takes a percentage such as 10% \(or a fraction such as 0.1\)"):
-        parse_percent(text, "--fail-slower")
+        percent(text, "--fail-slower")
 
 
 # --- bad input ------------------------------------------------------------------------------------

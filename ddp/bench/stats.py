@@ -250,22 +250,3 @@ def verdict(low: float, high: float, threshold: float) -> Verdict:
     if 1 - threshold <= low and high <= 1 + threshold:
         return Verdict.UNCHANGED
     return Verdict.NOT_RESOLVED
-
-
-def parse_percent(text: str, option: str = "the threshold") -> float:
-    """A relative threshold from the command line, as a fraction: "10%" -> 0.10, "0.1" -> 0.1.
-
-    A bare number must be a fraction below 1: "10" is refused rather than guessed (10% or 1000%?).
-    Raises ValueError naming ``option`` (e.g. "--fail-slower") and what to write instead.
-    """
-    usage = f"{option} takes a percentage such as 10% (or a fraction such as 0.1), got {text!r}"
-    stripped = str(text).strip()
-    is_percent = stripped.endswith("%")
-    try:
-        value = float(stripped[:-1].strip() if is_percent else stripped)
-    except ValueError:
-        raise ValueError(usage) from None
-    fraction = value / 100 if is_percent else value
-    if not math.isfinite(fraction) or fraction <= 0 or (not is_percent and fraction >= 1):
-        raise ValueError(usage)
-    return fraction
