@@ -5,11 +5,9 @@ the checks of that class."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
-from ddp.strategies.registry import DDP_STRATEGIES, STRATEGIES, resolve_strategy
+from ddp.strategies.registry import DDP_STRATEGIES, STRATEGIES, takes_option
 
 
 def strategies_under_test(config: pytest.Config) -> tuple[str, ...]:
@@ -18,10 +16,7 @@ def strategies_under_test(config: pytest.Config) -> tuple[str, ...]:
 
 def takes(strategy: str, option: str) -> bool:
     """Whether the strategy's constructor names ``option`` (``comm_dtype``, ``compute_dtype``, ...)."""
-    try:
-        return option in inspect.signature(resolve_strategy(strategy)).parameters
-    except ValueError:
-        return False
+    return takes_option(strategy, option)
 
 
 def only_those_taking(option: str, strategies: tuple[str, ...], what: str) -> list:

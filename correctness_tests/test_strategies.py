@@ -52,6 +52,7 @@ BUCKET_CASES = {
     "tensor_over_cap": lambda sizes: max(sizes) / 2 / 2**20,
 }
 
+
 def strategy_cases(strategies: tuple[str, ...]) -> list:
     """(strategy, bucket case) pairs for ``--strategies`` (default: every DDP). A strategy that takes
     ``bucket_size_mb`` runs every bucket case (PyTorch's DDP, the reference, whose bucketing PyTorch

@@ -65,8 +65,8 @@ class ModelConfig:
 MODEL_SIZES: dict[str, ModelConfig] = {
     # 21 tensors, 259,392 parameters: for tests and smoke runs on CPU.
     "tiny": ModelConfig(vocab_size=1000, context_length=128, d_model=64, d_ff=256, num_layers=2, num_heads=4),
-    # 39 tensors, 9,316,608 parameters (~9.3M, 37 MB of float32 gradients, the largest tensors
-    # 10 MB): the CPU benchmark default, big enough that bucket sizes matter, a step well under 1 s.
+    # 39 tensors, 9,316,608 parameters (~9.3M, 35.5 MiB of float32 gradients, the largest tensors
+    # 9.8 MiB): the CPU benchmark default, big enough that bucket sizes matter, a step well under 1 s.
     "mini": ModelConfig(d_model=256, d_ff=1024, num_layers=4, num_heads=4),
     # 111 tensors, 128,625,408 parameters (~129M)
     "small": ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12),

@@ -36,9 +36,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("ddp-bench-grid").addoption(
-        "--ddp-fail-slower", default=None, metavar="PERCENT", type=percent_type("--ddp-fail-slower"),
+        "--ddp-fail-slower", default=None, nargs="?", const=DEFAULT_THRESHOLD, metavar="PERCENT",
+        type=percent_type("--ddp-fail-slower"),
         help="with --benchmark-compare: fail when a benchmark is resolved slower than the compared run by more than "
-        "this, e.g. 10%% (its 95%% interval of new / old entirely above 1.10); see `python -m ddp compare`",
+        f"this, e.g. 10%% (alone: {DEFAULT_THRESHOLD * 100:g}%%); see `python -m ddp compare`",
     )
 
 
@@ -143,7 +144,7 @@ def record_precision(request: pytest.FixtureRequest):
 
 def compared_runs(config: pytest.Config) -> list[tuple[str, Run]]:
     """(label, run) of each saved run ``--benchmark-compare`` loaded (handed over by pytest-benchmark's
-    ``pytest_benchmark_compare_machine_info`` hook, the root conftest); raises ``RunFileError``."""
+    ``pytest_benchmark_compare_machine_info`` hook, below); raises ``RunFileError``."""
     runs = []
     for data, _ in config.stash.get(COMPARED, []):
         commit = (data.get("commit_info") or {}).get("id") or "?"

@@ -35,7 +35,6 @@ HARNESS_RATIO_BAR = 1.02
 PEAK_MEMORY_BAR = 0.02
 
 
-
 class Timing:
     def __init__(self, seconds: float, peak_memory_bytes: int | None) -> None:
         self.seconds = seconds
@@ -109,7 +108,7 @@ def test_harness_costs_what_a_plain_loop_does(benchmark, rank_group, grid, recor
     if grid.model not in MODEL_SIZES:
         pytest.skip(f"the plain loop is written for ddp.model's LM sizes; --model {grid.model} is not one")
     config = StepConfig(FLOOR, grid.model, grid.values("batch_size")[0], grid.values("seq_len")[0])
-    benchmark.group = f"harness cost: model {config.model}, batch {config.batch_size}, seq len {config.seq_len}"
+    benchmark.group = f"harness cost: {config.group_label()}"
     try:
         rank_group.run(build_plain, config)
         rank_group.run(prepare, [config], grid.rounds.warmup_rounds)

@@ -3,7 +3,7 @@ synchronization, AdamW) for each strategy x batch size x sequence length x bucke
 
 What shares a round is ``--interleave`` (``ddp.bench.measure.GridMeasurer``): on CPU by default
 each strategy with a ``local`` twin, so that its overhead is paired over rounds; ``group`` runs every
-strategy of one batch size and sequence length in the same rounds (measured when the group's first
+strategy of one group (model, batch, sequence length, options) in the same rounds (measured when its first
 test runs); ``off`` (the GPU default) each alone. A
 round's time is the slowest rank's step. Rounds are added until every median's 95% interval is
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
@@ -47,6 +47,6 @@ def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_r
     assert len({s.num_parameters for s in setups}) == 1, "ranks built different models"
     # every strategy's collectives are known: its own figure, or counted in a warm-up step
     if traits(step_config.strategy).communicates:
-        assert setups[0].bytes_per_step > 0 and setups[0].allreduce_calls_per_step >= 1
+        assert setups[0].bytes_per_step > 0 and setups[0].collectives_per_step >= 1
     else:
-        assert setups[0].bytes_per_step == 0 and setups[0].allreduce_calls_per_step == 0
+        assert setups[0].bytes_per_step == 0 and setups[0].collectives_per_step == 0

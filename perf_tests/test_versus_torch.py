@@ -3,7 +3,8 @@
 One round is one step of each of local, bucketed and torch (``ddp.bench.race``); the rounds of
 bucketed are what pytest-benchmark saves, and the figures that matter (each median with its
 interval, the paired ratio bucketed / torch, each DDP's overhead over local) are the
-``RaceRecord`` in ``extra_info``. The test fails if bucketed and torch end with different weights.
+``RaceRecord`` in ``extra_info``, under the name ``ddp versus --json`` gives the same race
+(``ddp.bench.benchmark_json.race_id``). The test fails if bucketed and torch end with different weights.
 
 Model: the deep MLP (101M parameters, 16 rows per rank) on CPU, whose rounds fit in about a minute
 on 2 cores; the Transformer LM "small" with CUDA; ``--model tiny`` (the CI smoke run) races the
@@ -14,24 +15,32 @@ from __future__ import annotations
 
 import pytest
 
+from ddp.bench.benchmark_json import race_group_name, race_id
 from ddp.bench.measure import CannotMeasure, free
-from ddp.bench.race import race
+from ddp.bench.race import race, race_configs
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
+from ddp.strategies.registry import DEFAULT_CONTENDERS
+from perf_tests.conftest import benchmark_grid, launch
 
-BUCKET_SIZE_MB = 25.0  # the default of both DDPs
 
-
-def race_shape(grid, device: str) -> tuple[str, int, int]:
-    """(model, batch size, seq len) of the race."""
+def race_values(grid, device: str) -> dict:
+    """The race's model, batch size and seq len, at the DDPs' default bucket cap."""
     if grid.model == "tiny":
-        return "tiny", 2, 32
-    return ("small", 1, 64) if device == "cuda" else ("mlp", 16, 1)
+        model, batch_size, seq_len = "tiny", 2, 32
+    else:
+        model, batch_size, seq_len = ("small", 1, 64) if device == "cuda" else ("mlp", 16, 1)
+    return {"model": model, "batch_size": batch_size, "seq_len": seq_len, "bucket_size_mb": DEFAULT_BUCKET_SIZE_MB}
 
 
-def test_bucketed_versus_torch(benchmark, rank_group, grid, record_rounds) -> None:
-    model, batch_size, seq_len = race_shape(grid, rank_group.device)
-    benchmark.group = f"versus: {model}, bucket {BUCKET_SIZE_MB:g} MiB"
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "values" in metafunc.fixturenames:
+        values = race_values(benchmark_grid(metafunc.config), launch(metafunc.config).device)
+        metafunc.parametrize("values", [values], ids=[race_id(race_configs(DEFAULT_CONTENDERS, values))])
+
+
+def test_versus(benchmark, rank_group, grid, values, record_rounds) -> None:
+    benchmark.group = race_group_name(race_configs(DEFAULT_CONTENDERS, values))
     try:
-        values = {"model": model, "batch_size": batch_size, "seq_len": seq_len, "bucket_size_mb": BUCKET_SIZE_MB}
         result = race(rank_group, values, grid.round_options())
     except CannotMeasure as error:
         pytest.skip(str(error))

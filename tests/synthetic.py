@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddp.bench.benchmark_json import allreduce_entry, benchmark_entry, run_document, step_entry
+from ddp.bench.benchmark_json import allreduce_entry, race_entry, run_document, step_entry
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import Measurement
 from ddp.bench.options import RoundOptions
@@ -72,8 +72,7 @@ def race_benchmark(contenders: list[str], rounds: dict[str, list[float]], **valu
                for index in range(len(rounds[FLOOR]))]
     setups = [[_setup(c, rank, 655_360, None, None) for rank in range(2)] for c in configs]
     record = race_record(Measurement(configs, setups, timings, 0.0, 1.0), "gloo", contenders[-1])
-    return benchmark_entry(f"test_versus[{'-'.join(contenders)}]", "ddp versus", "versus", "", {}, record,
-                           record.round_seconds[record.primary], ROUNDS)
+    return race_entry(record, ROUNDS)
 
 
 def allreduce_benchmark(world_size: int, size_mb: float, seconds: float, backend: str = "gloo") -> dict:

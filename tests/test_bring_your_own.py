@@ -58,7 +58,7 @@ def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
     assert mine["num_parameter_tensors"] == 20
     assert mine["num_parameters"] == 256 * 512 + 512 + 4 * (2 * 512 + 512 * 512 + 512) + 512 * 10 + 10
     # counted from the collectives it launched: one used-mask all-reduce, then one per tensor
-    assert mine["allreduce_calls_per_step"] == 21
+    assert mine["collectives_per_step"] == 21
     assert mine["bucket_sizes_bytes"] is None and len(mine["round_seconds"]) == 2
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.bench.config import StepConfig
-from ddp.bench.options import GRID_OPTIONS
+from ddp.bench.config import AXES, StepConfig
+from ddp.bench.options import AXIS_LIST_OPTIONS, GRID_OPTIONS, grid_defaults
 from ddp.bench.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, StateRecord, StepRecord
 
 ROOT = Path(__file__).parents[1]
@@ -67,3 +67,20 @@ def test_the_options_table_lists_every_grid_option_and_no_other():
 def test_the_schema_version_stated_is_the_one_written(path):
     stated = [int(v) for v in re.findall(r"schema(?:_version`| version| \(version)?,? (\d+)", (ROOT / path).read_text())]
     assert stated and set(stated) == {SCHEMA_VERSION}, f"{path} states schema {stated}, the code writes {SCHEMA_VERSION}"
+
+
+def test_the_options_table_states_each_axis_default_as_declared():
+    """The GPU and CPU default columns of the axes' rows are the declarations' ``Axis.gpu`` and ``Axis.cpu``."""
+    rows = {re.findall(r"`([^`]+)`", row.split("|")[1])[0]: [cell.strip() for cell in row.strip().strip("|").split("|")]
+            for row in table_after(PERF_SUITE, "| option | GPU default")[2:]}
+    declared = {"gpu": grid_defaults("nccl", "cuda"), "cpu": grid_defaults("gloo", "cpu")}
+
+    def stated(cell: str) -> str:
+        return cell.split(" (")[0].replace("`", "").strip()
+
+    for name in AXES:
+        flag = AXIS_LIST_OPTIONS[name].flag
+        gpu_cell, cpu_cell = rows[flag][1], rows[flag][2]
+        for column, cell in (("gpu", gpu_cell), ("cpu", cpu_cell if stated(cpu_cell) != "the same" else gpu_cell)):
+            values = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in declared[column].values(name))
+            assert stated(cell) == values, f"docs/perf-suite.md states {flag} {stated(cell)!r} on {column}, declared {values!r}"

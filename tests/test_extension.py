@@ -92,11 +92,11 @@ def test_it_runs_through_the_perf_grid_the_report_the_plots_and_the_simulator(tm
     assert done.returncode == 0, done.stdout[-3000:]
     mine = {s.config.bucket_size_mb: s for s in load_run(run).steps if s.strategy == NAME}
     assert set(mine) == {0.05, 1.0}
-    assert all(s.bytes_per_step > 0 and s.allreduce_calls_per_step >= 2 for s in mine.values())  # counted: mask + chunks
+    assert all(s.bytes_per_step > 0 and s.collectives_per_step >= 2 for s in mine.values())  # counted: mask + chunks
 
     assert ddp_main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
-    assert f"| {NAME} 0.05 MB" in report and f"| {NAME} 1 MB" in report
+    assert f"| {NAME} 0.05 MiB" in report and f"| {NAME} 1 MiB" in report
     assert (tmp_path / "report" / "report_step_vs_bucket_seq16.png").read_bytes()[:4] == b"\x89PNG"
 
     predictions = tmp_path / "predictions.json"

@@ -69,7 +69,7 @@ def test_step_records_carry_numerics_and_flops_and_mfu_only_where_a_peak_is_know
     assert on_cpu.mfu is None
     on_h100 = step_record(_measurement(config), "nccl", "NVIDIA H100 80GB HBM3")
     assert on_h100.mfu == pytest.approx(156_106_752 / 1e12 / 989.5)
-    assert on_h100.label == "bucketed 25 MB bf16 comm" and on_h100.config.variant == "bf16 fused AdamW"
+    assert on_h100.label == "bucketed 25 MiB bf16 comm" and on_h100.config.variant == "bf16 fused AdamW"
 
 
 def test_names_carry_what_differs_from_the_default_numerics():

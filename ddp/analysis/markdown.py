@@ -34,7 +34,6 @@ from ddp.analysis.sharding import FIT_WORLD_SIZES, H100_BYTES, LEVELS, MEASURED_
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.config import AXES, StepConfig
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
-from ddp.strategies.base import REPLICATED
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 
 TABLE_FORMAT = "github"
@@ -171,7 +170,7 @@ def variant_section(run: Run) -> list[str]:
                 if s.config.bucket_size_mb is not None:
                     best_caps.setdefault(s.strategy, s.config.bucket_size_mb)
             order = " < ".join(f"{s.label} {ms(s.step_seconds)}" for s in ranked)
-            caps = ", ".join(f"{name} {cap:g} MB" for name, cap in best_caps.items())
+            caps = ", ".join(f"{name} {cap:g} MiB" for name, cap in best_caps.items())
             lines.append(f"- {variant}: {order} (ms)" + (f"; best cap: {caps}" if caps else ""))
         lines.append("")
     return lines
@@ -212,9 +211,10 @@ def memory_section(run: Run) -> list[str]:
         "",
         "The state each strategy holds on its most loaded rank, counted as distinct tensor storages after "
         "gradients are synchronized (`ddp.bench.state_bytes`; the same count on CPU and CUDA), beside the formula of "
-        "what it shards (fp32 weights, gradients, AdamW's two moments: replicated 4 + 4 + 8 bytes a parameter, "
-        "ZeRO-1 4 + 4 + 8/N, full sharding 16/N). Activations and communication buffers are not state: on "
-        "CUDA the allocator's peak over the timed steps shows them.",
+        "what it shards (fp32 weights, gradients, AdamW's two moments; bytes a parameter: "
+        + ", ".join(f"{level} {sharding.formula}" for level, sharding in LEVELS.items())
+        + "). Activations and communication buffers are not state: on CUDA the allocator's peak over the timed "
+        "steps shows them.",
         "",
         _table(rows, MEASURED_HEADERS),
         "",
@@ -223,7 +223,7 @@ def memory_section(run: Run) -> list[str]:
 
 def sharding_section(run: Run) -> list[str]:
     """Which model fits at which world size, and what the run measured sharding to cost."""
-    sharded = [s for s in run.steps if s.memory is not None and s.memory.sharding not in (None, REPLICATED)]
+    sharded = [s for s in run.steps if s.memory is not None and s.memory.sharding is not None and s.memory.sharding.is_sharded]
     if not sharded:
         return []
     gb = 1e9
@@ -295,7 +295,7 @@ def bucket_section(run: Run) -> list[str]:
         row = [label, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
         row += [ms(by[(label, k)].step_seconds) if (label, k) in by else "" for k in keys]
         rows.append(row)
-    headers = ["strategy", "bucket cap (MB)", "buckets", "total / cap"] + [f"{k.group_label(with_model)} (ms)" for k in keys]
+    headers = ["strategy", "bucket cap (MiB)", "buckets", "total / cap"] + [f"{k.group_label(with_model)} (ms)" for k in keys]
     return section(
         "By bucket size",
         "Median step time, ms, with the number of buckets each cap produced and the count that "
@@ -334,7 +334,7 @@ def race_section(run: Run) -> list[str]:
     ]
     for r in run.races:
         rows = [
-            [name, ms(r.median_step_seconds[name]), interval_ms(r.median_step_seconds_ci95[name]),
+            [name, ms(r.step_seconds[name]), interval_ms(r.step_seconds_ci95[name]),
              "reference" if name == r.reference else (
                  f"{r.ratio_over_reference[name]:.3f} {ratio_interval(r.ratio_over_reference_ci95[name])}"
                  if name in r.ratio_over_reference else ""),
@@ -342,7 +342,7 @@ def race_section(run: Run) -> list[str]:
                  "yes" if r.ratio_over_reference_ci95[name][1] < 1 or r.ratio_over_reference_ci95[name][0] > 1 else "not resolved")]
             for name in r.contenders
         ]
-        lines += [f"{r.configs[-1].group_label()}" + ("" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MB")
+        lines += [f"{r.configs[-1].group_label()}" + ("" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MiB")
                   + f", {r.world_size} ranks:", "",
                   _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference} [95%]", "resolved"]), ""]
     return lines
@@ -360,8 +360,6 @@ def others_section(run: Run) -> list[str]:
         _table(rows, ["benchmark", "group", "median (ms)"]),
         "",
     ]
-
-
 
 
 def comparison_section(old: Run, new: Run) -> list[str]:

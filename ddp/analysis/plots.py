@@ -3,11 +3,11 @@
 
 - ``report_step_vs_bucket_seq{N}.png``: step time against bucket cap, one figure per sequence
   length, one line per batch size and bucketing strategy (in the strategy's own ``line_style``:
-  bucketed solid, torch dashed), with ``local`` as the floor (the seeds' figures, from saved data);
+  bucketed solid, torch dashed), with ``local`` as the floor;
 - ``report_compute_vs_comm.png``: per configuration, each strategy's step split into compute and
   exposed communication (``exposed_comm_seconds``), stacked;
 - ``report_allreduce.png``: all-reduce time and bus bandwidth against size, one line per backend
-  and world size (the seed 004 charts).
+  and world size.
 
 Each function returns the path it wrote, or None when the run holds nothing to draw.
 """
@@ -91,7 +91,7 @@ def plot_step_vs_bucket(run: Run, seq_len: int, path: Path, variant: str | None 
     axes.set_xticks(caps, [f"{cap:g}" for cap in caps])
     axes.minorticks_off()
     axes.set_ylim(bottom=0)  # differences between caps read against the whole step
-    axes.set_xlabel("bucket cap (MB)")
+    axes.set_xlabel("bucket cap (MiB)")
     axes.set_ylabel("step time, median (ms)")
     models = ", ".join(sorted({s.config.model for s in steps}))
     axes.set_title(f"Step time against bucket cap: model {models}, seq len {seq_len}" + (f", {variant}" if variant else ""),

@@ -16,13 +16,15 @@ import torch
 
 from ddp.bench.records import StepRecord
 from ddp.model import MODEL_SIZES, build_model, num_parameters
-from ddp.strategies.base import Sharding
+from ddp.strategies.base import Sharding, sharding_of
+from ddp.strategies.registry import STRATEGIES
 
 H100_BYTES = 80 * 10**9  # an H100 SXM's 80 GB (the GPU the suite's GPU evidence comes from)
+# Each level of sharding the registered strategies declare, by its name.
 LEVELS: dict[str, Sharding] = {
-    "replicated (DDP)": Sharding(),
-    "ZeRO-1 (sharded optimizer)": Sharding(optimizer_state=True),
-    "full sharding (FSDP)": Sharding(parameters=True, gradients=True, optimizer_state=True),
+    sharding.level: sharding
+    for sharding in sorted({sharding_of(cls) for cls in STRATEGIES.values()} - {None},
+                           key=lambda s: (s.parameters, s.gradients, s.optimizer_state))
 }
 FIT_WORLD_SIZES = (1, 2, 8, 64, 512)
 

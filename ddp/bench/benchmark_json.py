@@ -1,7 +1,8 @@
 """Runs measured outside pytest (``ddp run`` under torchrun, ``ddp versus --json``), written as
 pytest-benchmark writes ``--benchmark-json``: benchmarks under perf_tests' names and groups, their
-stats computed by pytest-benchmark's own ``Stats`` from the measured rounds, their options the
-ones pytest runs record (``ddp.bench.timing.benchmark_options``), the record in ``extra_info``.
+stats computed by pytest-benchmark's own ``Stats`` from the measured rounds, their options those
+ddp-bench gives pytest-benchmark's marker in a pytest run (``ddp.bench.timing.benchmark_options``:
+the round clock, the rounds and budget they were measured under), the record in ``extra_info``.
 So ``ddp compare``, ``ddp report`` and ``ddp simulate`` read such a run like a pytest one."""
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from pytest_benchmark.stats import Stats
 from pytest_benchmark.utils import funcname, get_commit_info
 
 from ddp.bench.config import StepConfig
-from ddp.bench.records import AllReduceRecord, RunFileError, StepRecord, to_extra_info
+from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, StepRecord, to_extra_info
 from ddp.bench.timing import benchmark_options
 
 # The test file and function whose results step and all-reduce rows stand for: comparisons match
 # benchmarks on their names, the same for a pytest run and a torchrun run.
 STEP_TEST = "perf_tests/test_step.py::test_step"
 ALLREDUCE_TEST = "perf_tests/test_allreduce.py::test_allreduce"
+RACE_TEST = "perf_tests/test_versus_torch.py::test_versus"
 
 
 def benchmark_entry(name: str, fullname: str, group: str, param: str, params: dict, record, round_seconds: list[float],
@@ -58,6 +60,25 @@ def allreduce_entry(record: AllReduceRecord, size_mb: float, rounds) -> dict:
         f"test_allreduce[{param}]", f"{ALLREDUCE_TEST}[{param}]", allreduce_group_name(record.backend, record.world_size), param,
         {"allreduce_world_size": record.world_size, "allreduce_size_mb": size_mb}, record, record.round_seconds, rounds,
     )
+
+
+def race_id(configs: list[StepConfig]) -> str:
+    """``bucketed-torch-b16-s1-bucket25mb``: the contenders (``local``, first, left out), then what
+    they share as test ids name it (the last contender's configuration, without its strategy)."""
+    reference = configs[-1]
+    return "-".join([*(c.strategy for c in configs[1:]), reference.test_id[len(reference.strategy) + 1:]])
+
+
+def race_group_name(configs: list[StepConfig]) -> str:
+    """The benchmark group of a race: ``versus: model mlp, batch 16, seq len 1``."""
+    return f"versus: {configs[-1].group_label()}"
+
+
+def race_entry(record: RaceRecord, rounds) -> dict:
+    """A race under perf_tests/test_versus_torch.py's names (``ddp versus --json``)."""
+    param = race_id(record.configs)
+    return benchmark_entry(f"test_versus[{param}]", f"{RACE_TEST}[{param}]", race_group_name(record.configs), param,
+                           {"race_configs": param}, record, record.round_seconds[record.primary], rounds)
 
 
 def run_document(machine_info: dict, benchmarks: list[dict]) -> dict:

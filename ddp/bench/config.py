@@ -16,7 +16,7 @@ An axis has one of four roles:
 - ``strategy``: the strategy itself, a registered name or ``package.module:ClassName``;
 - ``shape``: the work of a step (model, batch size, sequence length), named in every group;
 - ``option``: how the step computes (precision, AdamW's implementation, ...), named in ids and
-  groups only where it is not the default, so a run at the defaults keeps the names it always had;
+  groups only where it is not the default, so an option added later leaves the names of a run at the defaults unchanged;
 - ``member``: an option that applies to some strategies only (the bucket cap, the dtype gradients
   are communicated in), named with the strategy; a strategy it does not apply to has its default.
 
@@ -171,9 +171,9 @@ class StepConfig:
         None, role="member", flag="--bucket-size-mb", grid_flag="--bucket-sizes", plural="bucket sizes in MiB",
         help="bucket cap in MiB for the strategies that take bucket_size_mb", parse=positive_float,
         valid=lambda v: v > 0, applies=takes_bucket_size,
-        # mini's 37 MB of gradients (largest tensor 10 MB): 1, 10 and 100 MB give many buckets, a few, one
+        # mini's 35.5 MiB of gradients (largest tensor 9.8 MiB): caps of 1, 10 and 100 MiB give many buckets, a few, one
         cpu=(1.0, 10.0, 100.0), gpu=(1.0, 10.0, 100.0, 1000.0),
-        text=lambda v: f"{v:g} MB", id=lambda v: f"bucket{v:g}mb",
+        text=lambda v: f"{v:g} MiB", id=lambda v: f"bucket{v:g}mb",
     )
     """Bucket cap in MiB for strategies that take ``bucket_size_mb``; None for every other one."""
     precision: str = _axis(
@@ -261,8 +261,8 @@ class StepConfig:
 
     @property
     def label(self) -> str:
-        """The strategy with its members, as report columns name it: ``bucketed 25 MB``, ``bucketed
-        25 MB bf16 comm``, ``naive``."""
+        """The strategy with its members, as report columns name it: ``bucketed 25 MiB``, ``bucketed
+        25 MiB bf16 comm``, ``naive``."""
         return " ".join([self.strategy, *(a.text(v) for a, v in self._named("member"))])
 
     def group_label(self, with_model: bool = True) -> str:
@@ -276,7 +276,7 @@ class StepConfig:
         return f"step: {self.group_label()}"
 
     def describe(self) -> str:
-        """In words, e.g. ``bucketed 25 MB, model xl, batch 4, seq len 512, bf16``."""
+        """In words, e.g. ``bucketed 25 MiB, model xl, batch 4, seq len 512, bf16``."""
         return f"{self.label}, {self.group_label()}"
 
     @property

@@ -202,15 +202,19 @@ class InProcessRanks:
                     f"rank {result.rank} ran out of memory alone ({result.message}) and the other ranks are waiting "
                     "in a collective it left: ending the job; use a smaller --batch-sizes, --seq-lens or --model"
                 ) from error
+            if isinstance(result, Unsupported):
+                raise RuntimeError(
+                    f"rank {result.rank} alone cannot run this configuration ({result.message}) and the other ranks are "
+                    "waiting in a collective it left: ending the job"
+                ) from error
             raise
         return results
-
 
 
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
 
-    - ``group``: every strategy of one (model, batch, seq len) in the same rounds, ``local``
+    - ``group``: every strategy of one group (``StepConfig.group_key``) in the same rounds, ``local``
       included (added if the grid lacks it): each round holds one step of each, so every
       comparison inside the group, the overhead over ``local`` too, is paired over rounds, and no
       step is spent on a local twin per benchmark. Holds the group's models at once.
@@ -236,9 +240,8 @@ class GridMeasurer:
 
     @staticmethod
     def _key(config: StepConfig) -> StepConfig:
-        """The group: what a step's compute depends on (model, batch, seq len, seed, precision,
-        optimizer), which is its local twin."""
-        return config.local_twin()
+        """The group: what a step's compute depends on besides its strategy (``StepConfig.group_key``)."""
+        return config.group_key
 
     def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotMeasured:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""

@@ -21,8 +21,8 @@ attempt ends in out-of-memory after minutes of building. The estimate:
 Configurations fit together when every kept state plus one step's needs fit; each fits alone
 when its own does. The estimate decides between racing the configurations built together or one
 at a time (``ddp.bench.measure.measure_in_blocks``), and refuses only what cannot fit even alone;
-a configuration the estimate let through may still run out of memory, which the callers handle
-as before. The parameters are counted on the meta device (no memory, no weights).
+a configuration the estimate let through may still run out of memory, which the callers skip
+with the rank's figures (``ddp.bench.rank_state.OutOfMemory``). The parameters are counted on the meta device (no memory, no weights).
 On CPU the memory is the host's available memory shared by the ranks on it.
 """
 

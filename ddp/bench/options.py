@@ -118,7 +118,8 @@ def axis_list_option(axis: Axis) -> Option:
     return Option(axis.list_flag, axis.name, axis.parse_grid, f"{axis.help}; {what}", aliases)
 
 
-AXIS_OPTIONS = {name: axis_option(axis) for name, axis in AXES.items()}
+# The strategy is always a list (a grid's, a race's contenders, the strategies profiled): no command takes one alone.
+AXIS_OPTIONS = {name: axis_option(axis) for name, axis in AXES.items() if axis.role != "strategy"}
 AXIS_LIST_OPTIONS = {name: axis_list_option(axis) for name, axis in AXES.items()}
 
 
@@ -355,7 +356,8 @@ RUN_OPTIONS = (
     Option("--session-budget", "session_budget_seconds", positive_float,
            "seconds of timed rounds the whole grid may take, shared among its step benchmarks when --round-budget is not given"),
     Option("--interleave", "interleave", choice("--interleave", INTERLEAVE),
-           f"group: all strategies of a batch and seq len in the same rounds, {FLOOR} included (paired comparisons); "
+           f"group: all strategies of a group (model, batch, seq len, options) in the same rounds, {FLOOR} included "
+           "(paired comparisons); "
            f"{FLOOR}: each with a {FLOOR} twin; off: each alone (least memory)"),
     Option("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"), "float32 all-reduce sizes in MiB"),
     Option("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
@@ -377,9 +379,8 @@ def gpu_world_sizes(gpus: int) -> tuple[int, ...]:
 
 
 def grid_defaults(backend: str, device: str) -> GridOptions:
-    """The axes' own defaults (``Axis.cpu``, ``Axis.gpu``: on GPUs the seeds' grid, model xl,
-    batch 2 and 4, sequences 128 to 512, buckets 1 to 1000 MB; on CPU one that runs in under 10
-    minutes on 2 cores), and the rounds and budget of each."""
+    """The axes' own defaults (``Axis.gpu`` with CUDA, ``Axis.cpu`` otherwise: on CPU a grid that runs
+    in under 10 minutes on 2 cores), and the rounds and budget of each."""
     if device == "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return GridOptions(

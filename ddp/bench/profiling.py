@@ -25,10 +25,13 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
+from ddp.bench.measure import CannotMeasure
+from ddp.bench.rank_state import Unsupported, first_withdrawn, skip_reason
 from ddp.bench.records import file_stem
-from ddp.bench.trainer import StepObserver, Trainer
+from ddp.bench.trainer import CannotRun, StepObserver, Trainer
 from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
+from ddp.strategies.registry import resolve_strategy
 from ddp.strategies.torch_ddp import TorchDDP
 
 # How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
@@ -83,6 +86,13 @@ def _recorded_allreduce_hook(model, bucket):
     return work.get_future().then(lambda future: future.value()[0].div_(world_size))
 
 
+def traced_by_comm_hook(strategy: str) -> bool:
+    """Whether ``ddp profile`` records the strategy's collectives through a DDP comm hook (PyTorch's
+    reducer, ``torch`` and what derives from it): such a strategy cannot also take the compress
+    hook of a reduced-precision ``comm_dtype``, except on NCCL, whose kernels the trace shows."""
+    return issubclass(resolve_strategy(strategy), TorchDDP)
+
+
 def _trace_torch_reducer(model) -> None:
     # DDP takes one comm hook: with comm_dtype the strategy's is PyTorch's compress hook, kept
     # (NCCL kernels in the trace then say when it communicated; ``ddp profile`` refuses it on gloo).
@@ -110,10 +120,16 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     """
     info = rank.info
     on_cuda = info.device.type == "cuda"
-    trainer = Trainer(config.step, info, before_first_step=_trace_torch_reducer)
+    trainer = None
     try:
+        trainer = Trainer(config.step, info, before_first_step=_trace_torch_reducer)
         for _ in range(config.warmup_steps):
             trainer.step()
+    except CannotRun as error:
+        if trainer is not None:
+            trainer.close()
+        return Unsupported(info.rank, str(error))
+    try:
         dist.barrier()
         activities = [torch.profiler.ProfilerActivity.CPU]
         if on_cuda:
@@ -143,5 +159,13 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
 
 def profile_on(ranks, configs: list[ProfileConfig]) -> list[list[dict]]:
     """Profile each configuration on ``ranks`` (a ``RankGroup``): per configuration, each rank's
-    record (its steps and the trace file it wrote). ``ddp.analysis.profiles`` reads them."""
-    return [ranks.run(profile_rank, config) for config in configs]
+    record (its steps and the trace file it wrote). ``ddp.analysis.profiles`` reads them. Raises
+    ``CannotMeasure`` naming the configuration when a rank cannot run it (``CannotRun``)."""
+    records = []
+    for config in configs:
+        results = ranks.run(profile_rank, config)
+        marker = first_withdrawn(results)
+        if marker is not None:
+            raise CannotMeasure(skip_reason(config.step, ranks.world_size, marker))
+        records.append(results)
+    return records

@@ -90,7 +90,7 @@ class RankBench:
 
     def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | Withdrawn:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
-        twin of the next strategy at the same batch and sequence length is the same) and run
+        twin of the next strategy of the same group is the same) and run
         ``warmup_steps`` untimed steps of each.
 
         A fresh build runs at least as many steps as its strategy needs before its plan is final

@@ -39,7 +39,7 @@ PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
-    """``bucketed 25 MB`` or ``naive``: a strategy as tables and plots name it, for records that hold
+    """``bucketed 25 MiB`` or ``naive``: a strategy as tables and plots name it, for records that hold
     no whole configuration (predictions); ``StepConfig.label`` names the others."""
     return strategy if bucket_size_mb is None else f"{strategy} {AXES['bucket_size_mb'].text(bucket_size_mb)}"
 
@@ -99,8 +99,9 @@ class StepRecord:
     num_buckets: int | None
     bucket_sizes_bytes: list[int] | None
     """Gradient bytes of each bucket in launch order; None where the strategy does not say."""
-    allreduce_calls_per_step: int | None
-    """Collectives per step: the strategy's figure, or counted (None if neither)."""
+    collectives_per_step: int | None
+    """Collectives one step launches: the strategy's ``num_allreduce_calls_per_step``, or counted
+    in a warm-up step (None if neither)."""
     bytes_per_step: int
     """Gradient bytes each rank all-reduces per step."""
     step_seconds: float
@@ -153,7 +154,7 @@ class StepRecord:
 
     @property
     def label(self) -> str:
-        """``bucketed 25 MB``, ``bucketed 25 MB bf16 comm`` or ``naive``: the strategy as report columns name it."""
+        """``bucketed 25 MiB``, ``bucketed 25 MiB bf16 comm`` or ``naive``: the strategy as report columns name it."""
         return self.config.label
 
     @property
@@ -202,8 +203,9 @@ class RaceRecord:
     """The contender every other is divided by (the last one that communicates: PyTorch's DDP by default)."""
     round_seconds: dict[str, list[float]]
     """Per strategy, each round's step time (slowest rank)."""
-    median_step_seconds: dict[str, float]
-    median_step_seconds_ci95: dict[str, list[float]]
+    step_seconds: dict[str, float]
+    """Per strategy, the median of its rounds."""
+    step_seconds_ci95: dict[str, list[float]]
     ratio_over_reference: dict[str, float]
     """Per contender other than local and the reference, median over rounds of its step / the
     reference's in the same round: below 1, it is faster."""
@@ -218,6 +220,11 @@ class RaceRecord:
     def primary(self) -> str:
         """The first contender after local: the benchmark's rounds are its rounds."""
         return self.contenders[1]
+
+    @property
+    def config(self) -> StepConfig:
+        """The reference's configuration: what every contender shares, and its members."""
+        return self.configs[self.contenders.index(self.reference)]
 
     @property
     def model(self) -> str:
@@ -406,7 +413,7 @@ class PredictionRecord:
     """What communication adds after backward ends."""
     comm_seconds: float
     """Collective time of the step on the channel, hidden or not."""
-    num_allreduces: int
+    collectives_per_step: int
     kind: str = "prediction"
     schema_version: int = SCHEMA_VERSION
 

@@ -128,7 +128,7 @@ class StepSetup:
     bucket_sizes_bytes: list[int] | None
     """Gradient bytes in each bucket, in launch order (read after warm-up, when PyTorch's DDP has
     rebuilt its plan); None for strategies that do not say."""
-    allreduce_calls_per_step: int | None
+    collectives_per_step: int | None
     """Collectives one step launches: the strategy's own figure, else counted during a warm-up
     step (see ``count_collectives``); None if neither is possible."""
     bytes_per_step: int
@@ -264,7 +264,7 @@ class Trainer:
             num_parameters=self.num_parameters,
             num_parameter_tensors=self.num_parameter_tensors,
             bucket_sizes_bytes=list(sizes) if sizes is not None else None,
-            allreduce_calls_per_step=None if calls is None else int(calls),
+            collectives_per_step=None if calls is None else int(calls),
             bytes_per_step=self.gradient_bytes if communicates else 0,
             memory=measure_memory(self),
         )

@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     for reason in result.skipped:
         print(f"skipped: {reason}")
     if not result.records:
-        raise UsageError("every cap ran out of memory: use a smaller --batch-size or --seq-len")
+        raise UsageError(f"no cap could be measured ({result.skipped[0]})")
     rows = [[r.label, r.num_buckets, ms(r.step_seconds, 1), f"{ms(r.overhead_seconds, 1)} {interval_ms(r.overhead_seconds_ci95, 1)}"]
             for r in result.records]
     print(f"{first[0].group_label()}, {resolved.describe()}")
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         best = result.best(strategy)
         if best is not None:
             verdict = "resolved" if result.resolved_best(strategy) else "not resolved from the next best: their intervals overlap"
-            print(f"measured best cap for {strategy}: {best.bucket_size_mb:g} MiB ({verdict})")
+            print(f"measured best cap for {strategy}: {best.config.bucket_size_mb:g} MiB ({verdict})")
     local = sorted(r for rec in result.records for r in rec.local_round_seconds)
     local_seconds = local[len(local) // 2]
     slowdown = default_overlap_slowdown(resolved.backend == "gloo" and resolved.device == "cpu")

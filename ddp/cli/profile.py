@@ -10,19 +10,21 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.config import StepConfig
+from ddp.bench.config import AXES, StepConfig
+from ddp.bench.measure import CannotMeasure
 from ddp.bench.options import add_config_options, add_launch_options, config_values, launch_options
 from ddp.bench.parsing import argument_type, non_negative_int, positive_int
-from ddp.bench.profiling import ProfileConfig, profile_on
+from ddp.bench.profiling import ProfileConfig, profile_on, traced_by_comm_hook
 from ddp.bench.records import ProfileSummary
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import traits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_options(parser.add_argument, {"strategy": None, "model": "small", "batch_size": 2, "seq_len": 64,
-                                             "bucket_size_mb": 25.0}, lists=("strategy",), required=("strategy",))
+                                             "bucket_size_mb": DEFAULT_BUCKET_SIZE_MB}, lists=("strategy",), required=("strategy",))
     parser.add_argument("--warmup-steps", type=argument_type(non_negative_int, "warmup_steps"), default=None,
                         help="untraced steps before profiling (default: the steps after which the strategy's plan "
                         "settles, e.g. 3 for torch, whose DDP rebuilds its buckets in its second step)")
@@ -45,10 +47,11 @@ def summary_table(summary: ProfileSummary) -> str:
 def main(args: argparse.Namespace) -> int:
     resolved = launch_options(vars(args).get).resolve()
     values = config_values(vars(args).get)
-    if values["grad_comm"] != "fp32" and "torch" in args.strategy and resolved.backend != "nccl":
+    hooked = [name for name in args.strategy if traced_by_comm_hook(name)]
+    if values["grad_comm"] != AXES["grad_comm"].default and hooked and resolved.backend != "nccl":
         raise UsageError(
-            f"profiling torch with --grad-comm {values['grad_comm']} needs nccl: on {resolved.backend} its collectives "
-            "are recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop torch or --grad-comm"
+            f"profiling {', '.join(hooked)} with --grad-comm {values['grad_comm']} needs nccl: on {resolved.backend} its "
+            "collectives are recorded through a comm hook, and DDP takes one (PyTorch's compress hook); drop it or --grad-comm"
         )
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file: give a folder (it is created if missing)")
@@ -62,7 +65,10 @@ def main(args: argparse.Namespace) -> int:
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
-        rank_records = profile_on(group, configs)
+        try:
+            rank_records = profile_on(group, configs)
+        except CannotMeasure as error:
+            raise UsageError(str(error)) from None
     summary = write_profiles(resolved.world_size, resolved.backend, resolved.device, configs, rank_records, args.out)
     print(summary_table(summary))
     print(f"\nwrote {args.out / 'summary.json'}, traces trace_<strategy>_rank<r>.json and timeline_<strategy>.png")

@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
     if not_modelled:
         print(f"not modelled (their class gives no communication_schedule): {', '.join(not_modelled)}")
     print(tabulate(
-        [[p.world_size, p.batch_size, p.seq_len, p.label, p.num_allreduces,
+        [[p.world_size, p.batch_size, p.seq_len, p.label, p.collectives_per_step,
           ms(p.comm_seconds, 1), ms(p.exposed_comm_seconds, 1), ms(p.step_seconds, 1)] for p in predictions],
         headers=["ranks", "batch", "seq len", "strategy", "all-reduces", "comm ms", "exposed comm ms", "step ms"],
     ))
@@ -125,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
     print(tabulate(
         [[r.world_size, r.batch_size, r.seq_len, f"{r.bucket_size_mb:g}", ms(r.step_seconds, 1),
           f"{r.worst_bucket_size_mb:g}", ms(r.worst_step_seconds, 1)] for r in recommendations],
-        headers=["ranks", "batch", "seq len", "best bucket MB", "step ms", "worst bucket MB", "step ms"],
+        headers=["ranks", "batch", "seq len", "best bucket MiB", "step ms", "worst bucket MiB", "step ms"],
     ))
 
     if run is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.tables import interval_ms, ms
-from ddp.bench.benchmark_json import benchmark_entry, run_document, write_new
+from ddp.bench.benchmark_json import race_entry, run_document, write_new
 from ddp.bench.machine import software_info
 from ddp.bench.measure import CannotMeasure
 from ddp.bench.options import (
@@ -26,6 +26,7 @@ from ddp.bench.options import (
 from ddp.bench.race import check_contenders, race, race_configs
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import DEFAULT_CONTENDERS
 
 # Exactly 10 timed rounds after 2 untimed ones unless told otherwise: a race is read by eye.
@@ -33,7 +34,7 @@ ROUNDS = RoundOptions(min_rounds=10, max_rounds=10, warmup_rounds=2, target_prec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_options(parser.add_argument, {"model": "small", "batch_size": 1, "seq_len": 64, "bucket_size_mb": 25.0,
+    add_config_options(parser.add_argument, {"model": "small", "batch_size": 1, "seq_len": 64, "bucket_size_mb": DEFAULT_BUCKET_SIZE_MB,
                                              "strategy": DEFAULT_CONTENDERS}, lists=("strategy",))
     add_round_options(parser.add_argument, ROUNDS)
     add_launch_options(parser.add_argument)
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def table(record) -> str:
     rows = []
     for name in record.contenders:
-        row = [name, ms(record.median_step_seconds[name], 1), interval_ms(record.median_step_seconds_ci95[name], 1)]
+        row = [name, ms(record.step_seconds[name], 1), interval_ms(record.step_seconds_ci95[name], 1)]
         if name in record.overhead_over_local_seconds:
             row += [ms(record.overhead_over_local_seconds[name], 1), interval_ms(record.overhead_over_local_seconds_ci95[name], 1)]
         else:
@@ -57,13 +58,6 @@ def table(record) -> str:
     headers = ["strategy", "median step ms", "95% interval", "overhead over local ms", "95% interval",
                f"step / {record.reference} [95%]"]
     return tabulate(rows, headers=headers, disable_numparse=True)
-
-
-def benchmark_name(contenders: tuple[str, ...], model: str) -> str:
-    """perf_tests' name for the default race (so that runs compare), one naming its contenders otherwise."""
-    if contenders == DEFAULT_CONTENDERS:
-        return f"test_bucketed_versus_torch[{model}]"
-    return f"test_versus[{'-'.join(contenders)}-{model}]"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,10 +85,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"FAIL: trained differently: {result.weights_differ}")
         return 1
     print(f"{', '.join(contenders)} ended with the same weights")
-    if args.json:
-        name = benchmark_name(contenders, record.model)
-        entry = benchmark_entry(name, f"ddp versus::{name}", f"versus: {record.model}, bucket {args.bucket_size_mb:g} MiB",
-                                record.model, {}, record, record.round_seconds[record.primary], rounds)
-        write_new(args.json, run_document({"ddp_bench": software_info(resolved.backend, resolved.device, resolved.world_size,
-                                                                      resolved.why)}, [entry]))
+    if args.json:  # under perf_tests/test_versus_torch.py's name: the two compare
+        machine = {"ddp_bench": software_info(resolved.backend, resolved.device, resolved.world_size, resolved.why)}
+        write_new(args.json, run_document(machine, [race_entry(record, rounds)]))
     return 0

@@ -127,6 +127,20 @@ class Sharding:
         return figures
 
     @property
+    def is_sharded(self) -> bool:
+        """Whether the strategy splits anything over the ranks."""
+        return self.parameters or self.gradients or self.optimizer_state
+
+    @property
+    def level(self) -> str:
+        """What it is called: ``replicated (DDP)``, ``ZeRO-1 (sharded optimizer)``, ``full sharding (FSDP)``."""
+        if self.parameters and self.gradients and self.optimizer_state:
+            return "full sharding (FSDP)"
+        if self.optimizer_state and not (self.parameters or self.gradients):
+            return "ZeRO-1 (sharded optimizer)"
+        return "replicated (DDP)" if not self.is_sharded else f"sharded: {self.formula}"
+
+    @property
     def formula(self) -> str:
         """The bytes a parameter as a user reads them, e.g. ``4 + 4 + 8/N``."""
         terms = [(FP32_BYTES, self.parameters), (FP32_BYTES, self.gradients), (ADAM_STATE_BYTES, self.optimizer_state)]

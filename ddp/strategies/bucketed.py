@@ -28,6 +28,7 @@ from ddp.strategies.base import DataParallel, Transfer, check_bucket_size_mb, ch
 from ddp.strategies.tracing import launch_all_reduce
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
+DEFAULT_BUCKET_SIZE_MB = 25.0  # PyTorch's DDP's default bucket_cap_mb, and every bucketing strategy's here
 
 
 @dataclass
@@ -102,7 +103,7 @@ class BucketedDDP(DataParallel):
             for bucket in plan
         ]
 
-    def __init__(self, module, *, bucket_size_mb: float = 25.0, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
+    def __init__(self, module, *, bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
         self.bucket_size_mb = check_bucket_size_mb(bucket_size_mb)
         self.comm_dtype = check_comm_dtype(comm_dtype)

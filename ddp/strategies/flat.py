@@ -16,7 +16,6 @@ from ddp.strategies.tracing import launch_all_reduce
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
 
-
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
         """After backward, one all-reduce of all gradient bytes."""

@@ -16,7 +16,6 @@ from ddp.strategies.tracing import launch_all_reduce
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
 
-
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
         """One all-reduce per parameter, launched when its gradient is ready."""

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ddp.importing import load_object
-from ddp.strategies.base import REPLICATED, REQUIRED_METHODS, Strategy, Traits, sharding_of, traits_of
+from ddp.strategies.base import REQUIRED_METHODS, Strategy, Traits, sharding_of, traits_of
 from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.fsdp import FullyShardedDP
@@ -54,7 +54,7 @@ STRATEGIES: dict[str, type[nn.Module]] = {
 DDP_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if traits_of(cls).communicates)
 
 # Built-in strategies that split training state over the ranks (ZeRO, FSDP).
-SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_of(cls) not in (None, REPLICATED))
+SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_of(cls) is not None and sharding_of(cls).is_sharded)
 
 # What a perf grid runs unless told: the replicated strategies. The sharded ones are asked for by
 # name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add minutes to the

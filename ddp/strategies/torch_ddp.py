@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp.strategies.base import Strategy, check_bucket_size_mb, check_comm_dtype, require_process_group, trainable_parameters
-from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, BucketedDDP
 
 
 def bf16_compress_any_backend(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -51,7 +51,7 @@ class TorchDDP(Strategy):
         self,
         module: nn.Module,
         *,
-        bucket_size_mb: float = 25.0,
+        bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB,
         process_group: dist.ProcessGroup | None = None,
         find_unused_parameters: bool = False,
         comm_dtype: torch.dtype | None = None,
