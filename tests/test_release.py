@@ -20,6 +20,7 @@ import weakref
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed.device_mesh import DeviceMesh
 
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import RankBench, prepare, release, timed_round
@@ -47,10 +48,19 @@ class SelfHookedDDP(DataParallel):
 
 
 def _live_tensors() -> dict[int, torch.Tensor]:
-    """Every tensor alive on this rank, but the compiler's fake tensors (shapes and dtypes that
-    torch.compile keeps in its caches, with no storage of their own)."""
+    """Every tensor alive on this rank, but PyTorch's own bookkeeping that outlives a configuration
+    in its process-wide caches: the compiler's fake tensors (shapes and dtypes, no storage of their
+    own) and the constants they stand for, and a DeviceMesh's rank layout (torch 2.11 keeps the
+    sharding decisions of every DeviceMesh it saw, the 8-byte rank tensor with them, where none of
+    its cache-clearing functions reaches; 2.13 does not)."""
     gc.collect()
-    return {id(obj): obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor)}
+    objects = gc.get_objects()
+    fakes = [obj for obj in objects if isinstance(obj, FakeTensor)]
+    bookkeeping = {id(fake) for fake in fakes}
+    bookkeeping |= {id(fake.constant) for fake in fakes if getattr(fake, "constant", None) is not None}
+    bookkeeping |= {id(value) for mesh in objects if isinstance(mesh, DeviceMesh) for value in vars(mesh).values()
+                    if isinstance(value, torch.Tensor)}
+    return {id(obj): obj for obj in objects if isinstance(obj, torch.Tensor) and id(obj) not in bookkeeping}
 
 
 def _storage_bytes(tensors) -> int:
