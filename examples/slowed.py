@@ -11,6 +11,7 @@ is slowed and no hook is hung. ``DDP_BENCH_SLOWDOWN_AT`` says where the wait of 
 
 - ``sync`` (default): after ``finish_gradient_synchronization()`` returned: a wait that hides
   nothing (waiting before it would overlap all-reduces still in flight).
+- ``forward``: at the start of the strategy's forward, before the model runs.
 - ``backward``: at the start of backward, in an autograd Function on the model's output: the
   gradients, and the all-reduces they launch, come that much later.
 - ``optimizer``: after the optimizer's step, in a hook that PyTorch calls for every optimizer
@@ -41,7 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddp.strategies.bucketed import BucketedDDP
 
-PLACES = ("sync", "backward", "optimizer", "machine")
+PLACES = ("sync", "forward", "backward", "optimizer", "machine")
 SKIPPED_STEPS = 2
 CALIBRATION_STEPS = 20  # a median of 8 steps was off by up to 6% on this 2-core machine (docs/regression-gate.md)
 
@@ -172,6 +173,8 @@ class Slowed:
                 self.wait()
 
     def forward(self, *args, **kwargs):
+        if self._hooked and self.slowdown_place == "forward":
+            self.wait()
         output = super().forward(*args, **kwargs)
         if self._hooked and self.slowdown_place == "backward" and isinstance(output, torch.Tensor) and output.requires_grad:
             output = _WaitInBackward.apply(output, self)

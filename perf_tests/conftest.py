@@ -38,8 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("ddp-bench-grid").addoption(
         "--ddp-fail-slower", default=None, nargs="?", const=DEFAULT_THRESHOLD, metavar="PERCENT",
         type=percent_type("--ddp-fail-slower"),
-        help="with --benchmark-compare: fail when a benchmark is resolved slower than the compared run by more than "
-        f"this, e.g. 10%% (alone: {DEFAULT_THRESHOLD * 100:g}%%); see `python -m ddp compare`",
+        help="with --benchmark-compare: fail when a benchmark is slower than the compared run by more than this, its "
+        f"interval above 1, e.g. 10%% (alone: {DEFAULT_THRESHOLD * 100:g}%%); see `python -m ddp compare`",
     )
 
 
@@ -181,7 +181,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -> None:
     """``--ddp-fail-slower``: this run's benchmarks (``record_rounds`` keeps them) against the run
-    ``--benchmark-compare`` loaded, through ``ddp.analysis.compare``; a resolved slowdown fails the session."""
+    ``--benchmark-compare`` loaded, through ``ddp.analysis.compare``; a slowdown by its rule fails the session."""
     terminalreporter.section("ddp-bench regression gate")
     compared = config.stash.get(COMPARED, [])
     if not compared:

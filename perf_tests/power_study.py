@@ -1,5 +1,5 @@
 """The regression gate's power, measured: how often it catches an injected slowdown, and how often
-it cries wolf on unchanged code (docs/regression-gate.md holds the table and the command).
+it cries wolf on unchanged code (docs/regression-gate.md holds the tables and the commands).
 
     python perf_tests/power_study.py --models tiny,mini --pairs 10 --out power-study
 
@@ -13,16 +13,19 @@ each a fresh pytest process as a user's run is, saved with ``--benchmark-save``:
   runs are ordered u_0, s_0 of every case, u_1, ... (every model's i-th before any model's next)
   so that the machine's drift falls on all cases and models alike.
 
-Every run after u_0 is taken with ``--benchmark-compare`` against its pair's first run and
-``--ddp-fail-slower``, so that its rounds aim at that decision (``ddp.analysis.compare.AimAtDecision``)
-as a user's would. Each pair is then judged from the saved files by ``ddp.analysis.compare.compare``,
-the gate itself. A catch is the slowed class's benchmark judged *slower*; a false alarm is an
-unchanged pair judged *slower*; for the ``machine`` case (every configuration slowed alike) a
-*slower* verdict is the gate blaming the code for the machine.
+By default every run is a plain one, with the suite's default rounds, as two ordinary runs that a
+user compares afterwards with ``python -m ddp compare``. With ``--aimed``, every run after u_0 is
+taken with ``--benchmark-compare`` against its pair's first run and ``--ddp-fail-slower``, so that
+its rounds aim at that decision (``ddp.analysis.compare.AimAtDecision``). Either way each pair is
+judged from the saved files by ``ddp.analysis.compare.compare``, the gate itself. A catch is the
+slowed class's benchmark judged *slower*; a false alarm is an unchanged pair judged *slower*; for
+the ``machine`` case (every configuration slowed alike) a *slower* verdict is the gate blaming the
+code for the machine.
 
 The table reports, per model and case: pairs judged slower, machine slower, unchanged and not
-resolved, how many were settled at the end (``settled``), the median raw ratio of the step
-(what the injected wait cost, as measured), the median rounds of the new run, and the wall time.
+resolved, how many were settled at the end (``settled``: the deciding ratio's interval clear of
+the threshold's edges), the median raw ratio of the step (what the injected wait cost, as
+measured), the median rounds of the new run, and the wall time.
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ sys.path.insert(0, str(ROOT))
 
 from tabulate import tabulate  # noqa: E402
 
-from ddp.analysis.compare import compare, settled  # noqa: E402
+from ddp.analysis.compare import DEFAULT_THRESHOLD, compare, settled  # noqa: E402
 from ddp.bench.parsing import percent_type  # noqa: E402
 from ddp.bench.records import load_run  # noqa: E402
+from examples.slowed import PLACES  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"
 WARMUP_ROUNDS = 23  # examples.slowed: every configuration calibrates its median step during warm-up
-DEFAULT_CASES = "sync:5%,sync:10%,sync:15%,sync:25%,backward:15%,optimizer:15%,machine:15%"
+DEFAULT_CASES = "sync:10%,sync:15%,forward:15%,backward:15%,machine:15%"
 DEFAULT_SHAPES = {"tiny": (2, 32), "mini": (2, 64)}  # (batch, seq len) per rank
 
 
@@ -85,8 +89,8 @@ def parse_cases(text: str) -> list[Case]:
     cases = []
     for item in text.split(","):
         place, _, fraction = item.strip().partition(":")
-        if place not in ("sync", "backward", "optimizer", "machine") or not fraction:
-            raise SystemExit(f"--cases takes place:percent items such as sync:15%, got {item!r}")
+        if place not in PLACES or not fraction:
+            raise SystemExit(f"--cases takes place:percent items such as sync:15% (places: {', '.join(PLACES)}), got {item!r}")
         cases.append(Case(place, percent_type("--cases")(fraction)))
     return cases
 
@@ -103,10 +107,10 @@ class Runner:
         batch, seq = DEFAULT_SHAPES.get(model, (2, 32))
         self.grid = ["--model", model, "--batch-sizes", str(args.batch_size or batch),
                      "--seq-lens", str(args.seq_len or seq), "--strategies", f"local,{SLOWED}", "--bucket-sizes", "1",
-                     "--warmup-rounds", str(WARMUP_ROUNDS), "--rounds", str(args.rounds),
-                     "--round-budget", str(args.round_budget)]
-        if args.max_rounds is not None:
-            self.grid += ["--max-rounds", str(args.max_rounds)]
+                     "--warmup-rounds", str(WARMUP_ROUNDS)]
+        for flag, value in (("--rounds", args.rounds), ("--max-rounds", args.max_rounds), ("--round-budget", args.round_budget)):
+            if value is not None:  # else the suite's default, as a user's run has it
+                self.grid += [flag, str(value)]
 
     def run(self, name: str, case: Case | None, compared_with: str | None) -> Path:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_BENCH_SLOWDOWN")}
@@ -114,7 +118,7 @@ class Runner:
             env.update(DDP_BENCH_SLOWDOWN=str(case.fraction), DDP_BENCH_SLOWDOWN_AT=case.place)
         command = [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "-q", "-p", "no:cacheprovider",
                    *self.grid, f"--benchmark-storage=file://{self.storage}", f"--benchmark-save={name}"]
-        if compared_with is not None:
+        if compared_with is not None and self.args.aimed:
             number = self.saved[compared_with].name.split("_", 1)[0]
             command += [f"--benchmark-compare={number}", f"--ddp-fail-slower={self.args.fail_slower}"]
         began = time.perf_counter()
@@ -198,17 +202,20 @@ def main() -> int:
     parser.add_argument("--models", default="tiny,mini", type=lambda t: t.split(","))
     parser.add_argument("--pairs", type=int, default=10, help="unchanged pairs, and slowed pairs per case (default 10)")
     parser.add_argument("--cases", type=parse_cases, default=parse_cases(DEFAULT_CASES),
-                        help=f"place:percent items (default {DEFAULT_CASES})")
-    parser.add_argument("--fail-slower", type=percent_type("--fail-slower"), default=0.05,
-                        help="the gate's threshold (default 5%%: a slowdown of 10%% must clear it to be caught)")
+                        help=f"place:percent items, places {', '.join(PLACES)} (default {DEFAULT_CASES.replace('%', '%%')})")
+    parser.add_argument("--fail-slower", type=percent_type("--fail-slower"), default=DEFAULT_THRESHOLD,
+                        help=f"the gate's threshold (default {DEFAULT_THRESHOLD * 100:g}%%, the gate's own)")
     parser.add_argument("--also-judge-at", default=[], metavar="PERCENT,...",
                         type=lambda t: [percent_type("--also-judge-at")(x) for x in t.split(",")],
-                        help="judge the same pairs at these thresholds too, e.g. 10%% (the rounds aim at --fail-slower)")
+                        help="judge the same pairs at these thresholds too, e.g. 5%% (aimed rounds aim at --fail-slower)")
+    parser.add_argument("--aimed", action="store_true",
+                        help="take every run after the first with --benchmark-compare, its rounds aimed at the decision")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=10, help="minimum rounds of every run")
+    parser.add_argument("--rounds", type=int, default=None, help="minimum rounds of every run (default: the suite's)")
     parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.options.MAX_ROUNDS)")
-    parser.add_argument("--round-budget", type=float, default=20.0, help="seconds of rounds per benchmark")
+    parser.add_argument("--round-budget", type=float, default=None,
+                        help="seconds of rounds per benchmark (default: the suite's share of its session budget)")
     parser.add_argument("--out", type=Path, default=Path("power-study"))
     args = parser.parse_args()
     if args.out.exists() and any(args.out.iterdir()):

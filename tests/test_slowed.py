@@ -57,8 +57,8 @@ def slowed_steps(place: str, steps: int) -> dict:
         del os.environ["DDP_BENCH_SLOWDOWN"], os.environ["DDP_BENCH_SLOWDOWN_AT"]
 
 
-@pytest.mark.parametrize("place, phase", [("sync", "sync"), ("backward", "backward"), ("optimizer", "optimizer")])
-def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(rank_group, place, phase):
+@pytest.mark.parametrize("place", ["sync", "forward", "backward", "optimizer"])
+def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(rank_group, place):
     from examples.slowed import SlowedBucketed
 
     settle = SlowedBucketed.steps_to_settle
@@ -69,7 +69,7 @@ def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(r
     # nothing while calibrating; from then on one wait per step, in the slowed model's named phase
     assert settle - 2 <= waits[0][0] <= settle - 1  # the calibrating steps are steps 0 .. settle - 2
     assert [w[0] for w in waits] == list(range(waits[0][0], settle + 4))
-    assert {(w[1], w[2]) for w in waits} == {("slowed", phase)}
+    assert {(w[1], w[2]) for w in waits} == {("slowed", place)}
     assert all(w[3] == pytest.approx(FRACTION * median) for w in waits)
     assert result["hooks_left"] == 0
 
@@ -94,5 +94,5 @@ def test_a_bad_slowdown_is_refused_saying_what_to_set(monkeypatch):
         slowdown_from_environment()
     monkeypatch.setenv("DDP_BENCH_SLOWDOWN", "0.15")
     monkeypatch.setenv("DDP_BENCH_SLOWDOWN_AT", "gpu")
-    with pytest.raises(ValueError, match="DDP_BENCH_SLOWDOWN_AT must be one of sync, backward, optimizer, machine"):
+    with pytest.raises(ValueError, match="DDP_BENCH_SLOWDOWN_AT must be one of sync, forward, backward, optimizer, machine"):
         slowdown_from_environment()

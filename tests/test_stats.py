@@ -15,6 +15,7 @@ import pytest
 from ddp.bench.parsing import percent
 from ddp.bench.stats import (
     Verdict,
+    clear_of_threshold,
     machine_adjusted_ratio_ci,
     median_ci,
     median_ci_coverage,
@@ -23,6 +24,7 @@ from ddp.bench.stats import (
     paired_ratio_ci,
     ratio_of_medians_ci,
     relative_half_width,
+    rounds_to_decide,
     verdict,
 )
 
@@ -179,9 +181,10 @@ def test_pairing_cancels_a_shared_drift():
     _, unpaired_low, unpaired_high = ratio_of_medians_ci(new, old)
     assert unpaired_low < 1.10 < unpaired_high  # right, but blurred by the drift
     assert (high - low) < (unpaired_high - unpaired_low) / 5, ((low, high), (unpaired_low, unpaired_high))
-    # Only the paired interval resolves a 5% threshold.
-    assert verdict(low, high, 0.05) is Verdict.SLOWER
-    assert verdict(unpaired_low, unpaired_high, 0.05) is Verdict.NOT_RESOLVED
+    # Only the paired interval lies clear of a 5% threshold's edge.
+    assert verdict(point, low, high, 0.05) is Verdict.SLOWER
+    assert clear_of_threshold(low, high, 0.05)
+    assert not clear_of_threshold(unpaired_low, unpaired_high, 0.05)
 
 
 def test_paired_difference_ci():
@@ -215,20 +218,54 @@ def test_same_seed_same_interval_other_seed_other_interval():
 
 
 @pytest.mark.parametrize(
-    "low, high, expected",
+    "point, low, high, expected",
     [
-        (1.12, 1.30, Verdict.SLOWER),
-        (0.70, 0.85, Verdict.FASTER),
-        (0.95, 1.05, Verdict.UNCHANGED),
-        (0.90, 1.10, Verdict.UNCHANGED),  # both ends on the thresholds: still within
-        (1.05, 1.15, Verdict.NOT_RESOLVED),  # straddles 1.10: maybe slower
-        (0.85, 0.95, Verdict.NOT_RESOLVED),  # straddles 0.90: maybe faster
-        (0.80, 1.20, Verdict.NOT_RESOLVED),  # too wide to say anything
-        (1.10, 1.20, Verdict.NOT_RESOLVED),  # low on 1.10 is not "more than 10% slower"
+        # Just outside the threshold: slower once significant (the interval above 1), else open.
+        (1.101, 1.001, 1.20, Verdict.SLOWER),
+        (1.101, 0.999, 1.20, Verdict.NOT_RESOLVED),
+        (1.15, 1.10, 1.20, Verdict.SLOWER),  # the case: x1.136 [1.096, 1.174] fails a 10% gate
+        (1.136, 1.096, 1.174, Verdict.SLOWER),
+        (1.30, 0.95, 1.70, Verdict.NOT_RESOLVED),  # beyond, but within noise
+        # Just inside: unchanged, significant or not.
+        (1.099, 1.05, 1.15, Verdict.UNCHANGED),
+        (1.10, 1.09, 1.11, Verdict.UNCHANGED),  # on the threshold is not beyond it
+        (1.099, 0.90, 1.30, Verdict.UNCHANGED),
+        (1.0, 0.95, 1.05, Verdict.UNCHANGED),
+        # Faster, symmetrically.
+        (0.899, 0.80, 0.999, Verdict.FASTER),
+        (0.899, 0.80, 1.001, Verdict.NOT_RESOLVED),
+        (0.901, 0.80, 0.95, Verdict.UNCHANGED),
     ],
 )
-def test_verdict_truth_table(low, high, expected):
-    assert verdict(low, high, 0.10) is expected
+def test_verdict_truth_table_at_10_percent(point, low, high, expected):
+    assert verdict(point, low, high, 0.10) is expected
+
+
+@pytest.mark.parametrize(
+    "low, high, clear",
+    [
+        (1.12, 1.30, True), (0.70, 0.85, True), (0.95, 1.05, True), (0.90, 1.10, True),
+        (1.05, 1.15, False), (0.85, 0.95, False), (0.80, 1.20, False), (1.10, 1.20, False),
+    ],
+)
+def test_clear_of_threshold(low, high, clear):
+    assert clear_of_threshold(low, high, 0.10) is clear
+
+
+def test_rounds_to_decide_shrinks_the_interval_below_the_distance_to_1():
+    # x1.15 [0.95, 1.35] over 20 and 20 rounds: the half-width towards 1 (0.20) must fall below 0.15.
+    new_alone, both = rounds_to_decide(1.15, 0.95, 1.35, old_rounds=20, new_rounds=20)
+    shrink = (0.15 / 0.20) ** 2
+    assert 1 / 20 + 1 / new_alone <= shrink * (2 / 20) < 1 / 20 + 1 / (new_alone - 1)
+    assert 2 / both <= shrink * (2 / 20) < 2 / (both - 1)
+    assert new_alone > both > 20
+    # Faster, on the other side.
+    assert rounds_to_decide(0.85, 0.65, 1.05, 20, 20) == rounds_to_decide(1.15, 0.95, 1.35, 20, 20)
+    # The old run's rounds alone are too wide: the new run cannot decide it by itself.
+    assert rounds_to_decide(1.15, 0.70, 1.60, old_rounds=10, new_rounds=10)[0] is None
+    # Already significant, or no change at all: nothing to decide.
+    assert rounds_to_decide(1.15, 1.01, 1.30, 20, 20) is None
+    assert rounds_to_decide(1.0, 0.9, 1.1, 20, 20) is None
 
 
 def test_verdict_values_are_the_words_a_report_prints():
@@ -237,10 +274,13 @@ def test_verdict_values_are_the_words_a_report_prints():
     assert f"{Verdict.NOT_RESOLVED}, {Verdict.FASTER!s}" == "not resolved, faster"
 
 
-@pytest.mark.parametrize("low, high, threshold", [(1.2, 1.1, 0.1), (math.nan, 1.0, 0.1), (1.0, 1.1, 0.0), (1.0, 1.1, -0.1)])
-def test_verdict_bad_input(low, high, threshold):
+@pytest.mark.parametrize("point, low, high, threshold", [
+    (1.15, 1.2, 1.1, 0.1), (1.0, math.nan, 1.0, 0.1), (1.05, 1.0, 1.1, 0.0), (1.05, 1.0, 1.1, -0.1),
+    (math.inf, 1.0, 1.1, 0.1),
+])
+def test_verdict_bad_input(point, low, high, threshold):
     with pytest.raises(ValueError):
-        verdict(low, high, threshold)
+        verdict(point, low, high, threshold)
 
 
 @pytest.mark.parametrize("text, fraction", [("10%", 0.10), (" 2.5 % ", 0.025), ("0.1", 0.1), ("150%", 1.5), ("1e-2", 0.01)])

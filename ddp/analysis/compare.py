@@ -1,15 +1,19 @@
 """Regression checks that know noise: two runs compared benchmark by benchmark, each ratio
-new / old with its 95% interval, and a verdict that only a resolved difference can fail.
+new / old with its 95% interval, and a verdict that only a significant slowdown beyond the
+threshold can fail.
 
 Benchmarks are matched by name. For each, the ratio of medians new / old gets a bootstrap interval
-over the two runs' rounds (``ddp.bench.stats.ratio_of_medians_ci``), and the verdict against a
-threshold t (``ddp.bench.stats.verdict``): *slower* when the whole interval lies above 1 + t,
-*faster* below 1 - t, *unchanged* inside [1 - t, 1 + t], *not resolved* when it straddles a
-threshold. The gate fails only on *slower*: a slowdown by more than the threshold that the rounds
-resolve. pytest-benchmark's own ``--benchmark-compare-fail`` compares medians alone; here noise
-widens the interval instead of failing the gate. ``gate`` is that gate, once: ``ddp compare`` and
-pytest's ``--ddp-fail-slower`` (perf_tests/conftest.py) print and judge through it, and ``table``
-is the one comparison table, in the terminal and in the report.
+over the two runs' rounds (``ddp.bench.stats.ratio_of_medians_ci``), and a verdict at a threshold t
+by asv's ``--factor`` rule (``ddp.bench.stats.verdict``): **a benchmark is slower when its ratio is
+beyond 1 + t and significant** (its 95% interval lies above 1); *unchanged* when the ratio is
+within [1 - t, 1 + t]; *faster* symmetrically; *not resolved* when the ratio is beyond a threshold
+but within noise (the interval reaches across 1), and then the gate says about how many rounds
+would decide it (``ddp.bench.stats.rounds_to_decide``). The gate fails only on *slower*: a 15%
+slowdown fails a 10% gate as soon as the rounds tell it from noise, and noise alone never fails it.
+pytest-benchmark's own ``--benchmark-compare-fail=median:10%`` reads the medians alone, so noise
+can fail it. ``gate`` is that gate, once: ``ddp compare`` and pytest's ``--ddp-fail-slower``
+(perf_tests/conftest.py) print and judge through it (exit status 1 on a slowdown, 0 otherwise),
+and ``table`` is the one comparison table, in the terminal and in the report.
 
 **Drift between runs, and a basis a regression cannot hide behind.** Two runs are taken minutes
 or days apart, and a machine's speed drifts by more than 10% over that on a shared host (measured
@@ -22,38 +26,40 @@ ratio. Dividing by ``local`` alone lets a regression hide (measured: a class slo
 +30% raw, but ``local`` beside it moved x1.34 and the paired interval [0.99, 1.19] resolved
 nothing), so the verdict combines them, and the ``why`` column says which decided:
 
-* the paired ratio resolved slower: **slower** (the step moved more than the machine did). Where
+* the paired ratio judged slower: **slower** (the step moved more than the machine did). Where
   ``local`` got faster (its interval lies below 1), dividing by it overstates the step's slowdown: a step is part
   compute, which a faster machine speeds up as ``local``, and part waiting (communication, a
   sleep), which it does not. With compute a share f of the step and ``local`` x L, unchanged code
   gives step / local = f + (1 - f) / L, above 1 whenever L < 1 (measured here: two unchanged runs
   of a 10 ms step, ``local`` x0.74, step / local x1.07 [1.01, 1.13]). There the *adjusted* ratio
-  (``ddp.bench.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must resolve slower too,
+  (``ddp.bench.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must be judged slower too,
   or the verdict is **not resolved**. On a slower machine (L > 1) the bias lowers step / local,
   so a paired *slower* stands;
-* the raw ratio resolved slower and the paired ratio resolved not above the threshold (its
-  interval's top within 1 + t): the step moved no more than ``local``, so the machine explains it:
-  **machine slower**, reported, not gated;
-* the raw ratio resolved slower and the paired ratio not resolved: **slower**. The burden of proof
-  lies on the machine explanation; where ``local`` did not move (its ratio resolved within the
-  threshold) the raw ratio is the right basis anyway;
-* otherwise the paired verdict where it is resolved, else the raw one (an *unchanged* raw ratio
-  stands only if ``local`` did not resolve faster, which could hide a slower step).
+* the raw ratio judged slower and the paired ratio's interval within 1 + t: the step moved no
+  more than ``local``, so the machine explains it: **machine slower**, reported, not gated;
+* the raw ratio judged slower and the pairing not showing that (the top of step / local's
+  interval above 1 + t): **slower**. The burden of proof lies on the machine explanation;
+* otherwise the paired verdict where it is decided (unchanged or faster), else the raw one (an
+  *unchanged* raw ratio stands only if ``local`` did not get faster by more than the threshold,
+  which could hide a slower step).
 
-A uniformly slower machine moves ``local`` and the step alike, the paired ratio resolves within
-the threshold, and nothing is blamed on the code; a change that also disturbs ``local`` is still
+A uniformly slower machine moves ``local`` and the step alike, step / local stays within the
+threshold, and nothing is blamed on the code; a change that also disturbs ``local`` is still
 caught by the raw ratio unless the pairing shows that the step moved no more than ``local``. What
 this cannot tell apart: load that slows ``local`` more than the step (a compute-bound ``local``
 beside a step that waits on communication) can explain away a regression smaller than that
 difference; such rows say ``machine slower`` and the NOTE names them. Runs without pairing are
 compared raw. ``local`` itself has nothing to pair with: it is the machine's reference, and a
-resolved change there is reported as ``machine slower`` (or faster), not gated.
+change there is reported as ``machine slower`` (or faster), not gated.
 
 **Rounds aimed at the decision.** ``settled`` says whether more rounds could still change a
 decision; the timing loop (``ddp.bench.measure.timed_rounds``) asks it after each round when a run
 is compared with a saved one (pytest's ``--benchmark-compare``), and stops once every benchmark of
-the round is settled or the budget is spent. This is sequential testing in the plainest form: the
-interval is recomputed as rounds arrive and the run stops when it clears the threshold on one side.
+the round is settled or the budget is spent. Settled is stricter than decided: the deciding
+ratio's interval lies clear of the threshold's edges (``ddp.bench.stats.clear_of_threshold``), so
+that a ratio near 1 + t gets every round the budget allows before the rule reads its point. This
+is sequential testing in the plainest form: the interval is recomputed as rounds arrive and the
+run stops when it clears the threshold on one side.
 Looking repeatedly at a 95% interval raises its error rate above 5% (Armitage, McPherson and Rowe,
 "Repeated significance tests on accumulating data", JRSS A 132, 1969); the gate's margin (a
 threshold the interval must clear, not just 1.0) and the power study (``perf_tests/power_study.py``,
@@ -70,8 +76,16 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
+from ddp.bench.options import MAX_ROUNDS
 from ddp.bench.records import Run
-from ddp.bench.stats import Verdict, machine_adjusted_ratio_ci, ratio_of_medians_ci, verdict
+from ddp.bench.stats import (
+    Verdict,
+    clear_of_threshold,
+    machine_adjusted_ratio_ci,
+    ratio_of_medians_ci,
+    rounds_to_decide,
+    verdict,
+)
 from ddp.strategies.registry import FLOOR
 
 DEFAULT_THRESHOLD = 0.10
@@ -88,23 +102,28 @@ MACHINE = "machine"  # the prefix of the verdicts a moved machine explains: "mac
 
 @dataclass(frozen=True)
 class Ratio:
-    """new / old with its 95% bootstrap interval, and where that interval lies against the threshold."""
+    """new / old with its 95% bootstrap interval, its verdict at the threshold
+    (``ddp.bench.stats.verdict``), and whether the interval lies clear of the threshold's edges."""
 
     point: float
     low: float
     high: float
     verdict: Verdict
+    clear: bool
+    """``ddp.bench.stats.clear_of_threshold``: more rounds would hardly change the verdict."""
+
+    @classmethod
+    def judged(cls, point: float, low: float, high: float, threshold: float) -> Ratio:
+        return cls(point, low, high, verdict(point, low, high, threshold), clear_of_threshold(low, high, threshold))
 
     @classmethod
     def of(cls, new: list[float], old: list[float], threshold: float) -> Ratio:
-        point, low, high = ratio_of_medians_ci(new, old)
-        return cls(point, low, high, verdict(low, high, threshold))
+        return cls.judged(*ratio_of_medians_ci(new, old), threshold)
 
     @classmethod
     def adjusted(cls, new: list[float], new_local: list[float], old: list[float], old_local: list[float],
                  threshold: float) -> Ratio:
-        point, low, high = machine_adjusted_ratio_ci(new, new_local, old, old_local)
-        return cls(point, low, high, verdict(low, high, threshold))
+        return cls.judged(*machine_adjusted_ratio_ci(new, new_local, old, old_local), threshold)
 
     def __str__(self) -> str:
         return f"x{self.point:.2f} [{self.low:.2f}, {self.high:.2f}]"
@@ -158,12 +177,12 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
 
     if paired.verdict is Verdict.SLOWER:
         if adjusted is None:
-            return decision(Verdict.SLOWER, PAIRED, f"step / local resolved slower; local {local}")
+            return decision(Verdict.SLOWER, PAIRED, f"step / local judged slower; local {local}")
         if adjusted.verdict is Verdict.SLOWER:
             return decision(Verdict.SLOWER, ADJUSTED, f"local got faster ({local}), and the step adjusted for that "
-                                                      f"on its compute share alone resolved slower too; step / local {paired}")
+                                                      f"on its compute share alone is slower too; step / local {paired}")
         return decision(Verdict.NOT_RESOLVED, ADJUSTED,
-                        f"step / local {paired} resolved slower, but local got faster ({local}) and the step adjusted "
+                        f"step / local {paired} is slower, but local got faster ({local}) and the step adjusted "
                         f"for that on its compute share alone is {adjusted}: a faster machine raises step / local by itself")
     if raw.verdict is Verdict.SLOWER:
         if paired.high <= 1 + threshold:
@@ -172,23 +191,49 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
         if local.verdict is Verdict.UNCHANGED:
             return decision(Verdict.SLOWER, RAW, f"local did not move ({local})")
         return decision(Verdict.SLOWER, RAW,
-                        f"local moved ({local}) but step / local {paired} does not show that it explains the step")
+                        f"step / local {paired} does not show that local ({local}) explains the step")
     if paired.verdict is not Verdict.NOT_RESOLVED:
-        return decision(paired.verdict, PAIRED, f"step / local resolved; raw {raw}, local {local}")
+        return decision(paired.verdict, PAIRED, f"step / local decided; raw {raw}, local {local}")
     if raw.verdict is Verdict.UNCHANGED and local.verdict is Verdict.FASTER:
-        return decision(Verdict.NOT_RESOLVED, RAW, f"raw unchanged but local got faster ({local}): step / local {paired}")
-    return decision(raw.verdict, RAW, f"step / local not resolved {paired}; local {local}")
+        return decision(Verdict.NOT_RESOLVED, PAIRED, f"raw {raw} unchanged but local got faster ({local})")
+    return decision(raw.verdict, RAW, f"step / local {paired} within noise; local {local}")
 
 
 def settled(decision: Decision) -> bool:
-    """Whether more rounds could no longer change ``decision``'s verdict or its basis: it is resolved,
-    and either it was read from the paired (or adjusted) ratio, or no pairing exists, or ``local``
-    did not move (a raw verdict taken while the pairing is still open could turn into *machine slower*)."""
+    """Whether more rounds could no longer change ``decision``'s verdict or its basis: it is
+    decided, and it is *machine slower* (read from the top of step / local's interval, already
+    within 1 + t), or its ratio's interval lies clear of the threshold's edges and either it was
+    read from the paired (or adjusted) ratio, or no pairing exists, or ``local`` did not move (a raw
+    verdict taken while the pairing is still open could turn into *machine slower*)."""
     if decision.verdict == str(Verdict.NOT_RESOLVED):
+        return False
+    if decision.verdict.startswith(MACHINE):
+        return True
+    if not decision.ratio.clear:
         return False
     if decision.paired is None or decision.basis in (PAIRED, ADJUSTED):
         return True
-    return decision.reference is not None and decision.reference.verdict is Verdict.UNCHANGED
+    return decision.reference is not None and decision.reference.clear and decision.reference.verdict is Verdict.UNCHANGED
+
+
+def _rounds_flags(rounds: int) -> str:
+    return f"--rounds {rounds}" + (f" --max-rounds {rounds}" if rounds > MAX_ROUNDS else "")
+
+
+def what_would_decide(name: str, decision: Decision, old_rounds: int, new_rounds: int) -> str:
+    """One line for a benchmark the rule left open: about how many rounds would decide it."""
+    ratio = decision.ratio
+    needed = rounds_to_decide(ratio.point, ratio.low, ratio.high, old_rounds, new_rounds)
+    if ratio.verdict is not Verdict.NOT_RESOLVED or needed is None:
+        return (f"OPEN: {name} ({decision.basis} {ratio}): the machine moved between the runs; more rounds will "
+                "not decide it, take both runs again on a quiet machine")
+    new_alone, both = needed
+    if new_alone is not None:
+        how = f"about {new_alone} rounds in the new run (it has {new_rounds}) would decide it: {_rounds_flags(new_alone)}"
+    else:
+        how = (f"the old run's {old_rounds} rounds are too few to decide it: take both again with about {both} "
+               f"rounds ({_rounds_flags(both)})")
+    return f"OPEN: {name} ({decision.basis} {ratio}) is beyond the threshold but within noise; {how}"
 
 
 @dataclass
@@ -282,6 +327,8 @@ class BenchmarkComparison:
     why: str = ""
     """Why that basis decided (``Decision.why``)."""
     decision: Decision | None = None
+    rounds: tuple[int, int] | None = None
+    """Rounds in the old run and in the new one."""
 
 
 def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
@@ -309,12 +356,13 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
                         reference=getattr(a.record, "strategy", None) == FLOOR)
         chosen = judged.ratio
         rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, chosen.point, (chosen.low, chosen.high),
-                                        judged.verdict, judged.basis, judged.why, judged))
+                                        judged.verdict, judged.basis, judged.why, judged,
+                                        (len(a.round_seconds), len(b.round_seconds))))
     return rows
 
 
 def failed(rows: list[BenchmarkComparison]) -> list[BenchmarkComparison]:
-    """The benchmarks that fail the gate: resolved slowdowns beyond the threshold."""
+    """The benchmarks that fail the gate: significant slowdowns beyond the threshold."""
     return [row for row in rows if row.verdict == str(Verdict.SLOWER)]
 
 
@@ -364,7 +412,7 @@ class Gate:
 
 
 def gate(old: Run, new: Run, threshold: float) -> Gate:
-    """Compare ``new`` against ``old`` and judge: fails on a resolved slowdown beyond ``threshold``."""
+    """Compare ``new`` against ``old`` and judge: fails on a significant slowdown beyond ``threshold``."""
     warnings = []
     differences = machine_differences(old, new)
     if differences:
@@ -376,6 +424,8 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
     lines += machine_notes(rows)
     slower = failed(rows)
     counts = {v: sum(r.verdict == v for r in rows) for v in dict.fromkeys(r.verdict for r in rows)}
+    lines += [what_would_decide(r.name, r.decision, *r.rounds) for r in rows
+              if r.verdict == str(Verdict.NOT_RESOLVED) and r.decision is not None]
     lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" (threshold {threshold:.0%})")
     if slower:
         lines.append(f"FAIL: {len(slower)} benchmark(s) slower by more than {threshold:.0%}: " + ", ".join(r.name for r in slower))

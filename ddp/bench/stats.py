@@ -25,8 +25,11 @@ Methods:
   of a step into a part that scales with the processor and a part that does not, as in Amdahl's
   law (G. Amdahl, AFIPS 1967); the interval is a percentile bootstrap of the rounds of each run
   resampled as (step, twin) pairs.
-* ``verdict``: where a ratio interval lies against a relative threshold. A regression gate fails
-  only on ``Verdict.SLOWER``; ``NOT_RESOLVED`` means "measure more rounds", not "failed".
+* ``verdict``: a ratio against a relative threshold t, by asv's ``--factor`` rule: beyond 1 + t
+  and significant (its interval above 1) is ``Verdict.SLOWER``, the only verdict a regression
+  gate fails on; within [1 - t, 1 + t] is ``UNCHANGED``; beyond a threshold but within noise is
+  ``NOT_RESOLVED``, which means "measure more rounds" (``rounds_to_decide`` says about how many),
+  not "failed". ``clear_of_threshold`` says when rounds aimed at a decision may stop.
 """
 
 from __future__ import annotations
@@ -225,28 +228,62 @@ def machine_adjusted_ratio_ci(
 
 
 class Verdict(str, Enum):
-    """Where a new / old ratio interval lies against a relative threshold t. A gate fails only on
-    SLOWER; NOT_RESOLVED (the interval straddles 1 - t or 1 + t) asks for more rounds."""
+    """What a new / old ratio says against a relative threshold t, by ``verdict``'s rule. A gate
+    fails only on SLOWER; NOT_RESOLVED (beyond the threshold, within noise) asks for more rounds."""
 
-    SLOWER = "slower"  # low > 1 + t: slower by more than t, at the interval's confidence
-    FASTER = "faster"  # high < 1 - t
-    UNCHANGED = "unchanged"  # the whole interval lies within [1 - t, 1 + t]
-    NOT_RESOLVED = "not resolved"
+    SLOWER = "slower"  # the ratio beyond 1 + t, and its interval above 1
+    FASTER = "faster"  # the ratio below 1 - t, and its interval below 1
+    UNCHANGED = "unchanged"  # the ratio within [1 - t, 1 + t]
+    NOT_RESOLVED = "not resolved"  # the ratio beyond a threshold, its interval reaching across 1
 
     def __str__(self) -> str:  # the word, in f-strings too: a (str, Enum) prints "Verdict.SLOWER" from 3.11
         return self.value
 
 
-def verdict(low: float, high: float, threshold: float) -> Verdict:
-    """The verdict for a ratio interval (low, high) of new / old and a threshold (0.10 for 10%)."""
-    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
-        raise ValueError(f"verdict needs a finite interval with low <= high, got ({low!r}, {high!r})")
+def _check_ratio(point: float, low: float, high: float, threshold: float) -> None:
+    if not all(map(math.isfinite, (point, low, high))) or low > high:
+        raise ValueError(f"a ratio needs a finite point and interval with low <= high, got ({point!r}, {low!r}, {high!r})")
     if not (math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold must be a positive fraction such as 0.10 for 10%, got {threshold!r}")
-    if low > 1 + threshold:
-        return Verdict.SLOWER
-    if high < 1 - threshold:
-        return Verdict.FASTER
-    if 1 - threshold <= low and high <= 1 + threshold:
-        return Verdict.UNCHANGED
-    return Verdict.NOT_RESOLVED
+
+
+def verdict(point: float, low: float, high: float, threshold: float) -> Verdict:
+    """The verdict on a ratio new / old (its point estimate and 95% interval) at a threshold t
+    (0.10 for 10%), by asv's rule for ``--factor`` (asv compare: a change is reported when it is
+    statistically significant and its ratio is beyond the factor): *slower* when the ratio is
+    above 1 + t and its interval lies above 1, *faster* when it is below 1 - t and its interval
+    lies below 1, *unchanged* when it is within [1 - t, 1 + t] (significant or not: a change
+    smaller than the threshold is not what the threshold asks about), and *not resolved* when it
+    is beyond a threshold but within noise (the interval reaches across 1): more rounds decide."""
+    _check_ratio(point, low, high, threshold)
+    if point > 1 + threshold:
+        return Verdict.SLOWER if low > 1 else Verdict.NOT_RESOLVED
+    if point < 1 - threshold:
+        return Verdict.FASTER if high < 1 else Verdict.NOT_RESOLVED
+    return Verdict.UNCHANGED
+
+
+def clear_of_threshold(low: float, high: float, threshold: float) -> bool:
+    """Whether the interval lies clear of both edges of the threshold: wholly above 1 + t, below
+    1 - t, or within [1 - t, 1 + t]. Then more rounds would hardly carry the ratio across an edge
+    and change ``verdict``; rounds aimed at a decision go on until it is (``ddp.analysis.compare``)."""
+    _check_ratio(low, low, high, threshold)
+    return low > 1 + threshold or high < 1 - threshold or (1 - threshold <= low and high <= 1 + threshold)
+
+
+def rounds_to_decide(point: float, low: float, high: float, old_rounds: int, new_rounds: int) -> tuple[int | None, int] | None:
+    """For a ratio whose interval reaches across 1, how many rounds would make it significant if
+    the ratio held: (rounds of the new run alone, with the old run kept; None when the old run's
+    rounds alone are too few), and rounds in each run when both are taken again. None when the
+    interval already excludes 1 or the ratio is 1.
+
+    The interval's half-width on the side of 1 shrinks as sqrt(1/n_old + 1/n_new), the standard
+    error of a difference of two medians (log-ratios) with like spread in both runs; it must shrink
+    from |point - edge| to below |point - 1|."""
+    if low > 1 or high < 1 or point == 1:
+        return None
+    half = point - low if point > 1 else high - point
+    shrink = (abs(point - 1) / half) ** 2  # the variance must fall by this factor
+    variance = 1 / old_rounds + 1 / new_rounds
+    new_alone = shrink * variance - 1 / old_rounds
+    return (math.ceil(1 / new_alone) if new_alone > 0 else None), math.ceil(2 / (shrink * variance))

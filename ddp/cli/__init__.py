@@ -25,7 +25,7 @@ from ddp.strategies.registry import StrategyError
 
 COMMANDS = {
     "report": ("ddp.cli.report", "tables, plots and commentary from saved benchmark runs"),
-    "compare": ("ddp.cli.compare", "regression check of two saved runs, with intervals: exit 1 on a resolved slowdown"),
+    "compare": ("ddp.cli.compare", "regression check of two saved runs, with intervals: exit 1 on a significant slowdown beyond the threshold"),
     "profile": ("ddp.cli.profile", "profile a few training steps: traces, overlap of communication with backward"),
     "run": ("ddp.cli.run", "the benchmarked training step under torchrun, any number of nodes"),
     "simulate": ("ddp.cli.simulate", "predict step time at other world sizes from a measured run"),

@@ -1,7 +1,8 @@
 """``python -m ddp compare OLD.json NEW.json --fail-slower 10%``: each benchmark's ratio new / old
-with its 95% interval and a verdict (``ddp.analysis.compare``). Exit status 1 only when some
-benchmark is slower by more than the threshold with its interval entirely beyond it; 0 otherwise;
-2 on bad input. Reads what ``--benchmark-json`` and ``--benchmark-save`` write."""
+with its 95% interval and a verdict (``ddp.analysis.compare``). Exit status 1 when some benchmark
+is slower by the rule (its ratio beyond the threshold and its interval above 1); 0 otherwise, with
+a line per benchmark left open saying about how many rounds would decide it; 2 on bad input. Reads
+what ``--benchmark-json`` and ``--benchmark-save`` write."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD.json", help="the baseline run")
     parser.add_argument("new", metavar="NEW.json", help="the run to check")
     parser.add_argument("--fail-slower", default=DEFAULT_THRESHOLD, metavar="PERCENT", type=percent_type("--fail-slower"),
-                        help=f"fail when a benchmark is resolved slower by more than this, e.g. 10%% (default: {DEFAULT_THRESHOLD * 100:g}%%)")
+                        help="fail when a benchmark is slower by more than this and its interval lies above 1, e.g. 10%% "
+                             f"(default: {DEFAULT_THRESHOLD * 100:g}%%)")
 
 
 def main(args: argparse.Namespace) -> int:
