@@ -213,7 +213,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="minimum rounds of every run (default: the suite's)")
-    parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.options.MAX_ROUNDS)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.stats.MAX_ROUNDS)")
     parser.add_argument("--round-budget", type=float, default=None,
                         help="seconds of rounds per benchmark (default: the suite's share of its session budget)")
     parser.add_argument("--out", type=Path, default=Path("power-study"))

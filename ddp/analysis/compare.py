@@ -76,9 +76,9 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
-from ddp.bench.options import MAX_ROUNDS
 from ddp.bench.records import Run
 from ddp.bench.stats import (
+    MAX_ROUNDS,
     Verdict,
     clear_of_threshold,
     machine_adjusted_ratio_ci,

@@ -36,6 +36,7 @@ from ddp.bench.parsing import (
     positive_int,
     positive_ints,
 )
+from ddp.bench.stats import MAX_ROUNDS
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.strategies.registry import FLOOR
 
@@ -47,12 +48,6 @@ INTERLEAVE = ("group", FLOOR, "off")
 # rounds of a slow step, at most what a regression check needs (about 100 rounds of a 1 s step).
 MIN_BENCHMARK_BUDGET_SECONDS = 3.0
 MAX_BENCHMARK_BUDGET_SECONDS = 120.0
-# The default cap on a benchmark's rounds. The precision target, the comparison a run aims at and
-# the time budget decide when rounds stop; the cap only bounds the bootstrap's arrays (2000
-# resamples x 2000 rounds x 8 bytes = 32 MB each). A small model's step of 10 ms on 2 CPU cores
-# scatters over x2.4 between its 10th and 90th percentiles: 200 rounds left its median uncertain by
-# +-5% and a 15% slowdown unresolved (docs/regression-gate.md).
-MAX_ROUNDS = 2000
 
 
 # ------------------------------------------------------------------------------------ options
