@@ -7,7 +7,10 @@ docs/regression-gate.md), usable with any grid::
 
 ``SlowedBucketed`` is ``bucketed`` (and ``Slowed`` makes any strategy class slow the same way).
 ``DDP_BENCH_SLOWDOWN`` is a fraction f of the configuration's *median step*; unset or 0, nothing
-is slowed and no hook is hung. ``DDP_BENCH_SLOWDOWN_AT`` says where the wait of f x median falls:
+is slowed and no hook is hung. The wait keeps the core busy, as slower code does: a sleep let the
+core idle, and on a 2-core machine the steps after it ran slower too, ``local`` twins included
+(x1.10 to x1.18 where a busy wait moved them x0.97 to x1.04; docs/regression-gate.md), which hid
+the slowdown from the paired ratio. ``DDP_BENCH_SLOWDOWN_AT`` says where the wait of f x median falls:
 
 - ``sync`` (default): after ``finish_gradient_synchronization()`` returned: a wait that hides
   nothing (waiting before it would overlap all-reduces still in flight).
@@ -60,6 +63,14 @@ def slowdown_from_environment() -> tuple[float, str]:
     if place not in PLACES:
         raise ValueError(f"DDP_BENCH_SLOWDOWN_AT must be one of {', '.join(PLACES)}, got {place!r}")
     return fraction, place
+
+
+def busy_wait(seconds: float) -> None:
+    """Keep the core busy for ``seconds``, as slower code would (a sleep lets it idle, and the steps
+    after an idle core ran slower on this machine: docs/regression-gate.md)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 class StepClock:
@@ -121,7 +132,7 @@ class StepClock:
         for callback in list(self.after_step):
             callback(optimizer, median)
         if self.machine_fraction > 0 and median is not None:
-            time.sleep(self.machine_fraction * median)
+            busy_wait(self.machine_fraction * median)
 
 
 CLOCK = StepClock()
@@ -161,7 +172,7 @@ class Slowed:
     def wait(self) -> None:
         """Wait f x this configuration's median step (nothing while it calibrates)."""
         if self._median_seconds is not None:
-            time.sleep(self.slowdown_fraction * self._median_seconds)
+            busy_wait(self.slowdown_fraction * self._median_seconds)
 
     def _owns(self, optimizer) -> bool:
         return any(p is self._own_parameter for group in optimizer.param_groups for p in group["params"])

@@ -13,7 +13,8 @@ each a fresh pytest process as a user's run is, saved with ``--benchmark-save``:
   runs are ordered u_0, s_0 of every case, u_1, ... (every model's i-th before any model's next)
   so that the machine's drift falls on all cases and models alike.
 
-By default every run is a plain one, with the suite's default rounds, as two ordinary runs that a
+``--rejudge STUDY`` runs nothing and judges an earlier study's saved runs again, with the gate as
+it is now. By default every run is a plain one, with the suite's default rounds, as two ordinary runs that a
 user compares afterwards with ``python -m ddp compare``. With ``--aimed``, every run after u_0 is
 taken with ``--benchmark-compare`` against its pair's first run and ``--ddp-fail-slower``, so that
 its rounds aim at that decision (``ddp.analysis.compare.AimAtDecision``). Either way each pair is
@@ -101,7 +102,7 @@ class Runner:
     def __init__(self, args: argparse.Namespace, model: str) -> None:
         self.args = args
         self.model = model
-        self.storage = (args.out / model / "storage").resolve()
+        self.storage = ((args.rejudge or args.out) / model / "storage").resolve()
         self.saved: dict[str, Path] = {}
         self.seconds: dict[str, float] = {}
         batch, seq = DEFAULT_SHAPES.get(model, (2, 32))
@@ -131,6 +132,19 @@ class Runner:
         print(f"  {self.model} {name}: {self.seconds[name]:.0f} s", flush=True)
         return saved
 
+    def recall(self, name: str, case: Case | None, compared_with: str | None) -> Path:
+        """``--rejudge``: the run ``name`` as the earlier study saved it, and its wall time there."""
+        found = list(self.storage.glob(f"*/*_{name}.json"))
+        if len(found) != 1:
+            raise SystemExit(f"--rejudge: {self.storage} holds {len(found)} runs named {name}: give the study's own "
+                             "--models, --pairs and --cases")
+        self.saved[name] = found[0]
+        index = int(name[1:].split("_", 1)[0])
+        label = "unchanged" if case is None else case.label
+        self.seconds[name] = next((p["run_seconds"] for p in self.args.earlier_pairs
+                                   if (p["model"], p["case"], p["index"]) == (self.model, label, index)), float("nan"))
+        return found[0]
+
     def judge(self, old: str, new: str, case_label: str, index: int) -> list[Pair]:
         """The pair judged at the run's threshold and at every ``--also-judge-at``."""
         pairs = []
@@ -153,14 +167,15 @@ def study(args: argparse.Namespace, began: float) -> list[Pair]:
     runners = [Runner(args, model) for model in args.models]
     for i in range(args.pairs + 1):
         for runner in runners:
-            runner.run(f"u{i}", None, f"u{i - 1}" if i else None)
+            take = runner.recall if args.rejudge else runner.run
+            take(f"u{i}", None, f"u{i - 1}" if i else None)
             if i:
                 pairs.extend(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
                 write_report(args, pairs, began)
             if i == args.pairs:
                 continue
             for case in args.cases:
-                runner.run(f"s{i}_{case.key}", case, f"u{i}")
+                take(f"s{i}_{case.key}", case, f"u{i}")
                 pairs.extend(runner.judge(f"u{i}", f"s{i}_{case.key}", case.label, i))
                 write_report(args, pairs, began)
     return pairs
@@ -217,7 +232,13 @@ def main() -> int:
     parser.add_argument("--round-budget", type=float, default=None,
                         help="seconds of rounds per benchmark (default: the suite's share of its session budget)")
     parser.add_argument("--out", type=Path, default=Path("power-study"))
+    parser.add_argument("--rejudge", type=Path, default=None, metavar="STUDY",
+                        help="run nothing: judge the runs an earlier study saved in STUDY again, with the gate as it is "
+                             "now, writing the report to --out (give the study's --models, --pairs and --cases)")
     args = parser.parse_args()
+    if args.rejudge and not (args.rejudge / "pairs.json").is_file():
+        raise SystemExit(f"--rejudge: {args.rejudge} holds no pairs.json: give the --out of an earlier study")
+    args.earlier_pairs = json.loads((args.rejudge / "pairs.json").read_text()) if args.rejudge else []
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"{args.out} is not empty: give a new --out (nothing saved is overwritten)")
     args.out.mkdir(parents=True, exist_ok=True)

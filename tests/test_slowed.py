@@ -1,11 +1,12 @@
 """The slowdowns the power study injects (examples/slowed.py) wait where and as long as they say:
 f times the configuration's own median step, after calibrating, in the named phase, and for
-``machine`` in every configuration's step alike. Waits are recorded, not slept, so that these
+``machine`` in every configuration's step alike. Waits are recorded, not waited, so that these
 checks do not depend on the machine's load."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -23,15 +24,11 @@ def slowed_steps(place: str, steps: int) -> dict:
     waits: list[tuple[int, str, str, float]] = []
     step = [0]
 
-    class RecordingTime:
-        perf_counter = staticmethod(slowed.time.perf_counter)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            waits.append((step[0], *phase, seconds))
+    def recording_wait(seconds: float) -> None:
+        waits.append((step[0], *phase, seconds))
 
     os.environ.update(DDP_BENCH_SLOWDOWN=str(FRACTION), DDP_BENCH_SLOWDOWN_AT=place)
-    real_time, slowed.time = slowed.time, RecordingTime
+    real_wait, slowed.busy_wait = slowed.busy_wait, recording_wait
     try:
         torch.manual_seed(0)
         model = slowed.SlowedBucketed(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)), bucket_size_mb=1.0)
@@ -53,7 +50,7 @@ def slowed_steps(place: str, steps: int) -> dict:
         model.close()
         return {"waits": waits, "medians": medians, "hooks_left": slowed.CLOCK.users + len(slowed.CLOCK._handles)}
     finally:
-        slowed.time = real_time
+        slowed.busy_wait = real_wait
         del os.environ["DDP_BENCH_SLOWDOWN"], os.environ["DDP_BENCH_SLOWDOWN_AT"]
 
 
@@ -96,3 +93,11 @@ def test_a_bad_slowdown_is_refused_saying_what_to_set(monkeypatch):
     monkeypatch.setenv("DDP_BENCH_SLOWDOWN_AT", "gpu")
     with pytest.raises(ValueError, match="DDP_BENCH_SLOWDOWN_AT must be one of sync, forward, backward, optimizer, machine"):
         slowdown_from_environment()
+
+
+def test_busy_wait_lasts_as_long_as_asked():
+    import examples.slowed as slowed
+
+    began = time.perf_counter()
+    slowed.busy_wait(0.02)
+    assert time.perf_counter() - began >= 0.02

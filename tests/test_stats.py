@@ -252,20 +252,22 @@ def test_clear_of_threshold(low, high, clear):
     assert clear_of_threshold(low, high, 0.10) is clear
 
 
-def test_rounds_to_decide_shrinks_the_interval_below_the_distance_to_1():
-    # x1.15 [0.95, 1.35] over 20 and 20 rounds: the half-width towards 1 (0.20) must fall below 0.15.
-    new_alone, both = rounds_to_decide(1.15, 0.95, 1.35, old_rounds=20, new_rounds=20)
-    shrink = (0.15 / 0.20) ** 2
-    assert 1 / 20 + 1 / new_alone <= shrink * (2 / 20) < 1 / 20 + 1 / (new_alone - 1)
-    assert 2 / both <= shrink * (2 / 20) < 2 / (both - 1)
-    assert new_alone > both > 20
-    # Faster, on the other side.
-    assert rounds_to_decide(0.85, 0.65, 1.05, 20, 20) == rounds_to_decide(1.15, 0.95, 1.35, 20, 20)
-    # The old run's rounds alone are too wide: the new run cannot decide it by itself.
-    assert rounds_to_decide(1.15, 0.70, 1.60, old_rounds=10, new_rounds=10)[0] is None
-    # Already significant, or no change at all: nothing to decide.
-    assert rounds_to_decide(1.15, 1.01, 1.30, 20, 20) is None
-    assert rounds_to_decide(1.0, 0.9, 1.1, 20, 20) is None
+def test_rounds_to_decide_by_hand():
+    # x1.15 [0.95, 1.35]: the standard error is 0.20 / 1.96 and must fall to 0.15 / (1.96 + 0.84),
+    # the variance by (0.15 * 1.96 / (2.8016 * 0.20))^2 = 0.27531.
+    # 20 and 20 rounds: the old run alone is too wide (0.27531 * 0.1 < 1 / 20); both again, 2 / 0.027531.
+    assert rounds_to_decide(1.15, 0.95, 1.35, old_rounds=20, new_rounds=20) == (73, True)
+    # 100 old rounds: the new run alone needs 1 / (0.27531 * 0.06 - 0.01) = 153.4 rounds, cheaper than 2 x 122.
+    assert rounds_to_decide(1.15, 0.95, 1.35, old_rounds=100, new_rounds=20) == (154, False)
+    # Faster, on the other side, alike.
+    assert rounds_to_decide(0.85, 0.65, 1.05, 20, 20) == (73, True)
+    # Never fewer rounds than the new run has.
+    assert rounds_to_decide(1.15, 0.999, 1.30, old_rounds=10_000, new_rounds=500).rounds > 500
+
+
+@pytest.mark.parametrize("point, low, high", [(1.15, 1.01, 1.30), (1.0, 0.9, 1.1), (1.2, 0.5, 0.9)])
+def test_nothing_to_decide_where_the_interval_does_not_reach_across_1(point, low, high):
+    assert rounds_to_decide(point, low, high, 20, 20) is None
 
 
 def test_verdict_values_are_the_words_a_report_prints():
