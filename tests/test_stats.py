@@ -226,6 +226,7 @@ def test_same_seed_same_interval_other_seed_other_interval():
         (1.15, 1.10, 1.20, Verdict.SLOWER),  # the case: x1.136 [1.096, 1.174] fails a 10% gate
         (1.136, 1.096, 1.174, Verdict.SLOWER),
         (1.30, 0.95, 1.70, Verdict.NOT_RESOLVED),  # beyond, but within noise
+        (1.15, 1.00, 1.30, Verdict.NOT_RESOLVED),  # an interval that touches 1 is not above it
         # Just inside: unchanged, significant or not.
         (1.099, 1.05, 1.15, Verdict.UNCHANGED),
         (1.10, 1.09, 1.11, Verdict.UNCHANGED),  # on the threshold is not beyond it
@@ -235,6 +236,8 @@ def test_same_seed_same_interval_other_seed_other_interval():
         (0.899, 0.80, 0.999, Verdict.FASTER),
         (0.899, 0.80, 1.001, Verdict.NOT_RESOLVED),
         (0.901, 0.80, 0.95, Verdict.UNCHANGED),
+        (0.90, 0.85, 0.95, Verdict.UNCHANGED),  # on the threshold, significant: not beyond it
+        (0.85, 0.80, 1.00, Verdict.NOT_RESOLVED),
     ],
 )
 def test_verdict_truth_table_at_10_percent(point, low, high, expected):
@@ -263,6 +266,17 @@ def test_rounds_to_decide_by_hand():
     assert rounds_to_decide(0.85, 0.65, 1.05, 20, 20) == (73, True)
     # Never fewer rounds than the new run has.
     assert rounds_to_decide(1.15, 0.999, 1.30, old_rounds=10_000, new_rounds=500).rounds > 500
+
+
+@pytest.mark.parametrize("point, low, high, old_rounds, new_rounds, message", [
+    (float("nan"), 0.9, 1.3, 20, 20, "finite"),
+    (1.1, 0.9, float("inf"), 20, 20, "finite"),
+    (1.1, 1.3, 0.9, 20, 20, "low <= high"),
+    (1.1, 0.9, 1.3, 0, 20, "at least 1"),
+])
+def test_rounds_to_decide_refuses_what_is_not_a_ratio(point, low, high, old_rounds, new_rounds, message):
+    with pytest.raises(ValueError, match=message):
+        rounds_to_decide(point, low, high, old_rounds, new_rounds)
 
 
 @pytest.mark.parametrize("point, low, high", [(1.15, 1.01, 1.30), (1.0, 0.9, 1.1), (1.2, 0.5, 0.9)])

@@ -29,7 +29,8 @@ ratio. Dividing by ``local`` alone lets a regression hide (measured: a class slo
 nothing), so the verdict combines them, and the ``why`` column says which decided:
 
 * the paired ratio judged slower: **slower** (the step moved more than the machine did). Where
-  ``local`` got faster (its interval lies below 1), dividing by it overstates the step's slowdown: a step is part
+  ``local`` got faster (its interval lies below 1, and its low end below 1 / (1 + t), where the
+  bias below could alone carry step / local past 1 + t), dividing by it overstates the step's slowdown: a step is part
   compute, which a faster machine speeds up as ``local``, and part waiting (communication, a
   sleep), which it does not. With compute a share f of the step and ``local`` x L, unchanged code
   gives step / local = f + (1 - f) / L, above 1 whenever L < 1 (measured here: two unchanged runs
@@ -104,7 +105,7 @@ MACHINE = "machine"  # the prefix of the verdicts a moved machine explains: "mac
 
 
 MIN_ROUNDS_TO_JUDGE = 20
-"""No ratio is judged slower or faster from fewer rounds in either run: a percentile bootstrap of
+"""No ratio is judged (slower, faster or unchanged) from fewer rounds in either run: a percentile bootstrap of
 a median is too narrow on a handful of samples (its resamples take few distinct values; Efron and
 Tibshirani 1993, section 7.3), and the distribution-free interval of a median needs 6 to reach 95%
 at all. On this project's shared 2-core machine, 10 rounds once resolved an unchanged step x0.85
@@ -125,10 +126,10 @@ class Ratio:
 
     @classmethod
     def judged(cls, point: float, low: float, high: float, threshold: float, rounds: int) -> Ratio:
-        """``rounds``: the fewer of the two runs' rounds; below ``MIN_ROUNDS_TO_JUDGE`` a ratio
-        beyond the threshold is *not resolved*, significant or not."""
+        """``rounds``: the fewer of the two runs' rounds; below ``MIN_ROUNDS_TO_JUDGE`` every ratio
+        is *not resolved*, within the threshold or beyond it, significant or not."""
         judged = verdict(point, low, high, threshold)
-        if rounds < MIN_ROUNDS_TO_JUDGE and judged in (Verdict.SLOWER, Verdict.FASTER):
+        if rounds < MIN_ROUNDS_TO_JUDGE:
             judged = Verdict.NOT_RESOLVED
         return cls(point, low, high, judged, clear_of_threshold(low, high, threshold) and judged is not Verdict.NOT_RESOLVED)
 
@@ -178,15 +179,17 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
     if reference:
         if raw.verdict in (Verdict.SLOWER, Verdict.FASTER):
             return Decision(f"{MACHINE} {raw.verdict}", MACHINE_REFERENCE, "local is the machine's reference", raw)
-        return Decision(str(raw.verdict), RAW, "local is the machine's reference", raw)
+        return Decision(str(raw.verdict), MACHINE_REFERENCE, "local is the machine's reference", raw)
     paired_both = (old_local and new_local and len(old_local) == len(old_rounds) and len(new_local) == len(new_rounds))
     if not paired_both:
         return Decision(str(raw.verdict), RAW, "no rounds paired with local in both runs", raw)
     paired = Ratio.of([s / f for s, f in zip(new_rounds, new_local)], [s / f for s, f in zip(old_rounds, old_local)],
                       threshold)
     local = Ratio.of(new_local, old_local, threshold)
-    # Only where the machine resolved faster: there step / local overstates the step's slowdown.
-    adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold) if local.high < 1.0 else None
+    # Only where the machine resolved faster, and by enough that the bias it gives step / local (at
+    # most 1 / L - 1, as the step's compute share goes to 0) could alone carry it past 1 + t.
+    machine_faster = local.high < 1.0 and local.low * (1 + threshold) < 1.0
+    adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold) if machine_faster else None
 
     def decision(verdict_: Verdict | str, basis: str, why: str) -> Decision:
         return Decision(str(verdict_), basis, why, raw, paired, local, adjusted)

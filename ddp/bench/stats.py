@@ -248,10 +248,10 @@ class Verdict(str, Enum):
         return self.value
 
 
-def _check_ratio(point: float, low: float, high: float, threshold: float) -> None:
+def _check_ratio(point: float, low: float, high: float, threshold: float | None = None) -> None:
     if not all(map(math.isfinite, (point, low, high))) or low > high:
         raise ValueError(f"a ratio needs a finite point and interval with low <= high, got ({point!r}, {low!r}, {high!r})")
-    if not (math.isfinite(threshold) and threshold > 0):
+    if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold must be a positive fraction such as 0.10 for 10%, got {threshold!r}")
 
 
@@ -300,6 +300,9 @@ def rounds_to_decide(point: float, low: float, high: float, old_rounds: int, new
     sqrt(1/n_old + 1/n_new); it is read off the interval's half-width towards 1 (1.96 standard
     errors) and must fall until |point - 1| is (1.96 + 0.84) standard errors, the usual power
     calculation of a two-sample comparison."""
+    _check_ratio(point, low, high)
+    if old_rounds < 1 or new_rounds < 1:
+        raise ValueError(f"rounds must be at least 1 in each run, got {old_rounds} old and {new_rounds} new")
     if low > 1 or high < 1 or point == 1:
         return None
     half = point - low if point > 1 else high - point
