@@ -10,8 +10,8 @@ within [1 - t, 1 + t]; *faster* symmetrically; *not resolved* when the ratio is 
 but within noise (the interval reaches across 1), and then the gate says about how many rounds
 would decide it (``ddp.bench.stats.rounds_to_decide``). The gate fails only on *slower*: a 15%
 slowdown fails a 10% gate as soon as the rounds tell it from noise, and a ratio within noise does
-not (the false-alarm rate that remains is measured: docs/regression-gate.md). Neither verdict is
-read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds in a run.
+not (the false-alarm rate that remains is measured: docs/regression-gate.md). No verdict but
+*not resolved* is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds in a run.
 pytest-benchmark's own ``--benchmark-compare-fail=median:10%`` reads the medians alone, so noise
 can fail it. ``gate`` is that gate, once: ``ddp compare`` and pytest's ``--ddp-fail-slower``
 (perf_tests/conftest.py) print and judge through it (exit status 1 on a slowdown, 0 otherwise),
