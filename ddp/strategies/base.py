@@ -189,6 +189,57 @@ class Transfer(NamedTuple):
     """``all_reduce``, ``reduce_scatter`` or ``all_gather`` (a sharded strategy's)."""
 
 
+class MemoryPlan(NamedTuple):
+    """What a strategy's buffers are sized by (``Strategy.step_buffers``), for one rank."""
+
+    gradient_bytes: int
+    """Every trainable parameter's gradient, the whole model's."""
+    transfer_bytes: list[int]
+    """The buffers of ``communication_schedule`` in launch order (empty where it does not say)."""
+    unit_bytes: list[int]
+    """A strategy that shards parameters: the parameters of each of its ``units``, whole, root last."""
+    world_size: int
+    gradient_itemsize: int
+    """Bytes an element of the gradients (4: fp32)."""
+    comm_itemsize: int | None
+    """Bytes an element a strategy that takes ``comm_dtype`` communicates in; None: the gradients' own."""
+
+
+class StepBuffers(NamedTuple):
+    """What a strategy holds on a rank beyond parameters, gradients and optimizer state, by moment
+    of the step, in bytes (``ddp.bench.memory`` adds it to the training state and the activations)."""
+
+    kept: int = 0
+    """Held from one step to the next (PyTorch's DDP's buckets, a bf16 copy of each bucket)."""
+    forward: int = 0
+    """More while forward runs (the units an FSDP rank has gathered)."""
+    backward: int = 0
+    """More all through backward (the units an FSDP rank has gathered, and their whole gradients)."""
+    synchronization: int = 0
+    """More once backward has ended, while the gradients are synchronized (copies of them)."""
+    gather: int = 0
+    """More once AdamW has stepped (its temporaries freed), while the updated parameters are
+    gathered (a sharded optimizer's flattened broadcasts)."""
+    gradients_kept: bool = False
+    """True where the gradients live in buffers the strategy keeps (``bucketed``'s buckets, each
+    gradient a view into one), so they are whole all step: ``zero_grad(set_to_none=True)`` frees
+    nothing."""
+
+
+def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepBuffers:
+    """A strategy that shards parameters by unit: in forward the root unit is gathered throughout
+    (it encloses the others) with the unit running and, where it prefetches, the next one. At
+    backward's start, when the activations peak, the root is gathered again and, where it
+    prefetches, the last unit; the units gathered later in backward, and their whole gradients,
+    are held while the activations they consumed have been freed (``MemTracker`` on mini and
+    tiny, with PyTorch's ``fully_shard``: the peak is at backward's start)."""
+    if not plan.unit_bytes:
+        return StepBuffers()
+    root, largest = plan.unit_bytes[-1], max(plan.unit_bytes[:-1], default=0)
+    prefetched = largest if prefetches_next_unit else 0
+    return StepBuffers(forward=root + largest + prefetched, backward=root + prefetched)
+
+
 class Strategy(nn.Module, abc.ABC):
     """The interface of every strategy: wrap ``module``, ``forward``, ``finish_gradient_synchronization()``,
     optional ``no_sync()``.
@@ -252,6 +303,13 @@ class Strategy(nn.Module, abc.ABC):
         simulator then skips it); an empty list: it communicates nothing."""
         return [] if not cls.communicates else None
 
+    @classmethod
+    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
+        """The memory this strategy holds beyond its training state (``StepBuffers``), sized by
+        ``plan``. The default: PyTorch's DDP's second copy of the gradients where
+        ``keeps_gradient_buckets``, nothing else (a strategy that all-reduces the gradients in place)."""
+        return StepBuffers(kept=plan.gradient_bytes if cls.keeps_gradient_buckets else 0)
+
     steps_to_settle: int = 1
     """Steps after which the strategy's plan (buckets, collectives per step) is final: the
     harness runs at least this many untimed steps of a fresh build before timing it (a race, as
@@ -307,6 +365,7 @@ class Traits:
     prefetches_next_unit: bool
     units: Callable[[nn.Module], list[tuple[str, nn.Module]] | None]
     communication_schedule: Callable[..., list[Transfer] | None]
+    step_buffers: Callable[[MemoryPlan], StepBuffers]
 
 
 # Steps a user's class gets before its figures are read, when it does not say (PyTorch's DDP needs three).
@@ -334,6 +393,7 @@ def traits_of(cls: type) -> Traits:
         prefetches_next_unit=bool(read("prefetches_next_unit")),
         units=read("units"),
         communication_schedule=schedule,
+        step_buffers=read("step_buffers"),
     )
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import DataParallel, Transfer, check_bucket_size_mb, check_comm_dtype
+from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer, check_bucket_size_mb, check_comm_dtype
 from ddp.strategies.tracing import launch_all_reduce
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -102,6 +102,13 @@ class BucketedDDP(DataParallel):
             )
             for bucket in plan
         ]
+
+    @classmethod
+    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
+        """The gradients live in the buckets, whole all step; with ``comm_dtype`` each bucket has a
+        copy in that dtype, kept too."""
+        copies = plan.gradient_bytes * plan.comm_itemsize // plan.gradient_itemsize if plan.comm_itemsize else 0
+        return StepBuffers(kept=copies, gradients_kept=True)
 
     def __init__(self, module, *, bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""

@@ -9,12 +9,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, Transfer
+from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
+
+    @classmethod
+    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
+        """One flattened copy of every gradient while it is all-reduced."""
+        return StepBuffers(synchronization=plan.gradient_bytes)
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import Sharding, Transfer
+from ddp.strategies.base import MemoryPlan, Sharding, StepBuffers, Transfer
 from ddp.strategies.bucketed import BucketedDDP
 
 
@@ -139,6 +139,14 @@ class ShardedOptimizerDDP(BucketedDDP):
         """``bucketed``'s buckets, then the updated parameters all-gathered (the owners' broadcasts)."""
         buckets = BucketedDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
         return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
+
+    @classmethod
+    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
+        """``bucketed``'s, and after the step two owners' flattened parameters at once (the next
+        one is built before the previous is freed): 2/N of the parameters, all of them at N = 2
+        (MemTracker on mini: 35.5 MiB)."""
+        gathered = plan.gradient_bytes * min(2, plan.world_size) // plan.world_size
+        return BucketedDDP.step_buffers.__func__(cls, plan)._replace(gather=gathered)
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         return self.sharded_optimizer_class(self.module.parameters(), optimizer_cls, **kwargs)

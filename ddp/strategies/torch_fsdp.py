@@ -16,7 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import Sharding, Strategy, broadcast_from_rank0, require_process_group
+from ddp.strategies.base import (
+    MemoryPlan,
+    Sharding,
+    StepBuffers,
+    Strategy,
+    broadcast_from_rank0,
+    gathered_unit_buffers,
+    require_process_group,
+)
 from ddp.strategies.fsdp import check_compute_dtype, plan_units
 
 
@@ -30,6 +38,15 @@ class TorchFSDP(Strategy):
     @classmethod
     def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]]:
         return plan_units(module)  # the units it passes to fully_shard
+
+    @classmethod
+    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
+        """``gathered_unit_buffers``, and at backward's end the root's: its gathered parameters,
+        its whole gradient and the reduce-scatter's output, a 1/N share of it (MemTracker on mini:
+        48.8 MiB, 2.5 of its 19.5 MiB roots at N = 2)."""
+        root = plan.unit_bytes[-1] if plan.unit_bytes else 0
+        buffers = gathered_unit_buffers(plan, cls.prefetches_next_unit)
+        return buffers._replace(synchronization=2 * root + root // plan.world_size)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()
