@@ -1,9 +1,12 @@
-"""Commands that keep several models built race within memory: contenders that do not fit
-together run one at a time in alternating blocks, and one that cannot fit even alone is refused
-before anything is built, with the figures."""
+"""What fits in memory, from the prediction (``ddp.bench.memory``): commands that keep several
+models built race within memory (contenders that do not fit together run one at a time in
+alternating blocks, one that cannot fit even alone is refused before anything is built, with the
+figures); the grid skips a configuration predicted not to fit and runs the next; the largest batch
+that fits. The prediction itself is held to PyTorch's MemTracker in test_memory_prediction.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -12,52 +15,113 @@ import pytest
 
 import ddp.bench.race as race_module
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import measure_in_blocks
-from ddp.bench.memory import GIB, fit, parameter_count
+from ddp.bench.measure import GridMeasurer, NotMeasured, measure_in_blocks
+from ddp.bench.memory import (
+    GIB,
+    HEADROOM,
+    Fit,
+    PredictedTooLarge,
+    fit,
+    largest_batch,
+    parameter_count,
+    predict,
+    predict_moments,
+    usable_bytes,
+)
+from ddp.bench.memory_trace import trace_step
 from ddp.bench.options import RoundOptions
 from ddp.bench.race import race, race_configs
-from ddp.bench.rank_state import parameters_of
-from ddp.strategies.registry import DEFAULT_CONTENDERS
+from ddp.bench.rank_state import parameters_of, release
+from ddp.strategies.base import Sharding, sharding_of
+from ddp.strategies.registry import DEFAULT_CONTENDERS, resolve_strategy
+
+
+def config_sharding(name: str) -> Sharding:
+    return sharding_of(resolve_strategy(name))
+
 
 XL_PARAMETERS = 1_998_235_200
 H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
 
 
 def test_xl_on_one_h100_fits_alone_but_not_three_together():
-    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "xl", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), XL_PARAMETERS, H100_BYTES, 1)
+    """Between steps local keeps 12 bytes a parameter (fp32 weights, AdamW's two moments; its
+    gradients are freed by zero_grad), bucketed and torch 16 (their buckets, which bucketed's
+    gradients are views of); the largest step needs 8 more (gradients and AdamW's temporaries):
+    52 bytes a parameter together, 97 GiB for xl, against 71.7 usable of an H100's 79.6."""
+    configs = race_configs(DEFAULT_CONTENDERS, {"model": "xl", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0})
+    memory = fit(configs, H100_BYTES, 1)
     assert not memory.together
     assert all(memory.alone.values())
     assert memory.too_large() is None
-    # local and bucketed keep 16 B a parameter, torch 20, and one step's temporaries 4
-    assert memory.needed_together_bytes == XL_PARAMETERS * (16 + 16 + 20 + 4)
-    assert "together they need about 104.2 GiB per rank, 71.7 GiB usable of 79.6 GiB" == memory.explain()
+    assert memory.needed_together_bytes == pytest.approx(52 * 4 * XL_PARAMETERS / 4, rel=0.01)
+    assert memory.explain().startswith("together they need about 96.") and "71.7 GiB usable of 79.6 GiB" in memory.explain()
 
 
 def test_a_model_too_large_alone_is_refused_with_what_it_needs():
-    parameters = 3_400_000_000
-    memory = fit(race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0}), parameters, H100_BYTES, 1)
-    message = memory.too_large()
-    assert message.startswith("torch 25 MiB, model 2.7b, batch 2, seq len 128 needs about 76.0 GiB")
-    assert "use a smaller --model" in message
+    configs = race_configs(DEFAULT_CONTENDERS, {"model": "2.7b", "batch_size": 2, "seq_len": 128, "bucket_size_mb": 25.0})
+    message = fit(configs, H100_BYTES, 1).too_large()
+    assert message.startswith("torch 25 MiB, model 2.7b, batch 2, seq len 128 is predicted to need 76.1 GiB per rank")  # 24 B a parameter at its step
+    assert "use a smaller --model" in message and "python -m ddp memory" in message
 
 
-def test_the_estimate_reads_what_each_strategy_shards():
-    """16 bytes a parameter replicated, 4 + 4 + 8/N with a sharded optimizer, 16/N fully sharded
-    (``Sharding``), 4 more where the strategy keeps its gradient buckets (PyTorch's DDP): the
-    3.4B-parameter model that no replicated strategy fits on one 80 GB GPU fits fully sharded on 8."""
-    parameters = 3_400_000_000
+def test_the_prediction_reads_what_each_strategy_shards():
+    """At the optimizer step a rank holds parameters, gradients and AdamW's moments as its
+    strategy's ``Sharding`` says (16 bytes a parameter replicated, 4 + 4 + 8/N with a sharded
+    optimizer, 16/N fully sharded), and PyTorch's DDP its buckets besides (4 more): the
+    3.4B-parameter model that no replicated strategy fits on one 80 GB GPU fits sharded on 8."""
     values = {"model": "2.7b", "batch_size": 1, "seq_len": 128, "bucket_size_mb": 25.0}
     configs = {name: StepConfig.of(name, values) for name in ("torch", "sharded_optimizer", "zero", "fsdp", "torch_fsdp")}
-    memory = fit(list(configs.values()), parameters, H100_BYTES, 8)
-    needed = {name: memory.needed_alone_bytes[config] - 4 * parameters for name, config in configs.items()}  # less the step's
-    assert needed == {"torch": 20 * parameters, "sharded_optimizer": 9 * parameters, "zero": 13 * parameters,
-                      "fsdp": 2 * parameters, "torch_fsdp": 2 * parameters}
+    parameters_bytes = 4 * parameter_count("2.7b", 1, 128)
+    for name, config in configs.items():
+        at_step = predict_moments(config, 8)["optimizer"]
+        formula = config_sharding(name)
+        expected = {kind: size * parameters_bytes / 4 for kind, size in formula.bytes_per_parameter(8).items()}
+        assert at_step.parameters_bytes == pytest.approx(expected["parameters"], rel=1e-6), name
+        assert at_step.gradients_bytes == pytest.approx(expected["gradients"], rel=1e-6), name
+        assert at_step.optimizer_state_bytes == pytest.approx(expected["optimizer_state"], rel=1e-6), name
+        buckets = parameters_bytes if name in ("torch", "zero") else 0
+        assert at_step.communication_bytes == buckets, name
+    memory = fit(list(configs.values()), H100_BYTES, 8)
     assert [name for name, config in configs.items() if not memory.alone[config]] == ["torch"]
 
 
 def test_small_models_stay_together():
     configs = race_configs(DEFAULT_CONTENDERS, {"model": "mini", "batch_size": 2, "seq_len": 64, "bucket_size_mb": 1.0})
-    assert fit(configs, parameter_count("mini", 2, 64), 8 * GIB, 2).together
+    assert fit(configs, 8 * GIB, 2).together
+
+
+def test_largest_batch_is_the_edge_of_what_fits():
+    config = StepConfig("bucketed", "small", 1, 512, 25.0)
+    memory = 8 * GIB
+    largest = largest_batch(config, 2, memory)
+    assert largest >= 1
+    assert predict(dataclasses.replace(config, batch_size=largest), 2).total_bytes <= usable_bytes(memory)
+    assert predict(dataclasses.replace(config, batch_size=largest + 1), 2).total_bytes > usable_bytes(memory)
+    assert largest_batch(config, 2, GIB // 2) == 0  # not even batch 1: its states alone are 1.9 GiB
+
+
+def test_the_line_through_two_batches_is_the_trace_at_the_batch():
+    """The prediction traces batch 1 and 2 and extends the line; the trace at batch 6 itself agrees
+    within a few KiB (rounding of the line)."""
+    one, two, six = (trace_step("mini", batch, 64, "bf16") for batch in (1, 2, 6))
+    line = two.at_batch(one, 5)
+    assert abs(line.forward_peak.total - six.forward_peak.total) < 64 * 1024
+    assert max(abs(a.total - b.total) for a, b in zip(line.backward, six.backward, strict=True)) < 64 * 1024
+
+
+def test_a_grid_skips_what_is_predicted_not_to_fit_and_runs_the_next(rank_group):
+    small, large = StepConfig("local", "tiny", 2, 16), StepConfig("local", "tiny", 64, 128)
+    measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off")
+    measurer._memory_bytes = int(predict(small, rank_group.world_size).total_bytes / (1 - HEADROOM)) + 1
+    assert predict(large, rank_group.world_size).total_bytes > usable_bytes(measurer._memory_bytes)
+    skipped = measurer.measurement(large)
+    assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, PredictedTooLarge)
+    reason = skipped.reason(rank_group.world_size)
+    assert reason.startswith("predicted not to fit: local, model tiny, batch 64, seq len 128") and "not built" in reason
+    measured = measurer.measurement(small)
+    assert not isinstance(measured, NotMeasured) and len(measured[0].rounds) == 2
+    rank_group.run(release)
 
 
 def test_parameters_are_counted_without_building():
@@ -76,7 +140,7 @@ def test_blocks_pair_rounds_of_configurations_built_one_at_a_time(rank_group):
 
 def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_group, monkeypatch):
     def not_together(ranks, configs):
-        return fit(configs, 10**9, 40 * GIB, ranks.world_size)  # a billion parameters each, 40 GiB: alone only
+        return Fit(False, dict.fromkeys(configs, True), 50 * GIB, dict.fromkeys(configs, 20 * GIB), 40 * GIB)
 
     monkeypatch.setattr(race_module, "fit_on", not_together)
     result = race(rank_group, {"model": "tiny", "batch_size": 2, "seq_len": 16, "bucket_size_mb": 1.0}, RoundOptions.fixed(2, 1))
@@ -96,3 +160,47 @@ def test_versus_refuses_a_model_too_large_before_building_it():
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("ddp-bench versus: error: torch 25 MiB, model 2.7b") and "GiB" in line, line
+
+
+# Runs the command and, once it is done, prints its own peak resident memory (KiB) as the last line of stderr.
+MEASURED = ("import resource, sys\nfrom ddp.cli import main\ntry:\n    code = main(sys.argv[1:])\nexcept SystemExit as exit:\n"
+            "    code = exit.code\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)")
+
+
+def run_memory_command(*arguments: str) -> tuple[subprocess.CompletedProcess, int]:
+    """The command's result, its stderr without the last line, and its peak resident memory in KiB."""
+    done = subprocess.run([sys.executable, "-c", MEASURED, "memory", *arguments], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parents[1])
+    *stderr, peak_kib = done.stderr.strip().splitlines()
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, "\n".join(stderr)), int(peak_kib)
+
+
+def test_the_memory_command_predicts_xl_on_8_ranks_without_building_it():
+    """The issue's command: the table and the largest batch per strategy, xl never built (its fp32
+    weights alone are 7.4 GiB; the command's whole process stays under 2 GiB)."""
+    done, peak_kib = run_memory_command("--model", "xl", "--strategies", "local,torch,bucketed,sharded_optimizer,fsdp", "--world-size", "8",
+                              "--batch-sizes", "1,4,16", "--seq-lens", "1024", "--device-memory", "80GiB")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert peak_kib < 2 * 2**20, f"{peak_kib} KiB: the model was built"
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("model xl on 8 ranks: predicted peak per rank, GiB (device memory 80.0 GiB, given; 72.0 GiB usable")
+    rows = {tuple(line.split()[:2]): line.split() for line in lines if line.split()[:1] and line.split()[1:2] in (["1"], ["4"], ["16"])}
+    assert rows[("local", "1")][-1] == "yes" and rows[("local", "16")][-1] == "NO"
+    assert float(rows[("local", "1")][4]) == pytest.approx(4 * XL_PARAMETERS / GIB, abs=0.01)  # fp32 weights, whole
+    largest = lines[lines.index("largest batch per rank that fits:") + 3:]
+    batches = {line.split()[0]: int(line.split()[-1]) for line in largest if line.strip()}
+    assert set(batches) == {"local", "torch", "bucketed", "sharded_optimizer", "fsdp"}
+    assert batches["torch"] <= batches["local"] <= batches["sharded_optimizer"] <= batches["fsdp"]
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (("--device-memory", "80"), "--device-memory takes a size with its unit, such as 80GiB"),
+    (("--world-size", "0"), "expected a whole number of 1 or more"),
+    (("--strategies", "nope"), "unknown strategy 'nope'"),
+    (("--model", "tiny", "--seq-lens", "4096"), "exceeds model tiny's context length"),
+])
+def test_the_memory_command_refuses_bad_input_in_one_line(arguments, message):
+    done, _ = run_memory_command(*arguments)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("ddp-bench memory: error:") and message in line, line

@@ -30,7 +30,16 @@ from ddp.analysis.figures import (
     sorted_steps,
     step_order,
 )
-from ddp.analysis.sharding import FIT_WORLD_SIZES, H100_BYTES, LEVELS, MEASURED_HEADERS, fit_rows, measured_memory_rows
+from ddp.analysis.sharding import (
+    FIT_WORLD_SIZES,
+    H100_BYTES,
+    LEVELS,
+    MEASURED_HEADERS,
+    PEAK_HEADERS,
+    fit_rows,
+    measured_memory_rows,
+    peak_memory_rows,
+)
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.config import AXES, StepConfig
 from ddp.bench.records import Run, RunFileError, StepRecord, load_run
@@ -204,9 +213,25 @@ def overhead_section(run: Run) -> list[str]:
 
 def memory_section(run: Run) -> list[str]:
     rows = measured_memory_rows(run.steps)
+    peaks = peak_memory_rows(sorted_steps(run.steps))
+    lines = []
+    if peaks:
+        lines += [
+            "## Peak memory per rank: predicted before building, and measured",
+            "",
+            "The peak each configuration was predicted to reach before anything was built (`python -m ddp memory`, "
+            "`ddp.bench.memory`: the training state from the strategy's declarations, activations and temporaries "
+            "from the model's step traced on fake tensors), by category at the moment of the step it falls in, beside "
+            "the measured peak: CUDA's `max_memory_allocated` over the timed steps, or on CPU PyTorch's `MemTracker` "
+            "over untimed steps (its categories at its peak in the last column; a strategy's own buffers land in "
+            "Gradient, Temp, Activation or Other by when it first saw them).",
+            "",
+            _table(peaks, PEAK_HEADERS),
+            "",
+        ]
     if not rows:
-        return []
-    return [
+        return lines
+    return lines + [
         "## Memory per rank",
         "",
         "The state each strategy holds on its most loaded rank, counted as distinct tensor storages after "

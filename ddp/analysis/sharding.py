@@ -81,6 +81,43 @@ def measured_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
     return rows
 
 
+PEAK_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication")
+# MemTracker's names, in the order of PEAK_CATEGORIES where they correspond (its buffers and Other besides)
+TRACKER_CATEGORIES = ("Parameter", "Gradient", "Optstate", "Activation", "Temp", "Other")
+
+
+def peak_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
+    """One row per step record with a predicted peak: the prediction by category and moment, its
+    total, the measured peak (CUDA's allocator, else MemTracker's total on CPU) and their ratio,
+    and on CPU MemTracker's categories at its peak (MiB)."""
+    mib = 2**20
+    rows = []
+    for step in steps:
+        predicted = step.predicted_memory
+        if predicted is None:
+            continue
+        categories = predicted.categories()
+        measured = step.measured_peak_bytes
+        tracked = step.memory.tracked_peak_bytes if step.memory is not None else None
+        tracker = ""
+        if tracked:
+            largest = max(tracked, key=lambda peak: peak["Total"])
+            tracker = ", ".join(f"{name} {largest[name] / mib:.1f}" for name in TRACKER_CATEGORIES if largest.get(name))
+        rows.append([
+            step.label, step.group.group_label(False), predicted.moment,
+            *(f"{categories[name] / mib:.1f}" for name in PEAK_CATEGORIES),
+            f"{predicted.total_bytes / mib:.1f}", "" if measured is None else f"{measured / mib:.1f}",
+            "" if not measured else f"{predicted.total_bytes / measured:.3f}", tracker,
+        ])  # fmt: skip
+    return rows
+
+
+PEAK_HEADERS = [
+    "strategy", "config", "peak at", "params", "grads", "optimizer", "activations", "temporaries", "comm",
+    "predicted (MiB)", "measured (MiB)", "predicted / measured", "MemTracker at its peak (MiB)",
+]  # fmt: skip
+
+
 MEASURED_HEADERS = [
     "strategy", "ranks", "parameters (MiB)", "gradients (MiB)", "optimizer state (MiB)", "total (MiB)",
     "formula (B/param)", "formula total (MiB)", "CUDA peak (MiB)",

@@ -20,7 +20,7 @@ from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.config import StepConfig
 from ddp.bench.machine import device_name
 from ddp.bench.measure import NotMeasured, free, measure, measure_in_blocks
-from ddp.bench.memory import device_memory_bytes, fit, parameter_count
+from ddp.bench.memory import device_memory_bytes, fit
 from ddp.bench.options import RoundOptions
 from ddp.bench.records import StepRecord
 from ddp.bench.summary import step_record
@@ -53,13 +53,12 @@ def sweep(ranks, values: Mapping, caps_mb: tuple[float, ...], policy: RoundOptio
     """Each strategy at each cap with ``values`` (``StepConfig`` fields by name: model, batch size,
     precision, ...), paired with ``local``; the ranks are freed afterwards."""
     records, skipped = [], []
-    parameters = parameter_count(values["model"], values["batch_size"], values["seq_len"])
     memory_bytes = min(ranks.run(device_memory_bytes))
     for strategy in strategies:
         for cap in caps_mb:
             config = StepConfig.of(strategy, {**values, "bucket_size_mb": cap})
             pair = [config, config.local_twin()]
-            memory = fit(pair, parameters, memory_bytes, ranks.world_size)
+            memory = fit(pair, memory_bytes, ranks.world_size)
             if memory.too_large():
                 skipped.append(memory.too_large())
                 continue

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
+from ddp.bench.memory import PredictedTooLarge, device_memory_bytes, fit, too_large
 from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.rank_state import OutOfMemory, Unsupported, first_withdrawn, prepare, release, skip_reason, timed_round
 from ddp.bench.stats import relative_half_width
@@ -76,10 +77,12 @@ class NotMeasured:
     """A measurement that did not run: some rank ran out of memory, or cannot run the configuration."""
 
     config: StepConfig
-    marker: OutOfMemory | Unsupported
+    marker: OutOfMemory | Unsupported | PredictedTooLarge
 
     def reason(self, world_size: int) -> str:
         """A one-line skip reason naming the configuration (``ddp.bench.rank_state.skip_reason``)."""
+        if isinstance(self.marker, PredictedTooLarge):
+            return self.marker.message
         return skip_reason(self.config, world_size, self.marker)
 
 
@@ -221,8 +224,11 @@ class GridMeasurer:
     - ``local``: each configuration with a ``local`` twin in the same rounds (two models at once).
     - ``off``: each configuration alone (one model at once; no paired overhead).
 
-    A group that runs out of memory is measured again one configuration at a time, so that one
-    configuration too large does not take the others with it.
+    A configuration predicted not to fit alone (``ddp.bench.memory``) is never built: it is
+    skipped with its predicted and available memory, and the next one runs. A group predicted not
+    to fit together is measured one configuration at a time, each with its ``local`` twin where
+    the two fit; a group that runs out of memory all the same is measured again that way, so that
+    one configuration too large does not take the others with it.
     """
 
     def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
@@ -237,6 +243,13 @@ class GridMeasurer:
         self.stop = stop
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotMeasured] = {}
         self._alone: set[StepConfig] = set()
+        self._memory_bytes: int | None = None
+
+    def _too_large(self, config: StepConfig) -> str | None:
+        """Why ``config`` is predicted not to fit on these ranks, or None."""
+        if self._memory_bytes is None:
+            self._memory_bytes = min(self.ranks.run(device_memory_bytes))
+        return too_large(config, self.ranks.world_size, self._memory_bytes)
 
     @staticmethod
     def _key(config: StepConfig) -> StepConfig:
@@ -245,6 +258,8 @@ class GridMeasurer:
 
     def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotMeasured:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
+        if config not in self._measured and (reason := self._too_large(config)):
+            self._measured[config] = NotMeasured(config, PredictedTooLarge(reason))
         if config not in self._measured:
             if self.interleave == "group" and self._key(config) not in self._alone:
                 self._measure_group(config)
@@ -270,9 +285,12 @@ class GridMeasurer:
         self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
-        group = [c for c in self.configs if self._key(c) == self._key(config)]
+        group = [c for c in self.configs if self._key(c) == self._key(config) and not self._too_large(c)]
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
+        if self._too_large(local) or not fit(members, self._memory_bytes, self.ranks.world_size).together:
+            self._alone.add(self._key(config))
+            return
         result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
         if isinstance(result, NotMeasured):
             free(self.ranks)
@@ -282,7 +300,9 @@ class GridMeasurer:
             self._measured[member] = (result, index, None if index == 0 else 0)
 
     def _measure_alone(self, config: StepConfig) -> None:
-        paired = self.interleave != "off" and config.strategy != FLOOR
+        paired = self.interleave != "off" and config.strategy != FLOOR and not self._too_large(config.local_twin())
+        if paired and not fit([config, config.local_twin()], self._memory_bytes, self.ranks.world_size).together:
+            paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]
         result = measure(self.ranks, members, self.policy, stop=self.stop)
         if isinstance(result, NotMeasured):

@@ -1,33 +1,49 @@
-"""Whether configurations fit in memory together, estimated before any is built.
+"""Will it fit? The peak memory of a configuration's step on one rank, predicted before anything is
+built, by category, and what fits in a device's memory.
 
-Commands that keep several models built at once (``ddp versus``: local, bucketed and torch;
-``ddp buckets``: a strategy and its ``local`` twin) ask here first. On one 80 GB GPU the xl model
-(2.0B parameters) fits alone with any strategy but not three at once (about 3 x 40 GiB), and an
-attempt ends in out-of-memory after minutes of building. The estimate:
+**The prediction** (``predict``) adds what a rank holds at three moments of the step and takes the
+largest, the way PyTorch's ``MemTracker`` reports a peak (the categories at the moment the total
+peaked):
 
-- what a built configuration keeps between steps: the bytes a parameter its strategy's ``Sharding``
-  says a rank holds (fp32 weights 4, gradients 4, AdamW's two moments 8, each divided by the world
-  size where the strategy shards it: 16 replicated, 4 + 4 + 8/N for ZeRO-1, 16/N fully sharded;
-  16 for a user's class that does not say), and 4 more where the strategy keeps its gradient
-  buckets beside the gradients (``Strategy.keeps_gradient_buckets``: PyTorch's DDP). One H100 run
-  (torch 2.11, xl at batch 4 x seq 128) peaked at 60.8 GiB for torch against local's 38.1 GiB, 12
-  bytes a parameter more, but in a run known to keep memory of earlier configurations alive: the
-  estimate keeps the lower figure, so that it never refuses what may fit;
-- what only the running step needs, freed before the next configuration's step: 4 bytes a
-  parameter (foreach AdamW's temporaries: local's xl peak is 38.2 GiB, about 20 bytes a
-  parameter) plus the activations, which are not estimated: ``HEADROOM`` of the memory is left
-  for them.
+- ``forward``: at the most forward and the loss hold;
+- ``backward``: at each operator of backward, the activations not yet consumed, its temporaries
+  and the gradients accumulated so far; the largest;
+- ``optimizer``: while AdamW steps: the gradients whole, the moments and foreach AdamW's
+  temporaries (one more copy of the parameters it steps; fused AdamW's as well, measured with
+  ``MemTracker`` on torch 2.13).
 
-Configurations fit together when every kept state plus one step's needs fit; each fits alone
-when its own does. The estimate decides between racing the configurations built together or one
-at a time (``ddp.bench.measure.measure_in_blocks``), and refuses only what cannot fit even alone;
-a configuration the estimate let through may still run out of memory, which the callers skip
-with the rank's figures (``ddp.bench.rank_state.OutOfMemory``). The parameters are counted on the meta device (no memory, no weights).
-On CPU the memory is the host's available memory shared by the ranks on it.
+Each moment by category: **parameters** and **buffers** of the module, **gradients**,
+**optimizer state** (AdamW's two moments), **activations** (what forward saves for backward, and
+the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) and
+**communication** (the strategy's own buffers). Where they come from:
+
+- the training state from the strategy's declarations, never its name: its ``Sharding`` (which of
+  parameters, gradients and optimizer state a rank holds a 1/N share of) and its ``step_buffers``
+  (``ddp.strategies.base.StepBuffers``: buckets, gathered units, copies, sized by its bucket plan
+  ``communication_schedule`` and its ``units``); a user's class that says nothing is replicated
+  (``Strategy``'s defaults);
+- the parameters' sizes and dtypes from the model built on the meta device (nothing allocated);
+- activations, temporaries and the growth of gradients during backward from one step of the
+  model traced on fake tensors in the step's precision (``ddp.bench.memory_trace``); the trace is
+  the same for every strategy and world size, so it is made once per model, sequence length and
+  precision (two traces, batch 1 and 2, and the line through them).
+
+What it leaves out: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch
+memory (a GPU's ``max_memory_allocated`` sees the first, not the others): ``HEADROOM`` of the
+memory is kept for them when deciding what fits. ``tests/test_memory_prediction.py`` holds the
+prediction to PyTorch's ``MemTracker`` over one real step of every strategy.
+
+**What fits** (``fits``, ``largest_batch``): a configuration fits when its predicted peak is within
+``1 - HEADROOM`` of the device's memory. Commands that keep several configurations built at once
+(``ddp versus``, ``ddp buckets``: a strategy and its ``local`` twin) ask ``fit``: they fit
+together when every one's kept state (what a built configuration holds between steps) plus the
+largest step's own needs fit. On CPU the memory is the host's available memory shared by the
+ranks on it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,32 +51,240 @@ from dataclasses import dataclass
 import torch
 
 from ddp.bench.config import StepConfig
+from ddp.bench.memory_trace import Trace, trace_step
+from ddp.bench.records import MemoryPrediction
 from ddp.bench.workloads import build_workload
 from ddp.launcher import Rank, on_rank
-from ddp.strategies.base import FP32_BYTES, REPLICATED, sharding_of
+from ddp.strategies.base import REPLICATED, MemoryPlan, StepBuffers, sharding_of
 from ddp.strategies.registry import resolve_strategy, traits
 
-STEP_BYTES_PER_PARAMETER = 4  # foreach AdamW's temporaries during the step
-HEADROOM = 0.10  # of the memory, left for activations and the allocator
+HEADROOM = 0.10  # of the memory: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch
 GIB = 2**30
+MOMENTS = ("forward", "backward", "synchronization", "optimizer", "gather")
+ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
+ADAMW_TEMPORARIES = 1  # copies of the stepped parameters foreach (or fused) AdamW holds while it steps
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the prediction reads of a model, built on the meta device."""
+
+    parameter_bytes: int
+    """Every parameter, trainable or frozen."""
+    trainable_bytes: int
+    trainable_count: int
+    buffer_bytes: int
+    gradient_sizes: tuple[tuple[int, int], ...]
+    """(bytes, element size) of each trainable parameter's gradient, in the order backward
+    produces them (reverse registration)."""
+    unit_bytes: dict[str, tuple[int, ...]]
+    """By strategy class name: the parameters of each of its units (root last)."""
+
+
+@functools.lru_cache(maxsize=32)
+def _meta_module(model: str, batch_size: int, seq_len: int) -> torch.nn.Module:
+    with torch.device("meta"):
+        return build_workload(model, batch_size, seq_len, "meta").module
 
 
 def parameter_count(model: str, batch_size: int, seq_len: int) -> int:
     """Trainable and frozen parameters of a workload, built on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        module = build_workload(model, batch_size, seq_len, "meta").module
-    return sum(p.numel() for p in module.parameters())
+    return sum(p.numel() for p in _meta_module(model, batch_size, seq_len).parameters())
 
 
-def kept_bytes(config: StepConfig, parameters: int, world_size: int) -> float:
-    """What a built configuration keeps on a rank between steps (module docstring)."""
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _unit_bytes(module: torch.nn.Module, units: list[tuple[str, torch.nn.Module]] | None) -> tuple[int, ...]:
+    """Bytes of the parameters of each unit, a parameter in the innermost unit whose name prefixes its own."""
+    if not units:
+        return ()
+    names = [name for name, _ in units]
+    sizes = dict.fromkeys(names, 0)
+    seen = set()
+    for name, param in module.named_parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        owner = max((u for u in names if u == "" or name.startswith(f"{u}.")), key=len)
+        sizes[owner] += _nbytes(param)
+    return tuple(sizes[name] for name in names)
+
+
+@functools.lru_cache(maxsize=256)
+def model_shape(config: StepConfig) -> ModelShape:
+    module = _meta_module(config.model, config.batch_size, config.seq_len)
+    params = list(dict.fromkeys(module.parameters()))  # a tied weight once
+    trainable = [p for p in params if p.requires_grad]
+    units = traits(config.strategy).units(module)
+    return ModelShape(
+        parameter_bytes=sum(_nbytes(p) for p in params),
+        trainable_bytes=sum(_nbytes(p) for p in trainable),
+        trainable_count=sum(p.numel() for p in trainable),
+        buffer_bytes=sum(_nbytes(b) for b in module.buffers()),
+        gradient_sizes=tuple((_nbytes(p), p.element_size()) for p in reversed(trainable)),
+        unit_bytes={config.strategy: _unit_bytes(module, units)},
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace]:
+    return trace_step(model, 1, seq_len, precision), trace_step(model, 2, seq_len, precision)
+
+
+def step_trace(config: StepConfig) -> Trace:
+    """The traced step of ``config``'s model at its batch size (``ddp.bench.memory_trace``)."""
+    return _trace_at(config.model, config.seq_len, config.precision, config.batch_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _trace_at(model: str, seq_len: int, precision: str, batch_size: int) -> Trace:
+    one, two = _traces(model, seq_len, precision)
+    return two.at_batch(one, batch_size - 1)
+
+
+class _Size:
+    """A gradient's size as ``communication_schedule`` reads it."""
+
+    def __init__(self, size_bytes: int, element_size: int) -> None:
+        self.size_bytes, self.element_size = size_bytes, element_size
+
+
+def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> StepBuffers:
+    """What ``config``'s strategy says it holds beyond its training state (``StepBuffers``)."""
+    strategy = traits(config.strategy)
+    gradients = [_Size(*size) for size in shape.gradient_sizes]
+    schedule = strategy.communication_schedule(gradients, [0.0] * len(gradients), 0.0, config.bucket_size_mb)
+    comm_itemsize = torch.bfloat16.itemsize if config.grad_comm == "bf16" else None
+    plan = MemoryPlan(
+        gradient_bytes=shape.trainable_bytes,
+        transfer_bytes=[t.size_bytes for t in schedule or []],
+        unit_bytes=list(shape.unit_bytes[config.strategy]),
+        world_size=world_size,
+        gradient_itemsize=shape.gradient_sizes[0][1] if shape.gradient_sizes else 4,
+        comm_itemsize=comm_itemsize,
+    )
+    if not hasattr(resolve_strategy(config.strategy), "step_buffers"):  # a user's class: Strategy's default, its traits
+        return StepBuffers(kept=plan.gradient_bytes if strategy.keeps_gradient_buckets else 0)
+    return strategy.step_buffers(plan)
+
+
+def predict(config: StepConfig, world_size: int) -> MemoryPrediction:
+    """The peak memory of ``config``'s step on one of ``world_size`` ranks (module docstring)."""
+    return max(predict_moments(config, world_size).values(), key=lambda p: p.total_bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPrediction]:
+    """What a rank holds at each of ``MOMENTS`` of ``config``'s step, by category."""
+    shape = model_shape(config)
+    trace = step_trace(config)
     sharding = sharding_of(resolve_strategy(config.strategy)) or REPLICATED
-    buckets = FP32_BYTES if traits(config.strategy).keeps_gradient_buckets else 0
-    return parameters * (sharding.bytes_per_parameter(world_size)["total"] + buckets)
+    buffers = step_buffers(config, shape, world_size)
+
+    def share(size: float, sharded: bool) -> int:
+        return round(size / world_size) if sharded else round(size)
+
+    parameters = share(shape.parameter_bytes, sharding.parameters)
+    optimizer_state = share(ADAMW_MOMENTS * shape.trainable_bytes, sharding.optimizer_state)
+    gradients_whole = share(trace.gradient_bytes, sharding.gradients)
+    kept_gradients = gradients_whole if buffers.gradients_kept else 0
+    common = dict(parameters_bytes=parameters, buffers_bytes=shape.buffer_bytes, optimizer_state_bytes=optimizer_state)
+    forward = MemoryPrediction(
+        **common, gradients_bytes=kept_gradients, activations_bytes=trace.forward_peak.activations,
+        temporaries_bytes=0, communication_bytes=buffers.kept + buffers.forward, moment="forward",
+    )
+    held = max(trace.backward, key=lambda s: s.activations + s.temporaries
+               + (kept_gradients or share(s.gradients, sharding.gradients)))
+    backward = MemoryPrediction(
+        **common, gradients_bytes=kept_gradients or share(held.gradients, sharding.gradients),
+        activations_bytes=held.activations, temporaries_bytes=held.temporaries,
+        communication_bytes=buffers.kept + buffers.backward, moment="backward",
+    )
+    synchronization = MemoryPrediction(
+        **common, gradients_bytes=kept_gradients or gradients_whole, activations_bytes=trace.backward[-1].activations,
+        temporaries_bytes=trace.backward[-1].temporaries, communication_bytes=buffers.kept + buffers.synchronization,
+        moment="synchronization",
+    )
+    optimizer = MemoryPrediction(
+        **common, gradients_bytes=gradients_whole, activations_bytes=0,
+        temporaries_bytes=share(ADAMW_TEMPORARIES * shape.trainable_bytes, sharding.optimizer_state),
+        communication_bytes=buffers.kept, moment="optimizer",
+    )
+    gather = MemoryPrediction(
+        **common, gradients_bytes=gradients_whole, activations_bytes=0, temporaries_bytes=0,
+        communication_bytes=buffers.kept + buffers.gather, moment="gather",
+    )
+    return {p.moment: p for p in (forward, backward, synchronization, optimizer, gather)}
 
 
-def step_bytes(parameters: int) -> int:
-    return parameters * STEP_BYTES_PER_PARAMETER
+def predict_or_none(config: StepConfig, world_size: int) -> MemoryPrediction | None:
+    """``predict``, or None where the model's step cannot be traced on fake tensors: a user's model
+    whose forward reads its data (``.item()``, a data-dependent shape) or runs an operator with no
+    fake implementation. The trace runs the user's own code, so any error it raises means only
+    that there is no prediction."""
+    try:
+        return predict(config, world_size)
+    except Exception:  # noqa: BLE001 (see the docstring)
+        return None
+
+
+def kept_bytes(config: StepConfig, world_size: int) -> int:
+    """What a built configuration keeps on a rank between steps: parameters, buffers, optimizer
+    state, gradients its strategy keeps, its kept buffers."""
+    forward = predict_moments(config, world_size)["forward"]  # its gradients: those kept whole all step
+    kept = step_buffers(config, model_shape(config), world_size).kept
+    return (forward.parameters_bytes + forward.buffers_bytes + forward.optimizer_state_bytes
+            + forward.gradients_bytes + kept)
+
+
+def usable_bytes(memory_bytes: int) -> int:
+    """What the prediction may fill of ``memory_bytes`` (``HEADROOM`` kept)."""
+    return int(memory_bytes * (1 - HEADROOM))
+
+
+def fits(config: StepConfig, world_size: int, memory_bytes: int) -> bool:
+    return predict(config, world_size).total_bytes <= usable_bytes(memory_bytes)
+
+
+def largest_batch(config: StepConfig, world_size: int, memory_bytes: int, limit: int = 1 << 20) -> int:
+    """The largest batch per rank at which ``config`` (its other fields as they are) is predicted
+    to fit; 0 if not even batch 1 does. The need grows with the batch, so a bisection finds it."""
+    import dataclasses
+
+    def fits_at(batch: int) -> bool:
+        return fits(dataclasses.replace(config, batch_size=batch), world_size, memory_bytes)
+
+    if not fits_at(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits_at(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits_at(middle) else (low, middle)
+    return low
+
+
+@dataclass(frozen=True)
+class PredictedTooLarge:
+    """Why a configuration was not built: its predicted peak does not fit (``too_large``)."""
+
+    message: str
+
+
+def too_large(config: StepConfig, world_size: int, memory_bytes: int) -> str | None:
+    """A one-line reason when ``config`` is predicted not to fit, else None (None too where there
+    is no prediction: it is then built, and a rank that runs out of memory says so)."""
+    prediction = predict_or_none(config, world_size)
+    usable = usable_bytes(memory_bytes)
+    if prediction is None or prediction.total_bytes <= usable:
+        return None
+    ranks = f"{world_size} rank" + ("s" if world_size != 1 else "")
+    return (f"predicted not to fit: {config.describe()}, {ranks}, needs {prediction.total_bytes / GIB:.1f} GiB "
+            f"per rank at its peak ({prediction.moment}), {usable / GIB:.1f} GiB available of {memory_bytes / GIB:.1f} GiB; "
+            "not built (python -m ddp memory shows what fits)")
 
 
 @on_rank
@@ -70,15 +294,20 @@ def device_memory_bytes(rank: Rank) -> int:
     info = rank.info
     if info.device.type == "cuda":
         return torch.cuda.get_device_properties(info.device).total_memory
+    return host_memory_bytes(info.world_size)
+
+
+def host_memory_bytes(ranks_on_host: int) -> int:
+    """This host's available memory shared among ``ranks_on_host`` ranks."""
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         with open("/proc/meminfo") as meminfo:  # MemAvailable counts reclaimable caches, AVPHYS does not
-            fields = dict(line.split(":", 1) for line in meminfo)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
+            fields_ = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields_["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         pass
     # RankGroup starts every rank on this host; torchrun says how many it started here.
-    return available // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size)))
+    return available // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ranks_on_host)))
 
 
 @dataclass(frozen=True)
@@ -94,33 +323,35 @@ class Fit:
     memory_bytes: int
 
     def explain(self) -> str:
-        usable = self.memory_bytes * (1 - HEADROOM)
         return (f"together they need about {self.needed_together_bytes / GIB:.1f} GiB per rank, "
-                f"{usable / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB")
+                f"{usable_bytes(self.memory_bytes) / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB")
 
     def too_large(self) -> str | None:
         """A one-line error when some configuration does not fit even alone, else None."""
-        large = [c for c, fits in self.alone.items() if not fits]
+        large = [c for c, fits_ in self.alone.items() if not fits_]
         if not large:
             return None
-        usable = self.memory_bytes * (1 - HEADROOM)
         worst = max(large, key=lambda c: self.needed_alone_bytes[c])
-        return (f"{worst.describe()} needs about {self.needed_alone_bytes[worst] / GIB:.1f} GiB per rank before "
-                f"activations, more than the {usable / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB: "
-                "use a smaller --model, more ranks with a strategy that shards, or a strategy that shards more")
+        return (f"{worst.describe()} is predicted to need {self.needed_alone_bytes[worst] / GIB:.1f} GiB per rank, more "
+                f"than the {usable_bytes(self.memory_bytes) / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB: "
+                "use a smaller --model or batch, more ranks with a strategy that shards, or a strategy that shards more "
+                "(python -m ddp memory shows what fits)")
 
 
-def fit(configs: Sequence[StepConfig], parameters: int, memory_bytes: int, world_size: int) -> Fit:
-    """Whether ``configs`` (all of one workload, ``parameters`` each, on ``world_size`` ranks) fit
-    together and alone."""
-    usable = memory_bytes * (1 - HEADROOM)
-    alone = {c: kept_bytes(c, parameters, world_size) + step_bytes(parameters) for c in configs}
-    together = sum(kept_bytes(c, parameters, world_size) for c in configs) + step_bytes(parameters)
+def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int) -> Fit:
+    """Whether ``configs`` on ``world_size`` ranks fit together (every kept state, plus the largest
+    step's own needs) and alone (each one's predicted peak). Without a prediction for one of them
+    (``predict_or_none``) they are taken to fit: they are built, and an out-of-memory rank says so."""
+    usable = usable_bytes(memory_bytes)
+    predictions = {c: predict_or_none(c, world_size) for c in configs}
+    if any(p is None for p in predictions.values()):
+        return Fit(True, dict.fromkeys(configs, True), 0, dict.fromkeys(configs, 0), memory_bytes)
+    alone = {c: p.total_bytes for c, p in predictions.items()}
+    kept = {c: kept_bytes(c, world_size) for c in configs}
+    together = sum(kept.values()) + max(alone[c] - kept[c] for c in configs)
     return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes)
 
 
 def fit_on(ranks, configs: Sequence[StepConfig]) -> Fit:
     """``fit`` against the smallest memory among ``ranks``."""
-    first = configs[0]
-    parameters = parameter_count(first.model, first.batch_size, first.seq_len)
-    return fit(configs, parameters, min(ranks.run(device_memory_bytes)), ranks.world_size)
+    return fit(configs, min(ranks.run(device_memory_bytes)), ranks.world_size)

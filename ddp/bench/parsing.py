@@ -115,3 +115,23 @@ def percent(text: str, flag: str = "the threshold") -> float:
 def percent_type(flag: str) -> Callable[[str], float]:
     """An argparse/pytest ``type=`` for a percentage option (``10%`` or ``0.1``)."""
     return argument_type(lambda text: percent(text, flag), flag.lstrip("-").replace("-", "_"))
+
+
+MEMORY_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+                "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def memory_size(text: str, flag: str = "--device-memory") -> int:
+    """Bytes from a size with its unit: ``80GiB``, ``80 GB`` (10^9), ``512MiB``, ``1.5TiB``."""
+    usage = f"{flag} takes a size with its unit, such as 80GiB, 80GB or 512MiB; got {text!r}"
+    stripped = str(text).strip().lower().replace(" ", "")
+    unit = next((u for u in sorted(MEMORY_UNITS, key=len, reverse=True) if stripped.endswith(u)), None)
+    if unit is None:
+        raise OptionError(usage)
+    try:
+        value = float(stripped[: -len(unit)])
+    except ValueError:
+        raise OptionError(usage) from None
+    if not math.isfinite(value) or value <= 0:
+        raise OptionError(usage)
+    return int(value * MEMORY_UNITS[unit])

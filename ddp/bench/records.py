@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,34 @@ class RunFileError(Exception):
 
 
 @dataclass(frozen=True)
+class MemoryPrediction:
+    """What one rank is predicted to hold at its step's peak (``ddp.bench.memory``), by category, in bytes."""
+
+    parameters_bytes: int
+    buffers_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    temporaries_bytes: int
+    communication_bytes: int
+    moment: str
+    """When the peak falls: ``forward``, ``backward``, ``synchronization``, ``optimizer`` or
+    ``gather`` (``ddp.bench.memory.MOMENTS``)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.categories().values())
+
+    def categories(self) -> dict[str, int]:
+        """Bytes by category name (``parameters``, ``buffers``, ..., ``communication``)."""
+        return {f.name.removesuffix("_bytes"): getattr(self, f.name) for f in fields(self) if f.name.endswith("_bytes")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MemoryPrediction:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
 class StateRecord:
     """Each rank's training state after a step, counted as distinct tensor storages
     (``ddp.bench.state_bytes``), beside what the strategy's ``Sharding`` says it holds."""
@@ -66,6 +94,10 @@ class StateRecord:
     """Each rank's optimizer state (its shard's, for ZeRO and FSDP), in bytes."""
     sharding: Sharding | None
     """What the strategy splits over the ranks; None for a user's class that does not say."""
+    tracked_peak_bytes: list[dict[str, int]] | None = None
+    """On CPU, each rank's measured peak: PyTorch's ``MemTracker`` over untimed steps, bytes by its
+    category at the moment the total peaked, and ``Total`` (``ddp.bench.state_bytes.tracked_peak``);
+    None on CUDA (``StepRecord.peak_memory_bytes`` is the measured peak there)."""
 
     @property
     def formula(self) -> str | None:
@@ -145,6 +177,9 @@ class StepRecord:
     """Each rank's CUDA allocator peak over the timed rounds; None on CPU."""
     memory: StateRecord | None = None
     """Each rank's training state, counted in an untimed step after warm-up."""
+    predicted_memory: MemoryPrediction | None = None
+    """The peak memory per rank predicted before anything was built (``ddp.bench.memory``), by
+    category and moment of the step; None where the model's step could not be traced."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
@@ -166,6 +201,14 @@ class StepRecord:
     @property
     def compute_seconds(self) -> float:
         return max(0.0, self.step_seconds - self.exposed_comm_seconds)
+
+    @property
+    def measured_peak_bytes(self) -> int | None:
+        """The largest rank's measured peak: CUDA's allocator peak, else ``MemTracker``'s on CPU."""
+        if self.peak_memory_bytes:
+            return max(self.peak_memory_bytes)
+        tracked = self.memory.tracked_peak_bytes if self.memory is not None else None
+        return max(peak["Total"] for peak in tracked) if tracked else None
 
 
 @dataclass(frozen=True)
@@ -325,7 +368,9 @@ def _step(info: dict) -> StepRecord:
     if memory is not None:
         sharding = memory.get("sharding")
         memory = StateRecord(**{**memory, "sharding": None if sharding is None else Sharding(**sharding)})
-    return StepRecord(**{**info, "config": StepConfig.from_dict(info["config"]), "memory": memory})
+    predicted = info.get("predicted_memory")
+    return StepRecord(**{**info, "config": StepConfig.from_dict(info["config"]), "memory": memory,
+                         "predicted_memory": None if predicted is None else MemoryPrediction.from_dict(predicted)})
 
 
 def _race(info: dict) -> RaceRecord:

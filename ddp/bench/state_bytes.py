@@ -12,6 +12,15 @@ activations. On CUDA the allocator's peak over the timed steps (``StepRecord.pea
 
 Counting visits every parameter, so it runs in its own untimed step (``measure_memory``), never
 in a timed one.
+
+**The peak on CPU**, where no allocator counts it: the untimed steps run under PyTorch's
+``MemTracker`` (``tracked_peak``), which follows every storage an operator returns and reports the
+bytes of each of its categories at the moment the total peaked. What a rank held before is
+registered with it first (the module, every optimizer's state, and the tensors the strategy
+keeps: buckets, gathered units), and two steps are tracked, so that a buffer it only sees once an
+operator returns it (PyTorch's DDP's buckets) is counted from the second. It is the measured
+figure a step's predicted peak (``ddp.bench.memory``) is set beside; on CUDA that is the
+allocator's ``max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ class StateMemory:
     gradients_bytes: int
     """Gradients held right after ``finish_gradient_synchronization()``."""
     optimizer_state_bytes: int
+    tracked_peak: dict[str, int] | None = None
+    """On CPU: ``MemTracker``'s peak by its category, and ``Total`` (``tracked_peak``); None on
+    CUDA, and for a compiled model (the tracker does not follow compiled graphs)."""
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -50,14 +62,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     """Every tensor in the optimizer's state and in that of the optimizers it wraps."""
-    optimizers, stack = [], [optimizer]
-    while stack:
-        current = stack.pop()
-        if any(current is seen for seen in optimizers):
-            continue
-        optimizers.append(current)
-        stack += [value for value in vars(current).values() if isinstance(value, torch.optim.Optimizer)]
-    for current in optimizers:
+    for current in optimizers_within(optimizer):
         for state in current.state.values():
             yield from (value for value in state.values() if isinstance(value, torch.Tensor))
 
@@ -76,12 +81,108 @@ class _GradientCounter:
             self.gradients_bytes = storage_bytes(p.grad for p in self.model.parameters())
 
 
+TRACKER_CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+
+
+def optimizers_within(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The optimizer and every optimizer it wraps (a sharded optimizer steps an inner one)."""
+    found, stack = [], [optimizer]
+    while stack:
+        current = stack.pop()
+        if any(current is seen for seen in found):
+            continue
+        found.append(current)
+        stack += [value for value in vars(current).values() if isinstance(value, torch.optim.Optimizer)]
+    return found
+
+
+# The tracker sees a storage that existed before it was entered only once an operator returns it
+# (PyTorch's DDP's buckets, which its reducer copies the gradients into): the second step is
+# tracked with every such storage known.
+TRACKED_STEPS = 2
+
+
+def strategy_tensors(root: object) -> list[torch.Tensor]:
+    """Every tensor a strategy object holds in its attributes, their lists, dicts and dataclasses
+    (buckets, gathered units, copies), each once; what the tracker then counts as ``Other``."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, torch.Tensor):
+            found.setdefault(id(current), current)
+        elif isinstance(current, (list, tuple, set)):
+            stack += list(current)
+        elif isinstance(current, dict):
+            stack += list(current.values())
+        elif isinstance(current, torch.nn.Module) or hasattr(current, "__dataclass_fields__"):
+            stack += list(vars(current).values())
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _module_hooks_removed_afterwards() -> Iterator[None]:
+    """Remove, once the block is done, every gradient hook ``MemTracker``'s module tracker hung on
+    the step's tensors. Its ``register_multi_grad_hook`` (mode ``all``, torch 2.11 to 2.13) keeps
+    the hooked tensors' autograd nodes in the hook's own closure while the nodes hold the hook: a
+    cycle through C++ that Python's collector cannot free, which kept the whole graph, and through
+    it every parameter of the configuration, alive after the tracker was gone (``tests/test_release.py``
+    found it). Removing the hooks breaks the cycle."""
+    from torch.distributed._tools import mod_tracker
+
+    register = mod_tracker.register_multi_grad_hook
+    handles = []
+
+    def register_and_keep(*args, **kwargs):
+        handles.append(register(*args, **kwargs))
+        return handles[-1]
+
+    mod_tracker.register_multi_grad_hook = register_and_keep
+    try:
+        yield
+    finally:
+        mod_tracker.register_multi_grad_hook = register
+        for handle in handles:
+            handle.remove()
+
+
+def tracked_peak(trainer, observer=None) -> dict[str, int]:
+    """Run ``TRACKED_STEPS`` untimed steps of ``trainer`` (each watched by ``observer``) under
+    PyTorch's ``MemTracker`` and return its peak: the bytes of each of its categories
+    (``TRACKER_CATEGORIES``) at the moment the total peaked, and ``Total`` (module docstring)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    optimizers = optimizers_within(trainer.optimizer)
+    known = {id(t) for t in (*trainer.model.parameters(), *trainer.model.buffers())}
+    known |= {id(t) for o in optimizers for t in optimizer_state_tensors(o)}
+    held = [t for t in strategy_tensors(trainer.model) if id(t) not in known]
+    tracker.track_external(trainer.model, *optimizers, *held)
+    with _module_hooks_removed_afterwards(), tracker:
+        for step in range(TRACKED_STEPS):
+            if step:
+                tracker.reset_mod_stats()
+            trainer.step() if observer is None else trainer.step(observer)
+    peak = tracker.get_tracker_snapshot("peak").get(trainer.device, {})
+    return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
+
+
 def measure_memory(trainer) -> StateMemory:
-    """Run one untimed step of ``trainer`` (a ``ddp.bench.trainer.Trainer``) and count its state."""
+    """Run an untimed step of ``trainer`` (a ``ddp.bench.trainer.Trainer``) and count its state; on
+    CPU the steps of ``tracked_peak``, for the measured peak."""
     counter = _GradientCounter(trainer.model)
-    trainer.step(counter)
+    peak = None
+    if trainer.device.type == "cpu" and trainer.config.compile == "off":  # the tracker does not follow compiled graphs
+        peak = tracked_peak(trainer, counter)
+    else:
+        trainer.step(counter)
     return StateMemory(
         parameters_bytes=storage_bytes(trainer.model.parameters()),
         gradients_bytes=counter.gradients_bytes,
         optimizer_state_bytes=storage_bytes(optimizer_state_tensors(trainer.optimizer)),
+        tracked_peak=peak,
     )

@@ -1,6 +1,6 @@
 """From measured rounds to the figures a record holds: medians with their intervals, the overhead
 over ``local`` paired over rounds, throughput, FLOPs and MFU, memory per rank beside the
-strategy's formula. The arithmetic only: the schema is ``ddp.bench.records``, the statistics
+strategy's formula and the peak predicted before it was built (``ddp.bench.memory``). The arithmetic only: the schema is ``ddp.bench.records``, the statistics
 ``ddp.bench.stats``, the FLOPs ``ddp.bench.flops``."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
+from ddp.bench.memory import predict_or_none
 from ddp.bench.records import RaceRecord, StateRecord, StepRecord
 from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 from ddp.strategies.base import sharding_of
@@ -42,6 +43,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
             gradients_bytes=[m.gradients_bytes for m in memories],
             optimizer_state_bytes=[m.optimizer_state_bytes for m in memories],
             sharding=sharding_of(resolve_strategy(config.strategy)),
+            tracked_peak_bytes=[m.tracked_peak for m in memories] if all(m.tracked_peak for m in memories) else None,
         )
     flops_per_token = workload_flops_per_token(config.model, config.seq_len)
     tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
@@ -60,6 +62,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=mfu(tflops, device, config.precision),
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
+        predicted_memory=predict_or_none(config, world_size),
         **paired,
     )
 

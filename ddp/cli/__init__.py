@@ -32,6 +32,7 @@ COMMANDS = {
     "versus": ("ddp.cli.versus", "bucketed against PyTorch's DDP, alternating on one rank group"),
     "gpu-check": ("ddp.cli.gpu_check", "everything one GPU can check: correctness on CUDA, xl steps, out of memory, profiles"),
     "buckets": ("ddp.cli.buckets", "which bucket size for my model: a measured sweep beside the cost model's advice"),
+    "memory": ("ddp.cli.memory", "will it fit? predicted peak memory per rank by category, and the largest batch that fits"),
 }
 
 

@@ -1,0 +1,133 @@
+"""The memory prediction (``ddp.bench.memory``) against an independent measurement: PyTorch's
+``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
+``mini``, fp32 and bf16, at world size 2 (the rank group's).
+
+The tracker reports the categories at the moment its total peaked. Compared within 10%, as
+PyTorch's own tests hold ``FSDPMemTracker`` to CUDA's peak: the total, and category by category
+where both have the category:
+
+- parameters, module buffers, and the optimizer state (the tracker counts AdamW's temporaries
+  there when it steps; the prediction calls them temporaries of the ``optimizer`` moment);
+- activations, temporaries and gradients each on their own where the strategy holds no buffers
+  of its own at that moment; where it does, the tracker has no category for them (a bucket
+  counts as ``Gradient``, ``Temp``, ``Activation`` or ``Other`` by when it first saw it), so
+  those four are compared together with the prediction's activations, temporaries, gradients and
+  communication.
+
+Where two moments of the step need the same within 2% (the end of backward and the optimizer
+step of a model whose activations are small), either may be the tracker's peak; the categories
+are compared with the one that matches.
+
+Known blind spot, and why ``fsdp`` passes with room: the tracker does not see ``fsdp``'s gathered
+root (its storage is grown with ``UntypedStorage.resize_`` through a handle other than the one it
+registered), so the prediction is above it by the root's size (6-8% on tiny and mini).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp.bench.config import StepConfig
+from ddp.bench.memory import predict, predict_moments
+from ddp.bench.state_bytes import tracked_peak
+from ddp.bench.trainer import Trainer
+from ddp.launcher import on_rank
+from ddp.strategies.registry import STRATEGIES, takes_bucket_size
+
+TOLERANCE = 0.10
+USER_CLASS = "examples.toy:AveragingDDP"
+CASES = [(model, precision) for model in ("tiny", "mini") for precision in ("fp32", "bf16")]
+
+
+@on_rank
+def tracked(rank, config: StepConfig) -> dict[str, int]:
+    """The tracker's peak over a step of ``config``, after the warm-up steps it needs to settle."""
+    trainer = Trainer(config, rank.info)
+    try:
+        for _ in range(3):  # PyTorch's DDP settles its buckets in three
+            trainer.step()
+        return tracked_peak(trainer)
+    finally:
+        trainer.close()
+
+
+def config_of(strategy: str, model: str, precision: str) -> StepConfig:
+    bucket = 1.0 if takes_bucket_size(strategy) else None  # several buckets on mini
+    return StepConfig(strategy, model, 2, 32, bucket, precision=precision)
+
+
+def pairs(tracker: dict[str, int], prediction) -> dict[str, tuple[int, int]]:
+    """(tracker's bytes, predicted bytes) of each category compared (module docstring)."""
+    got = {key: tracker.get(key, 0) for key in ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")}
+    mine = prediction.categories()
+    optimizer_temporaries = mine["temporaries"] if prediction.moment == "optimizer" else 0
+    compared = {
+        "buffers": (got["Buffer"], mine["buffers"]),
+        "optimizer_state": (got["Optstate"], mine["optimizer_state"] + optimizer_temporaries),
+    }
+    held = ("Gradient", "Activation", "Temp", "Other")
+    if mine["communication"] == 0 and got["Other"] == 0:
+        compared["parameters"] = (got["Parameter"], mine["parameters"])
+        compared["gradients"] = (got["Gradient"], mine["gradients"])
+        compared["activations"] = (got["Activation"], mine["activations"])
+        compared["temporaries"] = (got["Temp"], mine["temporaries"] - optimizer_temporaries)
+    else:
+        # Gathered parameters are the tracker's Parameter where fully_shard makes them the module's.
+        compared["parameters"] = (got["Parameter"], min(max(mine["parameters"], got["Parameter"]), mine["parameters"] + mine["communication"]))
+        compared["parameters, gradients, activations, temporaries and communication"] = (
+            got["Parameter"] + sum(got[key] for key in held),
+            mine["parameters"] + mine["gradients"] + mine["activations"] + mine["temporaries"] - optimizer_temporaries
+            + mine["communication"],
+        )
+    return compared
+
+
+def within(measured: int, predicted: int, total: int) -> bool:
+    """Within ``TOLERANCE`` of the measured figure; a category under 1% of the total within 1% of
+    the total (a few KiB of flags or a norm's weight)."""
+    return abs(predicted - measured) <= max(TOLERANCE * measured, 0.01 * total)
+
+
+def mismatches(tracker: dict[str, int], config: StepConfig, world_size: int) -> list[str]:
+    """What differs by more than the tolerance, at the moment that matches best; empty if nothing."""
+    total = tracker["Total"]
+    peak = predict(config, world_size)
+    if abs(peak.total_bytes - total) > TOLERANCE * total:
+        return [f"total: tracker {total:,} B, predicted {peak.total_bytes:,} B at {peak.moment}"]
+    candidates = [p for p in predict_moments(config, world_size).values() if p.total_bytes >= 0.98 * peak.total_bytes]
+    attempts = []
+    for moment in candidates:
+        wrong = [f"{name}: tracker {got:,} B, predicted {mine:,} B at {moment.moment}"
+                 for name, (got, mine) in pairs(tracker, moment).items() if not within(got, mine, total)]
+        if not wrong:
+            return []
+        attempts.append(wrong)
+    return min(attempts, key=len)
+
+
+@pytest.mark.parametrize("model,precision", CASES, ids=[f"{m}-{p}" for m, p in CASES])
+@pytest.mark.parametrize("strategy", [*STRATEGIES, USER_CLASS])
+def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision):
+    if rank_group.device != "cpu":
+        pytest.skip("MemTracker is compared on CPU tensors here; a GPU compares max_memory_allocated (perf_tests)")
+    config = config_of(strategy, model, precision)
+    tracker = rank_group.run(tracked, config)
+    largest = max(tracker, key=lambda t: t["Total"])
+    wrong = mismatches(largest, config, rank_group.world_size)
+    assert not wrong, f"{config.describe()}: " + "; ".join(wrong)
+
+
+def test_the_comparison_can_fail():
+    """The same comparison refuses a prediction off by more than 10% in one category."""
+    config = config_of("bucketed", "mini", "fp32")
+    prediction = predict(config, 2)
+    honest = {"Parameter": prediction.parameters_bytes, "Buffer": prediction.buffers_bytes,
+              "Optstate": prediction.optimizer_state_bytes + (prediction.temporaries_bytes if prediction.moment == "optimizer" else 0),
+              "Gradient": prediction.gradients_bytes, "Activation": prediction.activations_bytes,
+              "Temp": prediction.temporaries_bytes if prediction.moment != "optimizer" else 0,
+              "Other": prediction.communication_bytes}
+    honest["Total"] = sum(honest.values())
+    assert mismatches(honest, config, 2) == []
+    shifted = {**honest, "Parameter": honest["Parameter"] * 2 // 3, "Activation": honest["Activation"] + honest["Parameter"] // 3}
+    assert any(line.startswith("parameters") for line in mismatches(shifted, config, 2))
+    assert mismatches({**honest, "Total": honest["Total"] * 2}, config, 2)[0].startswith("total")
