@@ -1,6 +1,6 @@
 """The memory prediction (``ddp.bench.memory``) against an independent measurement: PyTorch's
 ``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
-``mini``, fp32 and bf16, at world size 2 (the rank group's).
+``mini``, fp32 and bf16 (and fused AdamW on mini), at world size 2 (the rank group's).
 
 The tracker reports the categories at the moment its total peaked. Compared within 10%, as
 PyTorch's own tests hold ``FSDPMemTracker`` to CUDA's peak: the total, and category by category
@@ -36,7 +36,7 @@ from ddp.strategies.registry import STRATEGIES, takes_bucket_size
 
 TOLERANCE = 0.10
 USER_CLASS = "examples.toy:AveragingDDP"
-CASES = [(model, precision) for model in ("tiny", "mini") for precision in ("fp32", "bf16")]
+CASES = [(model, precision, "foreach") for model in ("tiny", "mini") for precision in ("fp32", "bf16")] + [("mini", "fp32", "fused")]
 
 
 @on_rank
@@ -51,9 +51,9 @@ def tracked(rank, config: StepConfig) -> dict[str, int]:
         trainer.close()
 
 
-def config_of(strategy: str, model: str, precision: str) -> StepConfig:
+def config_of(strategy: str, model: str, precision: str, optimizer: str = "foreach") -> StepConfig:
     bucket = 1.0 if takes_bucket_size(strategy) else None  # several buckets on mini
-    return StepConfig(strategy, model, 2, 32, bucket, precision=precision)
+    return StepConfig(strategy, model, 2, 32, bucket, precision=precision, optimizer=optimizer)
 
 
 def pairs(tracker: dict[str, int], prediction) -> dict[str, tuple[int, int]]:
@@ -105,12 +105,12 @@ def mismatches(tracker: dict[str, int], config: StepConfig, world_size: int) -> 
     return min(attempts, key=len)
 
 
-@pytest.mark.parametrize("model,precision", CASES, ids=[f"{m}-{p}" for m, p in CASES])
+@pytest.mark.parametrize("model,precision,optimizer", CASES, ids=[f"{m}-{p}" + ("-fused" if o == "fused" else "") for m, p, o in CASES])
 @pytest.mark.parametrize("strategy", [*STRATEGIES, USER_CLASS])
-def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision):
+def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision, optimizer):
     if rank_group.device != "cpu":
         pytest.skip("MemTracker is compared on CPU tensors here; a GPU compares max_memory_allocated (perf_tests)")
-    config = config_of(strategy, model, precision)
+    config = config_of(strategy, model, precision, optimizer)
     tracker = rank_group.run(tracked, config)
     largest = max(tracker, key=lambda t: t["Total"])
     wrong = mismatches(largest, config, rank_group.world_size)

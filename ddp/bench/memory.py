@@ -1,16 +1,20 @@
 """Will it fit? The peak memory of a configuration's step on one rank, predicted before anything is
 built, by category, and what fits in a device's memory.
 
-**The prediction** (``predict``) adds what a rank holds at three moments of the step and takes the
+**The prediction** (``predict``) adds what a rank holds at each moment of the step and takes the
 largest, the way PyTorch's ``MemTracker`` reports a peak (the categories at the moment the total
 peaked):
 
 - ``forward``: at the most forward and the loss hold;
 - ``backward``: at each operator of backward, the activations not yet consumed, its temporaries
   and the gradients accumulated so far; the largest;
+- ``synchronization``: backward over, the gradients whole and the copies a strategy makes to
+  communicate them;
 - ``optimizer``: while AdamW steps: the gradients whole, the moments and foreach AdamW's
-  temporaries (one more copy of the parameters it steps; fused AdamW's as well, measured with
-  ``MemTracker`` on torch 2.13).
+  temporaries (one more copy of the parameters it steps; fused AdamW has none: ``ADAMW_TEMPORARIES``);
+- ``gather``: a sharded optimizer's gather of the updated parameters.
+
+A compiled model (``--compile on``) is predicted as its eager step: the compiler may save less.
 
 Each moment by category: **parameters** and **buffers** of the module, **gradients**,
 **optimizer state** (AdamW's two moments), **activations** (what forward saves for backward, and
@@ -62,7 +66,9 @@ HEADROOM = 0.10  # of the memory: the allocator's rounding and fragmentation, a 
 GIB = 2**30
 MOMENTS = ("forward", "backward", "synchronization", "optimizer", "gather")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
-ADAMW_TEMPORARIES = 1  # copies of the stepped parameters foreach (or fused) AdamW holds while it steps
+# Copies of the stepped parameters AdamW holds while it steps, by implementation (MemTracker on
+# mini, torch 2.13: foreach's _foreach_sqrt of exp_avg_sq is one copy; fused computes in place).
+ADAMW_TEMPORARIES = {"foreach": 1, "fused": 0}
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,7 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     )
     optimizer = MemoryPrediction(
         **common, gradients_bytes=gradients_whole, activations_bytes=0,
-        temporaries_bytes=share(ADAMW_TEMPORARIES * shape.trainable_bytes, sharding.optimizer_state),
+        temporaries_bytes=share(ADAMW_TEMPORARIES[config.optimizer] * shape.trainable_bytes, sharding.optimizer_state),
         communication_bytes=buffers.kept, moment="optimizer",
     )
     gather = MemoryPrediction(

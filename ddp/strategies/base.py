@@ -227,17 +227,17 @@ class StepBuffers(NamedTuple):
 
 
 def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepBuffers:
-    """A strategy that shards parameters by unit: in forward the root unit is gathered throughout
-    (it encloses the others) with the unit running and, where it prefetches, the next one. At
-    backward's start, when the activations peak, the root is gathered again and, where it
-    prefetches, the last unit; the units gathered later in backward, and their whole gradients,
-    are held while the activations they consumed have been freed (``MemTracker`` on mini and
-    tiny, with PyTorch's ``fully_shard``: the peak is at backward's start)."""
+    """A strategy that shards parameters by unit. Forward holds the most at its end, the loss:
+    the root unit is gathered (it encloses the others), the last unit has run and been freed. At
+    backward's start, when the activations peak, the root is gathered and, where the strategy
+    prefetches, the last unit too; the units gathered later in backward, and their whole
+    gradients, are held once the activations they consumed have been freed (``MemTracker`` on
+    tiny and mini with PyTorch's ``fully_shard``: the peak at backward's start, the root alone
+    gathered at forward's end)."""
     if not plan.unit_bytes:
         return StepBuffers()
     root, largest = plan.unit_bytes[-1], max(plan.unit_bytes[:-1], default=0)
-    prefetched = largest if prefetches_next_unit else 0
-    return StepBuffers(forward=root + largest + prefetched, backward=root + prefetched)
+    return StepBuffers(forward=root, backward=root + (largest if prefetches_next_unit else 0))
 
 
 class Strategy(nn.Module, abc.ABC):

@@ -9,17 +9,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer
+from ddp.strategies.base import DataParallel, Transfer
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """A clone of each gradient while it is all-reduced, all of them by backward's end."""
-        return StepBuffers(synchronization=plan.gradient_bytes)
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
