@@ -104,3 +104,25 @@ def test_a_comparison_of_steps_of_one_name_computed_differently_says_so(tmp_path
     old, new = run(), run(seed=1)  # same name, another seed
     (row,) = compare(old, new, 0.10)
     assert row.name == "test_step[local-b2-s32]" and row.verdict.startswith("different configuration: ")
+
+
+def test_mfu_with_and_without_communication_worked_by_hand():
+    """tiny at batch 2 x seq 32 on an H100 in bf16: 1,219,584 FLOPs a token x 64 tokens =
+    78,053,376 FLOPs a step. In rounds of 0.5 s beside a local twin at 0.4 s, MFU is
+    78,053,376 / 0.5 / 989.5e12 and local's 78,053,376 / 0.4 / 989.5e12; synchronization costs
+    their difference, 100 x 78,053,376 x (1/0.4 - 1/0.5) / 989.5e12 points."""
+    config = StepConfig("bucketed", "tiny", 2, 32, 25.0, precision="bf16")
+    setup = StepSetup(0, 10, 2, None, 3, 40)
+    step_rounds, local_rounds = (0.5, 0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4, 0.4)
+    rounds = [[[StepTiming(r, s, 0.0, None) for r in range(2)], [StepTiming(r, local, 0.0, None) for r in range(2)]]
+              for s, local in zip(step_rounds, local_rounds, strict=True)]
+    measurement = Measurement([config, config.local_twin()], [[setup, setup], [setup, setup]], rounds, 0.0, 0.02)
+    record = step_record(measurement, "nccl", "NVIDIA H100 80GB HBM3", 0, 1)
+    flops = 78_053_376
+    assert record.mfu == pytest.approx(flops / 0.5 / 989.5e12)
+    assert record.local_mfu == pytest.approx(flops / 0.4 / 989.5e12)
+    expected = 100 * flops * (1 / 0.4 - 1 / 0.5) / 989.5e12
+    assert record.mfu_lost_points == pytest.approx(expected)
+    assert record.mfu_lost_points_ci95 == pytest.approx([expected, expected])
+    assert step_record(measurement, "gloo", "cpu", 0, 1).local_mfu is None  # no peak, no MFU
+    assert step_record(measurement, "nccl", "NVIDIA H100 80GB HBM3", 0).mfu_lost_points is None  # not paired

@@ -71,6 +71,9 @@ def test_every_axis_value_renders_in_the_report_and_its_plots(tmp_path, device):
     if device == GPU:
         mfus = [s.mfu for s in run.steps]
         assert all(m is not None and m > 0 for m in mfus) and "MFU -" not in report
+        paired = [s for s in run.steps if s.local_round_seconds is not None]
+        assert paired and all(s.local_mfu is not None and s.mfu_lost_points_ci95 for s in paired)
+        assert "points lost to synchronization [95%]" in report
     else:
         assert all(s.mfu is None for s in run.steps)
     assert "not stated" in report  # the user's class says nothing of what it shards

@@ -129,6 +129,25 @@ def flops_section(run: Run) -> list[str]:
         "",
         _table(rows, headers),
         "",
+    ] + mfu_lost_lines(steps)
+
+
+def mfu_lost_lines(steps: list[StepRecord]) -> list[str]:
+    """MFU with and without communication: each step's, its ``local`` twin's in the same rounds, and
+    the points synchronization costs with their interval."""
+    paired = [s for s in sorted_steps(steps) if s.mfu_lost_points is not None]
+    if not paired:
+        return []
+    rows = [[s.group.group_label(), s.label, pct(s.local_mfu), pct(s.mfu),
+             f"{s.mfu_lost_points:.2f} [{s.mfu_lost_points_ci95[0]:.2f}, {s.mfu_lost_points_ci95[1]:.2f}]"]
+            for s in paired]
+    return [
+        "MFU with and without communication: the step's beside its `local` twin's in the same rounds (the same "
+        "step, no synchronization), and the points of MFU synchronization costs (median over paired rounds, 95% "
+        "interval):",
+        "",
+        _table(rows, ["config", "strategy", "MFU without communication (local)", "MFU", "points lost to synchronization [95%]"]),
+        "",
     ]
 
 

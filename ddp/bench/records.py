@@ -173,6 +173,13 @@ class StepRecord:
     mfu: float | None = None
     """``achieved_tflops`` over the device's dense peak in the step's precision (a fraction); None
     on CPU and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""
+    local_mfu: float | None = None
+    """The MFU of the ``local`` twin in the same rounds, at its median step: the step without
+    communication (None where ``mfu`` is, or the step was not paired with local)."""
+    mfu_lost_points: float | None = None
+    """Median over paired rounds of local's MFU minus this step's, in percentage points: what
+    synchronization costs in MFU."""
+    mfu_lost_points_ci95: list[float] | None = None
     peak_memory_bytes: list[int] | None = None
     """Each rank's CUDA allocator peak over the timed rounds; None on CPU."""
     memory: StateRecord | None = None

@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
 from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.memory import predict_or_none
 from ddp.bench.records import RaceRecord, StateRecord, StepRecord
-from ddp.bench.stats import median_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
+from ddp.bench.stats import median_ci, paired_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
+
+
+def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float) -> dict:
+    """The MFU of the ``local`` twin (the same step without communication) at its median, and the
+    points of MFU synchronization costs: the median over paired rounds of local's MFU minus the
+    step's, with its 95% bootstrap interval. ``mfu_seconds`` is MFU x step time, the same for both
+    (the work of one step over the device's peak): a round's MFU is ``mfu_seconds / seconds``."""
+    points = 100.0 * mfu_seconds
+    lost, *lost_ci = paired_ci(rounds, local_rounds, lambda step, local: np.median(points / local - points / step, axis=-1))
+    return dict(local_mfu=mfu_seconds / statistics.median(local_rounds), mfu_lost_points=lost, mfu_lost_points_ci95=lost_ci)
 
 
 def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
@@ -47,6 +59,9 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         )
     flops_per_token = workload_flops_per_token(config.model, config.seq_len)
     tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
+    step_mfu = mfu(tflops, device, config.precision)
+    if step_mfu is not None and local_index is not None:
+        paired.update(mfu_without_communication(paired["local_round_seconds"], rounds, step_mfu * step))
     sizes = setup.bucket_sizes_bytes
     return StepRecord(
         config=config, backend=backend, device=device, world_size=world_size,
@@ -60,7 +75,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         tokens_per_second=world_size * config.batch_size * config.seq_len / step,
         target_precision=measurement.target_precision,
         reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
-        model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=mfu(tflops, device, config.precision),
+        model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
         predicted_memory=predict_or_none(config, world_size),
         **paired,
