@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ddp.bench.race as race_module
+from ddp.analysis.markdown import write_report
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import GridMeasurer, NotMeasured, measure_in_blocks
 from ddp.bench.memory import (
     GIB,
-    HEADROOM,
     Fit,
     PredictedTooLarge,
     fit,
@@ -26,19 +27,18 @@ from ddp.bench.memory import (
     parameter_count,
     predict,
     predict_moments,
+    predict_or_none,
+    too_large,
     usable_bytes,
 )
 from ddp.bench.memory_trace import trace_step
 from ddp.bench.options import RoundOptions
 from ddp.bench.race import race, race_configs
 from ddp.bench.rank_state import parameters_of, release
-from ddp.strategies.base import Sharding, sharding_of
-from ddp.strategies.registry import DEFAULT_CONTENDERS, resolve_strategy
-
-
-def config_sharding(name: str) -> Sharding:
-    return sharding_of(resolve_strategy(name))
-
+from ddp.bench.records import load_run
+from ddp.bench.state_bytes import StateMemory
+from ddp.strategies.registry import DEFAULT_CONTENDERS
+from tests import synthetic
 
 XL_PARAMETERS = 1_998_235_200
 H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
@@ -54,7 +54,7 @@ def test_xl_on_one_h100_fits_alone_but_not_three_together():
     assert not memory.together
     assert all(memory.alone.values())
     assert memory.too_large() is None
-    assert memory.needed_together_bytes == pytest.approx(52 * 4 * XL_PARAMETERS / 4, rel=0.01)
+    assert memory.needed_together_bytes == pytest.approx(52 * XL_PARAMETERS, rel=0.01)
     assert memory.explain().startswith("together they need about 96.") and "71.7 GiB usable of 79.6 GiB" in memory.explain()
 
 
@@ -72,16 +72,14 @@ def test_the_prediction_reads_what_each_strategy_shards():
     3.4B-parameter model that no replicated strategy fits on one 80 GB GPU fits sharded on 8."""
     values = {"model": "2.7b", "batch_size": 1, "seq_len": 128, "bucket_size_mb": 25.0}
     configs = {name: StepConfig.of(name, values) for name in ("torch", "sharded_optimizer", "zero", "fsdp", "torch_fsdp")}
-    parameters_bytes = 4 * parameter_count("2.7b", 1, 128)
+    parameters = parameter_count("2.7b", 1, 128)
+    # bytes a parameter on each of 8 ranks: parameters, gradients, AdamW's moments, buckets kept besides
+    expected = {"torch": (4, 4, 8, 4), "sharded_optimizer": (4, 4, 1, 0), "zero": (4, 4, 1, 4),
+                "fsdp": (0.5, 0.5, 1, 0), "torch_fsdp": (0.5, 0.5, 1, 0)}
     for name, config in configs.items():
         at_step = predict_moments(config, 8)["optimizer"]
-        formula = config_sharding(name)
-        expected = {kind: size * parameters_bytes / 4 for kind, size in formula.bytes_per_parameter(8).items()}
-        assert at_step.parameters_bytes == pytest.approx(expected["parameters"], rel=1e-6), name
-        assert at_step.gradients_bytes == pytest.approx(expected["gradients"], rel=1e-6), name
-        assert at_step.optimizer_state_bytes == pytest.approx(expected["optimizer_state"], rel=1e-6), name
-        buckets = parameters_bytes if name in ("torch", "zero") else 0
-        assert at_step.communication_bytes == buckets, name
+        held = (at_step.parameters_bytes, at_step.gradients_bytes, at_step.optimizer_state_bytes, at_step.communication_bytes)
+        assert held == pytest.approx(tuple(size * parameters for size in expected[name]), rel=1e-6), name
     memory = fit(list(configs.values()), H100_BYTES, 8)
     assert [name for name, config in configs.items() if not memory.alone[config]] == ["torch"]
 
@@ -113,8 +111,8 @@ def test_the_line_through_two_batches_is_the_trace_at_the_batch():
 def test_a_grid_skips_what_is_predicted_not_to_fit_and_runs_the_next(rank_group):
     small, large = StepConfig("local", "tiny", 2, 16), StepConfig("local", "tiny", 64, 128)
     measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off")
-    measurer._memory_bytes = int(predict(small, rank_group.world_size).total_bytes / (1 - HEADROOM)) + 1
-    assert predict(large, rank_group.world_size).total_bytes > usable_bytes(measurer._memory_bytes)
+    measurer._memory_bytes = predict(small, rank_group.world_size).total_bytes + 1
+    assert predict(large, rank_group.world_size).total_bytes > measurer._memory_bytes
     skipped = measurer.measurement(large)
     assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, PredictedTooLarge)
     reason = skipped.reason(rank_group.world_size)
@@ -193,7 +191,34 @@ def test_the_memory_command_predicts_xl_on_8_ranks_without_building_it():
     assert batches["torch"] <= batches["local"] <= batches["sharded_optimizer"] <= batches["fsdp"]
 
 
+class ReadsItsData(torch.nn.Module):
+    """Keeps only the positive inputs: a shape known only from the data, which no fake tensor has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(x[x > 0].reshape(-1, 8)[:1])
+
+
+def build_reads_its_data(batch_size: int, seq_len: int):
+    def batch(generator):
+        return torch.randn(batch_size, 8, generator=generator), torch.randn(1, 8, generator=generator)
+
+    return ReadsItsData(), batch, torch.nn.functional.mse_loss
+
+
+def test_a_model_that_cannot_be_traced_has_no_prediction_and_is_built_all_the_same():
+    config = StepConfig("local", f"{__name__}:build_reads_its_data", 2, 1)
+    assert predict_or_none(config, 2) is None
+    assert too_large(config, 2, 1) is None  # not refused: built, and a rank out of memory says so
+    assert fit([config], 1, 2).together
+
+
 @pytest.mark.parametrize("arguments,message", [
+    (("--model", f"{__name__}:build_reads_its_data", "--seq-lens", "1"), "no prediction: model tests.test_memory:build_reads_its_data: "
+     "its step could not be traced on fake tensors"),
     (("--device-memory", "80"), "--device-memory takes a size with its unit, such as 80GiB"),
     (("--world-size", "0"), "expected a whole number of 1 or more"),
     (("--strategies", "nope"), "unknown strategy 'nope'"),
@@ -204,3 +229,23 @@ def test_the_memory_command_refuses_bad_input_in_one_line(arguments, message):
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("ddp-bench memory: error:") and message in line, line
+
+
+def test_a_step_row_saves_its_predicted_and_measured_peak_and_the_report_sets_them_side_by_side(tmp_path):
+    """The prediction (made by the record) and MemTracker's peak (as a rank reports it) survive
+    the saved JSON, and the report's section gives their ratio."""
+    config = synthetic.config("bucketed", bucket_size_mb=1.0)
+    predicted = predict(config, 2)
+    tracked = {"Parameter": predicted.parameters_bytes, "Optstate": predicted.optimizer_state_bytes,
+               "Total": predicted.total_bytes * 2}  # a measured peak twice the prediction: ratio 0.500
+    state = StateMemory(1, 1, 1, tracked_peak_bytes=tracked)
+    record = synthetic.step(config, [0.1] * 5, memory=[state, state])
+    assert record.predicted_memory == predicted
+    path = synthetic.write(tmp_path / "run.json", synthetic.run_json([synthetic.step_benchmark(record)]))
+    (loaded,) = load_run(path).steps
+    assert loaded.predicted_memory == predicted and loaded.memory.tracked_peak_bytes == [tracked, tracked]
+    assert loaded.measured_peak_bytes == predicted.total_bytes * 2
+    report = write_report([path], tmp_path / "report").read_text()
+    section = report.split("## Peak memory per rank: predicted before building, and measured")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| bucketed 1 MiB"))
+    assert f"| {predicted.moment} " in row and "| 0.500 " in row and "Parameter" in row

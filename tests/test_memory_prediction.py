@@ -20,7 +20,8 @@ are compared with the one that matches.
 
 Known blind spot, and why ``fsdp`` passes with room: the tracker does not see ``fsdp``'s gathered
 root (its storage is grown with ``UntypedStorage.resize_`` through a handle other than the one it
-registered), so the prediction is above it by the root's size (6-8% on tiny and mini).
+registered), so where the peak falls at backward's start the prediction is above it by the
+root's size (6% on tiny, 8% on mini in bf16).
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ def pairs(tracker: dict[str, int], prediction) -> dict[str, tuple[int, int]]:
         compared["activations"] = (got["Activation"], mine["activations"])
         compared["temporaries"] = (got["Temp"], mine["temporaries"] - optimizer_temporaries)
     else:
-        # Gathered parameters are the tracker's Parameter where fully_shard makes them the module's.
-        compared["parameters"] = (got["Parameter"], min(max(mine["parameters"], got["Parameter"]), mine["parameters"] + mine["communication"]))
+        # Gathered parameters are the tracker's Parameter where fully_shard makes them the module's:
+        # the parameters alone, or with the strategy's buffers, whichever is nearer.
+        candidates = (mine["parameters"], mine["parameters"] + mine["communication"])
+        compared["parameters"] = (got["Parameter"], min(candidates, key=lambda size: abs(size - got["Parameter"])))
         compared["parameters, gradients, activations, temporaries and communication"] = (
             got["Parameter"] + sum(got[key] for key in held),
             mine["parameters"] + mine["gradients"] + mine["activations"] + mine["temporaries"] - optimizer_temporaries
@@ -109,7 +112,8 @@ def mismatches(tracker: dict[str, int], config: StepConfig, world_size: int) -> 
 @pytest.mark.parametrize("strategy", [*STRATEGIES, USER_CLASS])
 def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision, optimizer):
     if rank_group.device != "cpu":
-        pytest.skip("MemTracker is compared on CPU tensors here; a GPU compares max_memory_allocated (perf_tests)")
+        pytest.skip("MemTracker is compared on CPU tensors here; on a GPU each step row sets the prediction beside "
+                    "max_memory_allocated (its predicted_memory and peak_memory_bytes)")
     config = config_of(strategy, model, precision, optimizer)
     tracker = rank_group.run(tracked, config)
     largest = max(tracker, key=lambda t: t["Total"])

@@ -81,9 +81,9 @@ def measured_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
     return rows
 
 
-PEAK_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication")
-# MemTracker's names, in the order of PEAK_CATEGORIES where they correspond (its buffers and Other besides)
-TRACKER_CATEGORIES = ("Parameter", "Gradient", "Optstate", "Activation", "Temp", "Other")
+PEAK_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "communication")
+# MemTracker's categories as the report shows them (ddp.bench.state_bytes.TRACKER_CATEGORIES, in the order above)
+TRACKER_COLUMNS = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
 
 
 def peak_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
@@ -102,7 +102,7 @@ def peak_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
         tracker = ""
         if tracked:
             largest = max(tracked, key=lambda peak: peak["Total"])
-            tracker = ", ".join(f"{name} {largest[name] / mib:.1f}" for name in TRACKER_CATEGORIES if largest.get(name))
+            tracker = ", ".join(f"{name} {largest[name] / mib:.1f}" for name in TRACKER_COLUMNS if largest.get(name))
         rows.append([
             step.label, step.group.group_label(False), predicted.moment,
             *(f"{categories[name] / mib:.1f}" for name in PEAK_CATEGORIES),
@@ -113,7 +113,7 @@ def peak_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
 
 
 PEAK_HEADERS = [
-    "strategy", "config", "peak at", "params", "grads", "optimizer", "activations", "temporaries", "comm",
+    "strategy", "config", "peak at", "params", "buffers", "grads", "optimizer", "activations", "temporaries", "comm",
     "predicted (MiB)", "measured (MiB)", "predicted / measured", "MemTracker at its peak (MiB)",
 ]  # fmt: skip
 

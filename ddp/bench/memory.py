@@ -23,8 +23,8 @@ the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) an
 
 - the training state from the strategy's declarations, never its name: its ``Sharding`` (which of
   parameters, gradients and optimizer state a rank holds a 1/N share of) and its ``step_buffers``
-  (``ddp.strategies.base.StepBuffers``: buckets, gathered units, copies, sized by its bucket plan
-  ``communication_schedule`` and its ``units``); a user's class that says nothing is replicated
+  (``ddp.strategies.base.StepBuffers``: buckets, gathered units, copies, sized by the model's
+  gradients and the strategy's ``units``); a user's class that says nothing is replicated
   (``Strategy``'s defaults);
 - the parameters' sizes and dtypes from the model built on the meta device (nothing allocated);
 - activations, temporaries and the growth of gradients during backward from one step of the
@@ -47,6 +47,7 @@ ranks on it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Sequence
@@ -71,6 +72,10 @@ ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
 ADAMW_TEMPORARIES = {"foreach": 1, "fused": 0}
 
 
+class NoPrediction(Exception):
+    """A configuration whose peak cannot be predicted; the message says why, in a phrase."""
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the prediction reads of a model, built on the meta device."""
@@ -83,8 +88,8 @@ class ModelShape:
     gradient_sizes: tuple[tuple[int, int], ...]
     """(bytes, element size) of each trainable parameter's gradient, in the order backward
     produces them (reverse registration)."""
-    unit_bytes: dict[str, tuple[int, ...]]
-    """By strategy class name: the parameters of each of its units (root last)."""
+    unit_bytes: tuple[int, ...]
+    """The parameters of each of the strategy's ``units``, whole, root last (empty: it has none)."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -107,6 +112,8 @@ def _unit_bytes(module: torch.nn.Module, units: list[tuple[str, torch.nn.Module]
     if not units:
         return ()
     names = [name for name, _ in units]
+    if "" not in names:
+        raise NoPrediction(f"its units {names} have no root (the unit named ''): units() must end with ('', module)")
     sizes = dict.fromkeys(names, 0)
     seen = set()
     for name, param in module.named_parameters():
@@ -130,49 +137,49 @@ def model_shape(config: StepConfig) -> ModelShape:
         trainable_count=sum(p.numel() for p in trainable),
         buffer_bytes=sum(_nbytes(b) for b in module.buffers()),
         gradient_sizes=tuple((_nbytes(p), p.element_size()) for p in reversed(trainable)),
-        unit_bytes={config.strategy: _unit_bytes(module, units)},
+        unit_bytes=_unit_bytes(module, units),
     )
 
 
 @functools.lru_cache(maxsize=16)
-def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace]:
-    return trace_step(model, 1, seq_len, precision), trace_step(model, 2, seq_len, precision)
+def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace] | str:
+    """Batch 1 and 2 traced, or why not (kept, so that a model that cannot be traced is tried once)."""
+    try:
+        one, two = trace_step(model, 1, seq_len, precision), trace_step(model, 2, seq_len, precision)
+        two.at_batch(one, 1)  # the two ran the same operators
+    except Exception as error:  # the trace runs the user's own code: any error it raises means no trace
+        return f"its step could not be traced on fake tensors ({type(error).__name__}: {str(error).strip()[:200]})"
+    return one, two
 
 
 def step_trace(config: StepConfig) -> Trace:
-    """The traced step of ``config``'s model at its batch size (``ddp.bench.memory_trace``)."""
+    """The traced step of ``config``'s model at its batch size (``ddp.bench.memory_trace``);
+    ``NoPrediction`` where the model's step cannot be traced."""
     return _trace_at(config.model, config.seq_len, config.precision, config.batch_size)
 
 
 @functools.lru_cache(maxsize=256)
 def _trace_at(model: str, seq_len: int, precision: str, batch_size: int) -> Trace:
-    one, two = _traces(model, seq_len, precision)
+    traces = _traces(model, seq_len, precision)
+    if isinstance(traces, str):
+        raise NoPrediction(f"model {model}: {traces}")
+    one, two = traces
     return two.at_batch(one, batch_size - 1)
-
-
-class _Size:
-    """A gradient's size as ``communication_schedule`` reads it."""
-
-    def __init__(self, size_bytes: int, element_size: int) -> None:
-        self.size_bytes, self.element_size = size_bytes, element_size
 
 
 def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> StepBuffers:
     """What ``config``'s strategy says it holds beyond its training state (``StepBuffers``)."""
     strategy = traits(config.strategy)
-    gradients = [_Size(*size) for size in shape.gradient_sizes]
-    schedule = strategy.communication_schedule(gradients, [0.0] * len(gradients), 0.0, config.bucket_size_mb)
     comm_itemsize = torch.bfloat16.itemsize if config.grad_comm == "bf16" else None
     plan = MemoryPlan(
         gradient_bytes=shape.trainable_bytes,
-        transfer_bytes=[t.size_bytes for t in schedule or []],
-        unit_bytes=list(shape.unit_bytes[config.strategy]),
+        unit_bytes=shape.unit_bytes,
         world_size=world_size,
         gradient_itemsize=shape.gradient_sizes[0][1] if shape.gradient_sizes else 4,
         comm_itemsize=comm_itemsize,
     )
     if not hasattr(resolve_strategy(config.strategy), "step_buffers"):  # a user's class: Strategy's default, its traits
-        return StepBuffers(kept=plan.gradient_bytes if strategy.keeps_gradient_buckets else 0)
+        return StepBuffers(kept_bytes=plan.gradient_bytes if strategy.keeps_gradient_buckets else 0)
     return strategy.step_buffers(plan)
 
 
@@ -199,40 +206,39 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     common = dict(parameters_bytes=parameters, buffers_bytes=shape.buffer_bytes, optimizer_state_bytes=optimizer_state)
     forward = MemoryPrediction(
         **common, gradients_bytes=kept_gradients, activations_bytes=trace.forward_peak.activations,
-        temporaries_bytes=0, communication_bytes=buffers.kept + buffers.forward, moment="forward",
+        temporaries_bytes=0, communication_bytes=buffers.kept_bytes + buffers.forward_bytes, moment="forward",
     )
     held = max(trace.backward, key=lambda s: s.activations + s.temporaries
                + (kept_gradients or share(s.gradients, sharding.gradients)))
     backward = MemoryPrediction(
         **common, gradients_bytes=kept_gradients or share(held.gradients, sharding.gradients),
         activations_bytes=held.activations, temporaries_bytes=held.temporaries,
-        communication_bytes=buffers.kept + buffers.backward, moment="backward",
+        communication_bytes=buffers.kept_bytes + buffers.backward_bytes, moment="backward",
     )
     synchronization = MemoryPrediction(
         **common, gradients_bytes=kept_gradients or gradients_whole, activations_bytes=trace.backward[-1].activations,
-        temporaries_bytes=trace.backward[-1].temporaries, communication_bytes=buffers.kept + buffers.synchronization,
+        temporaries_bytes=trace.backward[-1].temporaries, communication_bytes=buffers.kept_bytes + buffers.synchronization_bytes,
         moment="synchronization",
     )
     optimizer = MemoryPrediction(
         **common, gradients_bytes=gradients_whole, activations_bytes=0,
         temporaries_bytes=share(ADAMW_TEMPORARIES[config.optimizer] * shape.trainable_bytes, sharding.optimizer_state),
-        communication_bytes=buffers.kept, moment="optimizer",
+        communication_bytes=buffers.kept_bytes, moment="optimizer",
     )
     gather = MemoryPrediction(
         **common, gradients_bytes=gradients_whole, activations_bytes=0, temporaries_bytes=0,
-        communication_bytes=buffers.kept + buffers.gather, moment="gather",
+        communication_bytes=buffers.kept_bytes + buffers.gather_bytes, moment="gather",
     )
     return {p.moment: p for p in (forward, backward, synchronization, optimizer, gather)}
 
 
 def predict_or_none(config: StepConfig, world_size: int) -> MemoryPrediction | None:
-    """``predict``, or None where the model's step cannot be traced on fake tensors: a user's model
-    whose forward reads its data (``.item()``, a data-dependent shape) or runs an operator with no
-    fake implementation. The trace runs the user's own code, so any error it raises means only
-    that there is no prediction."""
+    """``predict``, or None where there is no prediction (``NoPrediction``): a user's model whose
+    forward reads its data (``.item()``, a data-dependent shape) or runs an operator with no fake
+    implementation, a user's strategy whose units have no root."""
     try:
         return predict(config, world_size)
-    except Exception:  # noqa: BLE001 (see the docstring)
+    except NoPrediction:
         return None
 
 
@@ -240,7 +246,7 @@ def kept_bytes(config: StepConfig, world_size: int) -> int:
     """What a built configuration keeps on a rank between steps: parameters, buffers, optimizer
     state, gradients its strategy keeps, its kept buffers."""
     forward = predict_moments(config, world_size)["forward"]  # its gradients: those kept whole all step
-    kept = step_buffers(config, model_shape(config), world_size).kept
+    kept = step_buffers(config, model_shape(config), world_size).kept_bytes
     return (forward.parameters_bytes + forward.buffers_bytes + forward.optimizer_state_bytes
             + forward.gradients_bytes + kept)
 
@@ -255,9 +261,9 @@ def fits(config: StepConfig, world_size: int, memory_bytes: int) -> bool:
 
 
 def largest_batch(config: StepConfig, world_size: int, memory_bytes: int, limit: int = 1 << 20) -> int:
-    """The largest batch per rank at which ``config`` (its other fields as they are) is predicted
-    to fit; 0 if not even batch 1 does. The need grows with the batch, so a bisection finds it."""
-    import dataclasses
+    """The largest batch per rank, up to ``limit``, at which ``config`` (its other fields as they
+    are) is predicted to fit; 0 if not even batch 1 does. The need grows with the batch, so a
+    bisection finds it."""
 
     def fits_at(batch: int) -> bool:
         return fits(dataclasses.replace(config, batch_size=batch), world_size, memory_bytes)
@@ -267,6 +273,7 @@ def largest_batch(config: StepConfig, world_size: int, memory_bytes: int, limit:
     low, high = 1, 2
     while high <= limit and fits_at(high):
         low, high = high, high * 2
+    high = min(high, limit + 1)
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits_at(middle) else (low, middle)
@@ -281,15 +288,17 @@ class PredictedTooLarge:
 
 
 def too_large(config: StepConfig, world_size: int, memory_bytes: int) -> str | None:
-    """A one-line reason when ``config`` is predicted not to fit, else None (None too where there
-    is no prediction: it is then built, and a rank that runs out of memory says so)."""
+    """A one-line reason when ``config``'s predicted peak exceeds ``memory_bytes`` itself, else
+    None. The grid skips by this, the whole memory and not the ``HEADROOM`` kept by ``fits``, so
+    that a configuration is refused only where nothing could make it fit (the prediction leaves
+    out only what adds to the peak); one within the headroom is built, and a rank that runs out
+    of memory says so. None too where there is no prediction."""
     prediction = predict_or_none(config, world_size)
-    usable = usable_bytes(memory_bytes)
-    if prediction is None or prediction.total_bytes <= usable:
+    if prediction is None or prediction.total_bytes <= memory_bytes:
         return None
     ranks = f"{world_size} rank" + ("s" if world_size != 1 else "")
     return (f"predicted not to fit: {config.describe()}, {ranks}, needs {prediction.total_bytes / GIB:.1f} GiB "
-            f"per rank at its peak ({prediction.moment}), {usable / GIB:.1f} GiB available of {memory_bytes / GIB:.1f} GiB; "
+            f"per rank at its peak ({prediction.moment}), more than the {memory_bytes / GIB:.1f} GiB of the device; "
             "not built (python -m ddp memory shows what fits)")
 
 
@@ -308,8 +317,8 @@ def host_memory_bytes(ranks_on_host: int) -> int:
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         with open("/proc/meminfo") as meminfo:  # MemAvailable counts reclaimable caches, AVPHYS does not
-            fields_ = dict(line.split(":", 1) for line in meminfo)
-        available = int(fields_["MemAvailable"].split()[0]) * 1024
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         pass
     # RankGroup starts every rank on this host; torchrun says how many it started here.
@@ -334,7 +343,7 @@ class Fit:
 
     def too_large(self) -> str | None:
         """A one-line error when some configuration does not fit even alone, else None."""
-        large = [c for c, fits_ in self.alone.items() if not fits_]
+        large = [c for c, alone in self.alone.items() if not alone]
         if not large:
             return None
         worst = max(large, key=lambda c: self.needed_alone_bytes[c])

@@ -19,9 +19,9 @@ set right here:
   which saves the (B, heads, T, T) probabilities; on a CPU or a GPU it picks a fused (flash) kernel
   that saves only its output and a log-sum-exp per row. The trace asks for the fused kernel
   (``_fused_sdp_choice`` answered ``FLASH``), as the real step gets.
-- shape: everything an LM saves grows with the batch, so ``trace_workload`` traces batch 1 and
-  2 and extends the line (``Trace.at_batch``); the suite's tests check the line against a trace
-  at the batch itself.
+- shape: everything an LM saves grows with the batch, so the prediction traces batch 1 and 2
+  and extends the line (``Trace.at_batch``, ``ddp.bench.memory.step_trace``); the suite's tests
+  check the line against a trace at the batch itself.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class MemoryPrediction:
 
     @classmethod
     def from_dict(cls, data: dict) -> MemoryPrediction:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ in a timed one.
 ``MemTracker`` (``tracked_peak``), which follows every storage an operator returns and reports the
 bytes of each of its categories at the moment the total peaked. What a rank held before is
 registered with it first (the module, every optimizer's state, and the tensors the strategy
-keeps: buckets, gathered units), and two steps are tracked, so that a buffer it only sees once an
-operator returns it (PyTorch's DDP's buckets) is counted from the second. It is the measured
+keeps: buckets, gathered units), and the peak is taken over two steps, so that a buffer it only
+sees once an operator returns it (PyTorch's DDP's buckets) is counted in the second. It is the measured
 figure a step's predicted peak (``ddp.bench.memory``) is set beside; on CUDA that is the
 allocator's ``max_memory_allocated``.
 """
@@ -40,7 +40,7 @@ class StateMemory:
     gradients_bytes: int
     """Gradients held right after ``finish_gradient_synchronization()``."""
     optimizer_state_bytes: int
-    tracked_peak: dict[str, int] | None = None
+    tracked_peak_bytes: dict[str, int] | None = None
     """On CPU: ``MemTracker``'s peak by its category, and ``Total`` (``tracked_peak``); None on
     CUDA, and for a compiled model (the tracker does not follow compiled graphs)."""
 
@@ -141,18 +141,20 @@ def _module_hooks_removed_afterwards() -> Iterator[None]:
         handles.append(register(*args, **kwargs))
         return handles[-1]
 
+    # Process-wide while the block runs: a rank runs one step at a time, and no other tracker.
     mod_tracker.register_multi_grad_hook = register_and_keep
     try:
         yield
     finally:
         mod_tracker.register_multi_grad_hook = register
-        for handle in handles:
-            handle.remove()
+        with contextlib.ExitStack() as removals:  # every handle removed, even if one raises
+            for handle in handles:
+                removals.callback(handle.remove)
 
 
 def tracked_peak(trainer, observer=None) -> dict[str, int]:
     """Run ``TRACKED_STEPS`` untimed steps of ``trainer`` (each watched by ``observer``) under
-    PyTorch's ``MemTracker`` and return its peak: the bytes of each of its categories
+    PyTorch's ``MemTracker`` and return its peak over them: the bytes of each of its categories
     (``TRACKER_CATEGORIES``) at the moment the total peaked, and ``Total`` (module docstring)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -165,8 +167,11 @@ def tracked_peak(trainer, observer=None) -> dict[str, int]:
     with _module_hooks_removed_afterwards(), tracker:
         for step in range(TRACKED_STEPS):
             if step:
-                tracker.reset_mod_stats()
-            trainer.step() if observer is None else trainer.step(observer)
+                tracker.reset_mod_stats()  # its per-module figures only (a second root forward refuses without it); the peak is kept
+            if observer is None:
+                trainer.step()
+            else:
+                trainer.step(observer)
     peak = tracker.get_tracker_snapshot("peak").get(trainer.device, {})
     return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
 
@@ -184,5 +189,5 @@ def measure_memory(trainer) -> StateMemory:
         parameters_bytes=storage_bytes(trainer.model.parameters()),
         gradients_bytes=counter.gradients_bytes,
         optimizer_state_bytes=storage_bytes(optimizer_state_tensors(trainer.optimizer)),
-        tracked_peak=peak,
+        tracked_peak_bytes=peak,
     )

@@ -55,7 +55,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
             gradients_bytes=[m.gradients_bytes for m in memories],
             optimizer_state_bytes=[m.optimizer_state_bytes for m in memories],
             sharding=sharding_of(resolve_strategy(config.strategy)),
-            tracked_peak_bytes=[m.tracked_peak for m in memories] if all(m.tracked_peak for m in memories) else None,
+            tracked_peak_bytes=[m.tracked_peak_bytes for m in memories] if all(m.tracked_peak_bytes for m in memories) else None,
         )
     flops_per_token = workload_flops_per_token(config.model, config.seq_len)
     tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)

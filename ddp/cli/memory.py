@@ -13,7 +13,7 @@ import torch
 
 from ddp.analysis.tables import table
 from ddp.bench.config import AXES, expand
-from ddp.bench.memory import GIB, HEADROOM, host_memory_bytes, largest_batch, predict, usable_bytes
+from ddp.bench.memory import GIB, HEADROOM, NoPrediction, host_memory_bytes, largest_batch, predict, usable_bytes
 from ddp.bench.options import add_config_options, add_launch_options, config_values
 from ddp.bench.parsing import argument_type, memory_size
 from ddp.cli import UsageError
@@ -21,7 +21,7 @@ from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import STRATEGIES
 
 LISTS = ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm")
-COLUMNS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication")
+COLUMNS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "communication")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = {name: getattr(axis, device) for name, axis in AXES.items() if name in (*LISTS, "model")}
     defaults["strategy"] = tuple(STRATEGIES)
     defaults["model"] = defaults["model"][0]
-    defaults["bucket_size_mb"] = (DEFAULT_BUCKET_SIZE_MB,)  # the cap changes no memory but a bf16 copy's
+    defaults["bucket_size_mb"] = (DEFAULT_BUCKET_SIZE_MB,)  # one cap: the cap changes no strategy's memory
     add_config_options(parser.add_argument, defaults, lists=LISTS)
     add_launch_options(parser.add_argument, only=("--world-size",))  # the ranks sharded state is split among
     parser.add_argument("--device-memory", type=argument_type(memory_size, "device_memory"), default=None,
@@ -53,7 +53,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     memory_bytes, source = device_memory(args)
     usable = usable_bytes(memory_bytes)
-    predictions = {config: predict(config, args.world_size) for config in configs}
+    try:
+        predictions = {config: predict(config, args.world_size) for config in configs}
+    except NoPrediction as error:
+        raise UsageError(f"no prediction: {error}") from None
     unit, scale = ("GiB", GIB) if max(p.total_bytes for p in predictions.values()) >= GIB else ("MiB", 2**20)
     rows = []
     for config, prediction in predictions.items():
@@ -65,8 +68,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"model {args.model} on {args.world_size} ranks: predicted peak per rank, {unit} "
           f"(device memory {memory_bytes / GIB:.1f} GiB, {source}; {usable / GIB:.1f} GiB usable, {HEADROOM:.0%} kept "
           "for the allocator and kernels)")
-    print(table(rows, ["strategy", "batch", "seq", "precision", "params", "grads", "optim", "activ", "temps", "comm",
-                       "peak", "at", "fits"]))
+    print(table(rows, ["strategy", "batch", "seq", "precision", "params", "bufs", "grads", "optim", "activ", "temps",
+                       "comm", "peak", "at", "fits"]))
     largest = {}
     for config in configs:
         key = dataclasses.replace(config, batch_size=1)

@@ -194,10 +194,9 @@ class MemoryPlan(NamedTuple):
 
     gradient_bytes: int
     """Every trainable parameter's gradient, the whole model's."""
-    transfer_bytes: list[int]
-    """The buffers of ``communication_schedule`` in launch order (empty where it does not say)."""
-    unit_bytes: list[int]
-    """A strategy that shards parameters: the parameters of each of its ``units``, whole, root last."""
+    unit_bytes: tuple[int, ...]
+    """A strategy that shards parameters: the parameters of each of its ``units``, whole, root last
+    (empty where it has none)."""
     world_size: int
     gradient_itemsize: int
     """Bytes an element of the gradients (4: fp32)."""
@@ -209,15 +208,16 @@ class StepBuffers(NamedTuple):
     """What a strategy holds on a rank beyond parameters, gradients and optimizer state, by moment
     of the step, in bytes (``ddp.bench.memory`` adds it to the training state and the activations)."""
 
-    kept: int = 0
+    kept_bytes: int = 0
     """Held from one step to the next (PyTorch's DDP's buckets, a bf16 copy of each bucket)."""
-    forward: int = 0
-    """More while forward runs (the units an FSDP rank has gathered)."""
-    backward: int = 0
-    """More all through backward (the units an FSDP rank has gathered, and their whole gradients)."""
-    synchronization: int = 0
-    """More once backward has ended, while the gradients are synchronized (copies of them)."""
-    gather: int = 0
+    forward_bytes: int = 0
+    """More at forward's end, when it holds the most (the units an FSDP rank has gathered)."""
+    backward_bytes: int = 0
+    """More at backward's start, when the activations peak (the units an FSDP rank has gathered)."""
+    synchronization_bytes: int = 0
+    """More once backward has ended, while the gradients are synchronized (copies of them, a
+    gathered unit's whole gradient)."""
+    gather_bytes: int = 0
     """More once AdamW has stepped (its temporaries freed), while the updated parameters are
     gathered (a sharded optimizer's flattened broadcasts)."""
     gradients_kept: bool = False
@@ -237,7 +237,7 @@ def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepB
     if not plan.unit_bytes:
         return StepBuffers()
     root, largest = plan.unit_bytes[-1], max(plan.unit_bytes[:-1], default=0)
-    return StepBuffers(forward=root, backward=root + (largest if prefetches_next_unit else 0))
+    return StepBuffers(forward_bytes=root, backward_bytes=root + (largest if prefetches_next_unit else 0))
 
 
 class Strategy(nn.Module, abc.ABC):
@@ -308,7 +308,7 @@ class Strategy(nn.Module, abc.ABC):
         """The memory this strategy holds beyond its training state (``StepBuffers``), sized by
         ``plan``. The default: PyTorch's DDP's second copy of the gradients where
         ``keeps_gradient_buckets``, nothing else (a strategy that all-reduces the gradients in place)."""
-        return StepBuffers(kept=plan.gradient_bytes if cls.keeps_gradient_buckets else 0)
+        return StepBuffers(kept_bytes=plan.gradient_bytes if cls.keeps_gradient_buckets else 0)
 
     steps_to_settle: int = 1
     """Steps after which the strategy's plan (buckets, collectives per step) is final: the

@@ -108,7 +108,7 @@ class BucketedDDP(DataParallel):
         """The gradients live in the buckets, whole all step; with ``comm_dtype`` each bucket has a
         copy in that dtype, kept too."""
         copies = plan.gradient_bytes * plan.comm_itemsize // plan.gradient_itemsize if plan.comm_itemsize else 0
-        return StepBuffers(kept=copies, gradients_kept=True)
+        return StepBuffers(kept_bytes=copies, gradients_kept=True)
 
     def __init__(self, module, *, bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""

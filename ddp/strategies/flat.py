@@ -19,7 +19,7 @@ class FlatDDP(DataParallel):
     @classmethod
     def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
         """One flattened copy of every gradient while it is all-reduced."""
-        return StepBuffers(synchronization=plan.gradient_bytes)
+        return StepBuffers(synchronization_bytes=plan.gradient_bytes)
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):

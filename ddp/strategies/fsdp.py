@@ -112,7 +112,7 @@ class FullyShardedDP(Strategy):
         there on mini (its 19.5 MiB root: embedding and lm_head), so 4 roots in all."""
         buffers = gathered_unit_buffers(plan, cls.prefetches_next_unit)
         root = plan.unit_bytes[-1] if plan.unit_bytes else 0
-        return buffers._replace(synchronization=ROOT_COPIES_AT_BACKWARD_END * root)
+        return buffers._replace(synchronization_bytes=ROOT_COPIES_AT_BACKWARD_END * root)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()

@@ -46,7 +46,7 @@ class TorchFSDP(Strategy):
         48.8 MiB, 2.5 of its 19.5 MiB roots at N = 2)."""
         root = plan.unit_bytes[-1] if plan.unit_bytes else 0
         buffers = gathered_unit_buffers(plan, cls.prefetches_next_unit)
-        return buffers._replace(synchronization=2 * root + root // plan.world_size)
+        return buffers._replace(synchronization_bytes=2 * root + root // plan.world_size)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()
