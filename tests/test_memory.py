@@ -214,6 +214,8 @@ def test_a_model_that_cannot_be_traced_has_no_prediction_and_is_built_all_the_sa
     assert predict_or_none(config, 2) is None
     assert too_large(config, 2, 1) is None  # not refused: built, and a rank out of memory says so
     assert fit([config], 1, 2).together
+    # a strategy named in a saved run that does not resolve here: no prediction either, no error
+    assert predict_or_none(StepConfig.from_dict({"strategy": "gone", "model": "tiny", "batch_size": 2, "seq_len": 16}), 2) is None
 
 
 @pytest.mark.parametrize("arguments,message", [

@@ -61,7 +61,7 @@ from ddp.bench.records import MemoryPrediction
 from ddp.bench.workloads import build_workload
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import REPLICATED, MemoryPlan, StepBuffers, sharding_of
-from ddp.strategies.registry import resolve_strategy, traits
+from ddp.strategies.registry import StrategyError, resolve_strategy, traits
 
 HEADROOM = 0.10  # of the memory: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch
 GIB = 2**30
@@ -167,6 +167,15 @@ def _trace_at(model: str, seq_len: int, precision: str, batch_size: int) -> Trac
     return two.at_batch(one, batch_size - 1)
 
 
+def _strategy_class(config: StepConfig) -> type:
+    """The strategy's class; ``NoPrediction`` for a name that does not resolve here (a user's class
+    named in a saved run that is not importable now)."""
+    try:
+        return resolve_strategy(config.strategy)
+    except StrategyError as error:
+        raise NoPrediction(str(error)) from None
+
+
 def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> StepBuffers:
     """What ``config``'s strategy says it holds beyond its training state (``StepBuffers``)."""
     strategy = traits(config.strategy)
@@ -178,7 +187,7 @@ def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> Step
         gradient_itemsize=shape.gradient_sizes[0][1] if shape.gradient_sizes else 4,
         comm_itemsize=comm_itemsize,
     )
-    if not hasattr(resolve_strategy(config.strategy), "step_buffers"):  # a user's class: Strategy's default, its traits
+    if not hasattr(_strategy_class(config), "step_buffers"):  # a user's class: Strategy's default, its traits
         return StepBuffers(kept_bytes=plan.gradient_bytes if strategy.keeps_gradient_buckets else 0)
     return strategy.step_buffers(plan)
 
@@ -193,7 +202,7 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     """What a rank holds at each of ``MOMENTS`` of ``config``'s step, by category."""
     shape = model_shape(config)
     trace = step_trace(config)
-    sharding = sharding_of(resolve_strategy(config.strategy)) or REPLICATED
+    sharding = sharding_of(_strategy_class(config)) or REPLICATED
     buffers = step_buffers(config, shape, world_size)
 
     def share(size: float, sharded: bool) -> int:
