@@ -73,10 +73,13 @@ def pairs(tracker: dict[str, int], prediction) -> dict[str, tuple[int, int]]:
         compared["activations"] = (got["Activation"], mine["activations"])
         compared["temporaries"] = (got["Temp"], mine["temporaries"] - optimizer_temporaries)
     else:
-        # Gathered parameters are the tracker's Parameter where fully_shard makes them the module's:
-        # the parameters alone, or with the strategy's buffers, whichever is nearer.
-        candidates = (mine["parameters"], mine["parameters"] + mine["communication"])
-        compared["parameters"] = (got["Parameter"], min(candidates, key=lambda size: abs(size - got["Parameter"])))
+        # Gathered parameters are the tracker's Parameter where fully_shard makes them the module's,
+        # and which of them are gathered at the peak depends on when a prefetch lands (a fresh clone
+        # saw the root without the prefetched unit, where a run before had both): the tracker's
+        # Parameter must lie between the predicted parameters and those plus every buffer the
+        # strategy holds then (the nearer bound is what it is compared with).
+        low, high = mine["parameters"], mine["parameters"] + mine["communication"]
+        compared["parameters"] = (got["Parameter"], min(max(got["Parameter"], low), high))
         compared["parameters, gradients, activations, temporaries and communication"] = (
             got["Parameter"] + sum(got[key] for key in held),
             mine["parameters"] + mine["gradients"] + mine["activations"] + mine["temporaries"] - optimizer_temporaries
