@@ -10,6 +10,7 @@ import json
 import pytest
 
 from ddp.analysis.overlap import (
+    collective_exposure,
     covered_seconds,
     covered_seconds_within,
     cuda_steps_from_trace,
@@ -326,3 +327,22 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
             names = {e.get("name") for e in events if e.get("cat") == "user_annotation"}
             assert {"forward", "backward", "gradient_sync", "optimizer"} <= names
     assert (tmp_path / "timeline_combined.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_named():
+    # backward's computation done at 3; the optimizer starts at 8. Collectives a, b, c complete at
+    # 2.5 (hidden behind backward), 5 and 7.5: the step waits 3 -> 5 for b, 5 -> 7.5 for c, and
+    # 7.5 -> 8 for no collective (copies back).
+    collectives = [dict(_collective(1.0, 2.5), label="a"), dict(_collective(2.0, 5.0), label="b"),
+                   dict(_collective(4.0, 7.5, 16), label="c")]
+    step = _step([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
+    shares = {s["label"]: s["exposed_seconds"] for s in collective_exposure(step)}
+    assert shares == pytest.approx({"a": 0.0, "b": 2.0, "c": 2.5})
+    figures = rank_figures([step, step])
+    assert figures["collective_exposed_seconds"] == pytest.approx({"a": 0.0, "b": 2.0, "c": 2.5})
+    assert figures["tail"] == "c"
+    assert figures["unattributed_exposed_seconds"] == pytest.approx(0.5)
+    # the shares and what no collective accounts for add up to the step's exposed communication
+    assert sum(shares.values()) + figures["unattributed_exposed_seconds"] == pytest.approx(step_comm_figures(step)["exposed_comm_seconds"])
+    hidden = _step([0, 1], [1, 4], 4, [4, 4], [4, 5], [_collective(1.0, 3.0)])
+    assert rank_figures([hidden])["tail"] is None  # nothing exposed: no tail

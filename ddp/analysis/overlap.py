@@ -77,6 +77,25 @@ def step_comm_figures(step: dict) -> dict:
     return {"comm_seconds": overlapped + exposed, "overlapped_comm_seconds": overlapped, "exposed_comm_seconds": exposed}
 
 
+def collective_exposure(step: dict) -> list[dict]:
+    """Each collective of one step record with its share of the step's exposed communication.
+
+    The exposed window runs from the end of backward's computation to the start of the optimizer
+    (``step_comm_figures``). Taken in the order the collectives completed, each holds the part of
+    the window from the later of backward's end and the previous completion to its own
+    completion: what the step waited for it alone. The shares add up to the window up to the last
+    completion; what follows it (copies back, the wake-up) is no collective's
+    (``unattributed_exposed_seconds`` of ``rank_figures``).
+    """
+    start, end = step["backward_compute_end"], step["optimizer"][0]
+    shares, waited_until = [], start
+    for c in sorted(step["collectives"], key=lambda c: c["done_seconds"]):
+        done = min(c["done_seconds"], end)
+        shares.append({"label": c["label"], "size_bytes": c["size_bytes"], "exposed_seconds": max(0.0, done - waited_until)})
+        waited_until = max(waited_until, done)
+    return shares
+
+
 def comm_source(steps: list[dict]) -> str:
     """Where the communication times of these steps came from: a ``COMM_FROM_*`` value.
 
@@ -105,11 +124,32 @@ def rank_figures(steps: list[dict]) -> dict:
         "overlap_fraction": (
             totals["overlapped_comm_seconds"] / totals["comm_seconds"] if totals["comm_seconds"] > 0 else None
         ),
+        **exposure_figures(steps),
         "collectives_per_step": sum(len(r) for r in records) / n,
         "comm_bytes_per_step": sum(c["size_bytes"] for r in records for c in r) / n,
         "comm_source": comm_source(steps),
     }
     return figures
+
+
+def exposure_figures(steps: list[dict]) -> dict:
+    """Per collective label (in the order of the first step's completions), its exposed seconds
+    per step (``collective_exposure``, averaged); the ``tail``, the collective exposed the most
+    (None if none was); and the exposed seconds no collective accounts for."""
+    per_label: dict[str, list[float]] = {}
+    attributed = 0.0
+    for step in steps:
+        for share in collective_exposure(step):
+            per_label.setdefault(share["label"], []).append(share["exposed_seconds"])
+            attributed += share["exposed_seconds"]
+    exposed = {label: sum(values) / len(steps) for label, values in per_label.items()}
+    tail = max(exposed, key=exposed.get, default=None)
+    total = sum(step_comm_figures(step)["exposed_comm_seconds"] for step in steps)
+    return {
+        "collective_exposed_seconds": exposed,
+        "tail": tail if tail is not None and exposed[tail] > 0 else None,
+        "unattributed_exposed_seconds": max(0.0, total - attributed) / len(steps),
+    }
 
 
 def strategy_summary(rank_records: list[dict]) -> dict:

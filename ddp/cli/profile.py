@@ -35,13 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summary_table(summary: ProfileSummary) -> str:
     """The figures a reader wants first, one row per strategy (slowest rank)."""
-    rows = [
-        [name, s.step_seconds * 1e3, s.comm_seconds * 1e3, s.overlap_fraction, s.exposed_comm_seconds * 1e3,
-         s.slowest_rank, s.comm_source]
-        for name, s in summary.strategies.items()
-    ]
-    headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "slowest_rank", "comm_from"]
-    return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", ""), missingval="-")
+    rows = []
+    for name, s in summary.strategies.items():
+        slowest = next(r for r in s.ranks if r["rank"] == s.slowest_rank)
+        tail = slowest.get("tail")
+        tail_text = f"{tail} ({slowest['collective_exposed_seconds'][tail] * 1e3:.1f} ms)" if tail else None
+        rows.append([name, s.step_seconds * 1e3, s.comm_seconds * 1e3, s.overlap_fraction, s.exposed_comm_seconds * 1e3,
+                     tail_text, s.slowest_rank, s.comm_source])
+    headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "tail collective (exposed)",
+               "slowest_rank", "comm_from"]
+    return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", "", ""), missingval="-")
 
 
 def main(args: argparse.Namespace) -> int:
