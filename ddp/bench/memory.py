@@ -83,11 +83,10 @@ class ModelShape:
     parameter_bytes: int
     """Every parameter, trainable or frozen."""
     trainable_bytes: int
-    trainable_count: int
+    """Every trainable parameter, once: the bytes of its gradient too."""
     buffer_bytes: int
-    gradient_sizes: tuple[tuple[int, int], ...]
-    """(bytes, element size) of each trainable parameter's gradient, in the order backward
-    produces them (reverse registration)."""
+    gradient_itemsize: int
+    """Bytes an element of the gradients (of the first trainable parameter; 4 if there is none)."""
     unit_bytes: tuple[int, ...]
     """The parameters of each of the strategy's ``units``, whole, root last (empty: it has none)."""
 
@@ -134,9 +133,8 @@ def model_shape(config: StepConfig) -> ModelShape:
     return ModelShape(
         parameter_bytes=sum(_nbytes(p) for p in params),
         trainable_bytes=sum(_nbytes(p) for p in trainable),
-        trainable_count=sum(p.numel() for p in trainable),
         buffer_bytes=sum(_nbytes(b) for b in module.buffers()),
-        gradient_sizes=tuple((_nbytes(p), p.element_size()) for p in reversed(trainable)),
+        gradient_itemsize=trainable[0].element_size() if trainable else 4,
         unit_bytes=_unit_bytes(module, units),
     )
 
@@ -178,18 +176,14 @@ def _strategy_class(config: StepConfig) -> type:
 
 def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> StepBuffers:
     """What ``config``'s strategy says it holds beyond its training state (``StepBuffers``)."""
-    strategy = traits(config.strategy)
-    comm_itemsize = torch.bfloat16.itemsize if config.grad_comm == "bf16" else None
     plan = MemoryPlan(
         gradient_bytes=shape.trainable_bytes,
         unit_bytes=shape.unit_bytes,
         world_size=world_size,
-        gradient_itemsize=shape.gradient_sizes[0][1] if shape.gradient_sizes else 4,
-        comm_itemsize=comm_itemsize,
+        gradient_itemsize=shape.gradient_itemsize,
+        comm_itemsize=torch.bfloat16.itemsize if config.grad_comm == "bf16" else None,
     )
-    if not hasattr(_strategy_class(config), "step_buffers"):  # a user's class: Strategy's default, its traits
-        return StepBuffers(kept_bytes=plan.gradient_bytes if strategy.keeps_gradient_buckets else 0)
-    return strategy.step_buffers(plan)
+    return traits(config.strategy).step_buffers(plan)
 
 
 def predict(config: StepConfig, world_size: int) -> MemoryPrediction:
@@ -210,7 +204,7 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
 
     parameters = share(shape.parameter_bytes, sharding.parameters)
     optimizer_state = share(ADAMW_MOMENTS * shape.trainable_bytes, sharding.optimizer_state)
-    gradients_whole = share(trace.gradient_bytes, sharding.gradients)
+    gradients_whole = share(shape.trainable_bytes, sharding.gradients)
     kept_gradients = gradients_whole if buffers.gradients_kept else 0
     common = dict(parameters_bytes=parameters, buffers_bytes=shape.buffer_bytes, optimizer_state_bytes=optimizer_state)
     forward = MemoryPrediction(

@@ -68,8 +68,6 @@ class Trace:
     backward: tuple[Sample, ...]
     """After each operator of backward: the activations still saved, the temporaries, and the
     gradients accumulated so far (their whole size once backward ends)."""
-    gradient_bytes: int
-    """Every trainable parameter's gradient, once each."""
 
     def at_batch(self, other: Trace, factor: float) -> Trace:
         """The trace on the line through ``other`` (factor 0) and this one (factor 1), at ``factor``."""
@@ -78,7 +76,6 @@ class Trace:
         return Trace(
             self.forward_peak.scaled(factor, other.forward_peak),
             tuple(s.scaled(factor, o) for s, o in zip(self.backward, other.backward, strict=True)),
-            self.gradient_bytes,
         )
 
 
@@ -179,8 +176,5 @@ def trace_step(model: str, batch_size: int, seq_len: int, precision: str) -> Tra
                 handle.remove()
         del loss
         end = tracker.sample()
-    seen = {}
-    for p in params:
-        seen[_key(p)] = p.numel() * p.element_size()
-    return Trace(tracker.forward_peak, (*tracker.samples, end), sum(seen.values()))
+    return Trace(tracker.forward_peak, (*tracker.samples, end))
 

@@ -13,7 +13,7 @@ import torch
 
 from ddp.analysis.tables import table
 from ddp.bench.config import AXES, expand
-from ddp.bench.memory import GIB, HEADROOM, NoPrediction, host_memory_bytes, largest_batch, predict, usable_bytes
+from ddp.bench.memory import GIB, HEADROOM, NoPrediction, fits, host_memory_bytes, largest_batch, predict, usable_bytes
 from ddp.bench.options import add_config_options, add_launch_options, config_values
 from ddp.bench.parsing import argument_type, memory_size
 from ddp.cli import UsageError
@@ -61,10 +61,9 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for config, prediction in predictions.items():
         categories = prediction.categories()
-        fits = prediction.total_bytes <= usable
         rows.append([config.label, config.batch_size, config.seq_len, config.variant,
                      *(f"{categories[name] / scale:.2f}" for name in COLUMNS), f"{prediction.total_bytes / scale:.2f}",
-                     prediction.moment, "yes" if fits else "NO"])
+                     prediction.moment, "yes" if fits(config, args.world_size, memory_bytes) else "NO"])
     print(f"model {args.model} on {args.world_size} ranks: predicted peak per rank, {unit} "
           f"(device memory {memory_bytes / GIB:.1f} GiB, {source}; {usable / GIB:.1f} GiB usable, {HEADROOM:.0%} kept "
           "for the allocator and kernels)")

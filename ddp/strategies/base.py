@@ -226,6 +226,12 @@ class StepBuffers(NamedTuple):
     nothing."""
 
 
+def bucket_copy_buffers(plan: MemoryPlan, keeps_gradient_buckets: bool) -> StepBuffers:
+    """A replicated strategy's: a second copy of the gradients kept in its buckets where it keeps
+    them (PyTorch's DDP), nothing else (a strategy that all-reduces the gradients in place)."""
+    return StepBuffers(kept_bytes=plan.gradient_bytes if keeps_gradient_buckets else 0)
+
+
 def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepBuffers:
     """A strategy that shards parameters by unit. Forward holds the most at its end, the loss:
     the root unit is gathered (it encloses the others), the last unit has run and been freed. At
@@ -306,9 +312,8 @@ class Strategy(nn.Module, abc.ABC):
     @classmethod
     def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
         """The memory this strategy holds beyond its training state (``StepBuffers``), sized by
-        ``plan``. The default: PyTorch's DDP's second copy of the gradients where
-        ``keeps_gradient_buckets``, nothing else (a strategy that all-reduces the gradients in place)."""
-        return StepBuffers(kept_bytes=plan.gradient_bytes if cls.keeps_gradient_buckets else 0)
+        ``plan``. The default: ``bucket_copy_buffers`` on ``keeps_gradient_buckets``."""
+        return bucket_copy_buffers(plan, cls.keeps_gradient_buckets)
 
     steps_to_settle: int = 1
     """Steps after which the strategy's plan (buckets, collectives per step) is final: the
@@ -382,6 +387,10 @@ def traits_of(cls: type) -> Traits:
     if schedule is None:  # a user's class that says nothing: nothing the simulator can model
         def schedule(*_args, **_kwargs):
             return None
+    buffers = getattr(cls, "step_buffers", None)
+    if buffers is None:  # a user's class that says nothing: Strategy's default, on its own keeps_gradient_buckets
+        def buffers(plan: MemoryPlan) -> StepBuffers:
+            return bucket_copy_buffers(plan, bool(read("keeps_gradient_buckets")))
     return Traits(
         communicates=bool(read("communicates")),
         steps_to_settle=int(getattr(cls, "steps_to_settle", DEFAULT_STEPS_TO_SETTLE)),
@@ -393,7 +402,7 @@ def traits_of(cls: type) -> Traits:
         prefetches_next_unit=bool(read("prefetches_next_unit")),
         units=read("units"),
         communication_schedule=schedule,
-        step_buffers=read("step_buffers"),
+        step_buffers=buffers,
     )
 
 

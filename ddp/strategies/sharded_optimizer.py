@@ -146,7 +146,7 @@ class ShardedOptimizerDDP(BucketedDDP):
         one is built before the previous is freed): 2/N of the parameters, all of them at N = 2
         (MemTracker on mini: 35.5 MiB)."""
         gathered = plan.gradient_bytes * min(2, plan.world_size) // plan.world_size
-        return BucketedDDP.step_buffers.__func__(cls, plan)._replace(gather_bytes=gathered)
+        return super().step_buffers(plan)._replace(gather_bytes=gathered)
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         return self.sharded_optimizer_class(self.module.parameters(), optimizer_cls, **kwargs)
