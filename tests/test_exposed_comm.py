@@ -5,14 +5,20 @@ inside ``loss.backward()``.
 On a CPU the real cost of communication is partly a wait and partly contention (gloo's threads
 take cores from the backward they overlap, which shows in the step but is no wait), and on a
 shared 2-core machine the second moves by tens of milliseconds from one run to the next. So the
-ranks run on a slow network instead: every all-reduce completes ``NETWORK_DELAY_SECONDS`` after
-it was launched (``slow_network``: ``torch.distributed.all_reduce`` for the strategies written
-here, a DDP comm hook for PyTorch's reducer, which calls its collectives from C++). Then
-communication dominates every step, and for each strategy, measured in the same rounds as
-``local`` (the same step without communication), medians over rounds:
+ranks run on a slow network instead: one link that serves one all-reduce at a time, each for
+``NETWORK_DELAY_SECONDS``, in the order launched (as one NCCL stream does): an all-reduce is
+delivered the delay after the later of its launch and the previous one's delivery
+(``slow_network``: ``torch.distributed.all_reduce`` for the strategies written here, a DDP comm hook
+for PyTorch's reducer, which calls its collectives from C++). Then communication dominates every
+step, and for each strategy, measured in the same rounds as ``local`` (the same step without
+communication), medians over rounds:
 
     exposed >= step - local step - tolerance        (the step adds up)
     exposed >= 0.9 x NETWORK_DELAY_SECONDS          (the last collective's wait is seen)
+
+The per-collective figures of the traced steps (``ddp.bench.summary.collective_trace``) are
+known too: collectives complete in launch order, the delay apart, so the last-ready one is the
+tail and every one delivered after backward's end is exposed for the delay.
 
 The tolerance is what synchronizing may cost besides waiting: copies into buckets, the strategy's
 own Python, the contention left (``TOLERANCE_OF_LOCAL`` of the local step plus
@@ -22,6 +28,8 @@ own Python, the contention left (``TOLERANCE_OF_LOCAL`` of the local step plus
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import statistics
 import threading
 import time
@@ -34,12 +42,48 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import Measurement, measure
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import release
-from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size
+from ddp.bench.stats import median_ci
+from ddp.bench.summary import collective_trace
+from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 
-NETWORK_DELAY_SECONDS = 0.050
+NETWORK_DELAY_SECONDS = 0.020
 TOLERANCE_OF_LOCAL = 0.5
 TOLERANCE_SECONDS = 0.020
+# What two measurements of the same wait may differ by however steady, per collective waited for:
+# a thread's wake-up, sleep's grain (naive waits for 22 in a row).
+SUM_RESOLUTION_SECONDS = 0.0002
 _all_reduce = dist.all_reduce  # the real one, in every process that imports this module
+
+
+class _Courier:
+    """Delivers the link's all-reduces when due, from one thread per process: starting a thread per
+    collective would take the cores backward runs on (about 10 ms a step for ``overlap``'s 22 on
+    tiny, which would show as a longer backward in the steps that start them)."""
+
+    def __init__(self) -> None:
+        self._queue: list = []  # (deliver_at, sequence, deliver)
+        self._due = threading.Condition()
+        self._sequence = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def send(self, deliver_at: float, deliver) -> None:
+        with self._due:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+            heapq.heappush(self._queue, (deliver_at, next(self._sequence), deliver))
+            self._due.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._due:
+                while not self._queue or self._queue[0][0] > time.perf_counter():
+                    self._due.wait(None if not self._queue else self._queue[0][0] - time.perf_counter())
+                _, _, deliver = heapq.heappop(self._queue)
+            deliver()
+
+
+_COURIER = _Courier()
 
 
 class DelayedWork:
@@ -54,11 +98,22 @@ class DelayedWork:
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self.work.get_future()
+        """A future that completes when the work is delivered, from the courier's thread (as gloo
+        completes its futures from its own threads)."""
+        delivered = torch.futures.Future()
+        _COURIER.send(self.deliver_at, lambda: delivered.set_result(self.work.get_future().wait()))
+        return delivered
+
+
+_link = {"free_at": 0.0}  # when the link has delivered the last all-reduce given to it (this process's)
+_link_lock = threading.Lock()
 
 
 def _slow_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-    work = DelayedWork(_all_reduce(tensor, op=op, group=group, async_op=True), time.perf_counter() + NETWORK_DELAY_SECONDS)
+    with _link_lock:
+        _link["free_at"] = max(time.perf_counter(), _link["free_at"]) + NETWORK_DELAY_SECONDS
+        deliver_at = _link["free_at"]
+    work = DelayedWork(_all_reduce(tensor, op=op, group=group, async_op=True), deliver_at)
     if async_op:
         return work
     work.wait()
@@ -70,20 +125,23 @@ def slow_network(on: bool) -> None:
     dist.all_reduce = _slow_all_reduce if on else _all_reduce
 
 
-def _delayed_allreduce(process_group, bucket):
-    """PyTorch's default hook (average the bucket), delivered the delay after its launch, from a
-    thread of its own: a delay in a ``then`` callback would run inline, inside backward, whenever
-    the all-reduce was already done. Unannotated: DDP reads the annotations, and this module's are
-    strings."""
+def _delayed_allreduce(model, bucket):
+    """PyTorch's default hook (average the bucket), delivered when the link is done with it, from
+    the courier's thread: a delay in a ``then`` callback would run inline, inside backward, whenever
+    the all-reduce was already done. Launched through ``ddp.strategies.tracing`` with the
+    strategy's recorder, as ``ddp profile``'s hook does: traced steps see each bucket. Unannotated:
+    DDP reads the annotations, and this module's are strings."""
+    process_group = model.process_group
     world_size = dist.get_world_size(process_group)
-    work = _slow_all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    work = tracing.launch_all_reduce(bucket.buffer(), dist.ReduceOp.SUM, process_group, f"bucket{bucket.index()}",
+                                     model.collective_recorder)
     delivered = torch.futures.Future()
 
     def deliver() -> None:
-        work.wait()
+        work.work.wait()
         delivered.set_result(bucket.buffer().div_(world_size))
 
-    threading.Thread(target=deliver, daemon=True).start()
+    _COURIER.send(work.deliver_at, deliver)
     return delivered
 
 
@@ -92,38 +150,57 @@ class SlowNetworkTorchDDP(TorchDDP):
 
     def __init__(self, module, *, bucket_size_mb: float = 25.0, **options) -> None:
         super().__init__(module, bucket_size_mb=bucket_size_mb, **options)
-        self.ddp.register_comm_hook(self.process_group, _delayed_allreduce)
+        self.ddp.register_comm_hook(self, _delayed_allreduce)
 
 
 def _on_the_slow_network(name: str) -> str:
     return f"{__name__}:SlowNetworkTorchDDP" if name == "torch" else name
 
 
-def test_exposed_communication_accounts_for_the_step_of_every_strategy(rank_group) -> None:
+# On the slow network the per-collective figures hold for these: every replicated strategy and the
+# sharded optimizer, whose gradients go as bucketed's (its broadcasts come after, in the optimizer).
+PER_COLLECTIVE = tuple(name for name in DDP_STRATEGIES if name not in SHARDED_STRATEGIES) + ("sharded_optimizer",)
+TRACED_STEPS = 6
+BUCKET_MB = 0.1  # tiny's 1 MB of gradients in several buckets (PyTorch's first one too: its cap is given)
+
+
+@pytest.fixture(scope="module")
+def slow_steps(rank_group) -> tuple[list[StepConfig], Measurement]:
+    """``local`` and every strategy of ``PER_COLLECTIVE`` on the slow network: 7 timed rounds, then
+    ``TRACED_STEPS`` traced steps of each."""
     if rank_group.world_size < 2:
         pytest.skip("needs 2 ranks or more: with one rank nothing is communicated")
-    # Sharded strategies also communicate where this figure does not look (FSDP's all-gathers in
-    # forward and backward, ZeRO's broadcasts in the optimizer): their cost is their overhead over local.
     configs = [StepConfig("local", "tiny", 2, 32)] + [
-        StepConfig(_on_the_slow_network(name), "tiny", 2, 32, 1.0 if takes_bucket_size(_on_the_slow_network(name)) else None)
-        for name in DDP_STRATEGIES
-        if name not in SHARDED_STRATEGIES
+        StepConfig(_on_the_slow_network(name), "tiny", 2, 32, BUCKET_MB if takes_bucket_size(_on_the_slow_network(name)) else None)
+        for name in PER_COLLECTIVE
     ]
     try:
         rank_group.run(slow_network, True)
-        measurement = measure(rank_group, configs, RoundOptions.fixed(7, 1))
+        measurement = measure(rank_group, configs, RoundOptions.fixed(7, 1, traced_steps=TRACED_STEPS))
     finally:
         rank_group.run(slow_network, False)
         rank_group.run(release)
     assert isinstance(measurement, Measurement)
+    return configs, measurement
+
+
+def _name(config: StepConfig) -> str:
+    return config.strategy.rsplit(":", 1)[-1]
+
+
+def test_exposed_communication_accounts_for_the_step_of_every_strategy(slow_steps) -> None:
+    configs, measurement = slow_steps
+    # Sharded strategies also communicate where this figure does not look (FSDP's all-gathers in
+    # forward and backward, ZeRO's broadcasts in the optimizer): their cost is their overhead over local.
     local = statistics.median(measurement.round_seconds(0))
     tolerance = TOLERANCE_OF_LOCAL * local + TOLERANCE_SECONDS
     figures = {
-        config.strategy.rsplit(":", 1)[-1]: (
+        _name(config): (
             statistics.median(measurement.round_seconds(index)),
             statistics.median(measurement.exposed_comm_seconds(index)),
         )
-        for index, config in enumerate(configs[1:], start=1)
+        for index, config in enumerate(configs)
+        if index > 0 and _name(config) not in SHARDED_STRATEGIES
     }
     shown = ", ".join(f"{name}: step {s * 1e3:.1f} ms, exposed {e * 1e3:.1f} ms" for name, (s, e) in figures.items())
     for name, (step, exposed) in figures.items():
@@ -132,3 +209,34 @@ def test_exposed_communication_accounts_for_the_step_of_every_strategy(rank_grou
             f"tolerance {tolerance * 1e3:.1f} ms; {shown}"
         )
         assert exposed >= 0.9 * NETWORK_DELAY_SECONDS, f"{name}'s last collective's wait is not seen: {shown}"
+
+
+def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the_tail(slow_steps) -> None:
+    """Per collective, from the traced steps: the exposed shares add up to the exposed
+    communication the timed rounds measured, within the two measurements' intervals (they
+    overlap); the tail is the gradient collective whose data was ready last (launched last among
+    those ready together, as ``naive``'s and ``flat``'s are), exposed for the link's delay."""
+    configs, measurement = slow_steps
+    assert collective_trace(measurement.traces[0]) is None  # local communicates nothing
+    for index, config in enumerate(configs[1:], start=1):
+        trace = collective_trace(measurement.traces[index])
+        name = _name(config)
+        assert trace is not None and trace.comm_source == "collective_records", name
+        assert trace.steps == TRACED_STEPS
+        timed = measurement.exposed_comm_seconds(index)
+        timed_ci = median_ci(timed)
+        shown = (f"{name}: shares add up to {trace.attributed_seconds * 1e3:.2f} ms "
+                 f"[{trace.attributed_seconds_ci95[0] * 1e3:.2f}, {trace.attributed_seconds_ci95[1] * 1e3:.2f}], "
+                 f"the timed rounds exposed {statistics.median(timed) * 1e3:.2f} ms "
+                 f"[{timed_ci[0] * 1e3:.2f}, {timed_ci[1] * 1e3:.2f}]; "
+                 + ", ".join(f"{c.label} {c.exposed_seconds * 1e3:.1f}" for c in trace.collectives))
+        # Not resolved apart: the two intervals overlap, within the resolution.
+        resolution = SUM_RESOLUTION_SECONDS * len(trace.collectives)
+        low, high = trace.attributed_seconds_ci95
+        assert low <= timed_ci[1] + resolution and timed_ci[0] <= high + resolution, shown
+        gradients = [c for c in trace.collectives if c.label != tracing.USED_MASK_LABEL]
+        last_ready = max(gradients, key=lambda c: (c.ready_seconds, c.launch_seconds))
+        assert trace.tail == last_ready.label, shown
+        # Delivered the delay after the one before it, after backward's end: exposed for the delay.
+        assert trace.tail_timing.exposed_seconds == pytest.approx(NETWORK_DELAY_SECONDS, rel=0.1), shown
+        assert all(c.ready_seconds <= c.launch_seconds < c.done_seconds for c in trace.collectives), shown

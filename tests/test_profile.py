@@ -10,11 +10,8 @@ import json
 import pytest
 
 from ddp.analysis.overlap import (
-    collective_exposure,
     covered_seconds,
     covered_seconds_within,
-    cuda_steps_from_trace,
-    kernel_kind,
     rank_figures,
     step_comm_figures,
     strategy_summary,
@@ -24,6 +21,7 @@ from ddp.analysis.profiles import write_profiles
 from ddp.bench.config import StepConfig
 from ddp.bench.profiling import ProfileConfig, profile_on
 from ddp.bench.records import load_profile_summary
+from ddp.bench.traces import collective_exposure, cuda_steps_from_trace, kernel_kind
 
 
 def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:
@@ -206,8 +204,9 @@ def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
     (step,) = cuda_steps_from_trace(events, [cpu])
     assert step["comm_source"] == "nccl_kernels"
     assert step["collectives"] == [
-        {"label": NCCL_2_19_ALL_REDUCE, "size_bytes": 0, "launch_seconds": pytest.approx(2.6),
-         "done_seconds": pytest.approx(3.6)}
+        # one kernel per recorded collective: the record names it (its CPU ready stamp is no GPU time)
+        {"label": record["label"], "size_bytes": record["size_bytes"], "ready_seconds": None,
+         "launch_seconds": pytest.approx(2.6), "done_seconds": pytest.approx(3.6)}
     ]
     assert step["collective_records"] == [record]
     # Compute kernels only: the memcpy (to 3.8), memset (to 3.7) and sync (to 3.95) do not count.
@@ -344,5 +343,10 @@ def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_n
     assert figures["unattributed_exposed_seconds"] == pytest.approx(0.5)
     # the shares and what no collective accounts for add up to the step's exposed communication
     assert sum(shares.values()) + figures["unattributed_exposed_seconds"] == pytest.approx(step_comm_figures(step)["exposed_comm_seconds"])
+    # The tail is the gradient collective that completed last, exposed or not; the used mask is none.
+    masked = _step([0, 1], [1, 3], 3.0, [3, 8], [8, 9], [*collectives, dict(_collective(3.0, 7.8, 4), label="used_mask")])
+    assert rank_figures([masked])["tail"] == "c"
     hidden = _step([0, 1], [1, 4], 4, [4, 4], [4, 5], [_collective(1.0, 3.0)])
-    assert rank_figures([hidden])["tail"] is None  # nothing exposed: no tail
+    figures = rank_figures([hidden])
+    assert figures["tail"] == "c" and figures["collective_exposed_seconds"] == {"c": 0.0}
+    assert rank_figures([_step([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])["tail"] is None  # nothing launched

@@ -71,6 +71,7 @@ only as far as it matches here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -525,3 +526,85 @@ def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, worl
     any other model from its parameters (built once on the CPU; no rank is involved)."""
     subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
     return recommend_bucket_sizes(subject, {(batch_size, seq_len): Compute(local_seconds)}, world_sizes, link, overlap_slowdown)
+
+
+# ---------------------------------------------------------------------------------------------
+# What to change in one measured step, from its own collectives
+
+
+def service_samples(trace, world_size: int) -> list[tuple[int, int, float]]:
+    """``(size_bytes, world_size, seconds)`` of each collective of a traced step
+    (``ddp.bench.records.CollectiveTrace``) as the link served it: on one channel a collective
+    starts when it is launched and the previous one is done, so its time on the link is its
+    completion minus the later of the two (its launch to completion would count the queue)."""
+    samples, previous_done = [], float("-inf")
+    for c in sorted(trace.collectives, key=lambda c: c.launch_seconds):
+        start = max(c.launch_seconds, previous_done)
+        if c.size_bytes > 0 and c.done_seconds > start:
+            samples.append((c.size_bytes, world_size, c.done_seconds - start))
+        previous_done = max(previous_done, c.done_seconds)
+    return samples
+
+
+def link_of_step(trace, world_size: int) -> Link:
+    """The link a step's own collectives ran at (``fit_link`` on ``service_samples``); where they
+    are all of one size, the bandwidth alone (their bytes over their time, no latency)."""
+    samples = service_samples(trace, world_size)
+    if not samples:
+        raise ValueError("the step's collectives have no sizes or times to fit a link on")
+    try:
+        return fit_link(samples, name="fitted on this step's collectives")
+    except ValueError:
+        bus = sum(b * 2 * (n - 1) / n for b, n, _ in samples)
+        return Link("fitted on this step's collectives (bandwidth only)", 0.0, bus / sum(s for *_, s in samples))
+
+
+@dataclass(frozen=True)
+class PlanAdvice:
+    """What the cost model, calibrated on one measured step, says a different plan would do."""
+
+    link: Link
+    modelled_seconds: float
+    """The model's step at the measured plan."""
+    error: float
+    """modelled / measured step - 1: how far off the model is on this very step."""
+    best_bucket_size_mb: float
+    best_seconds: float
+    """The model's step at its best cap of ``CANDIDATE_BUCKET_SIZES_MB`` (with the measured cap)."""
+    bf16_seconds: float | None
+    """The model's step at the best cap with gradients all-reduced in bf16 (None where the step
+    already communicates in bf16)."""
+
+    @property
+    def gain_seconds(self) -> float:
+        """What the best cap saves over the measured plan, in the model."""
+        return self.modelled_seconds - self.best_seconds
+
+
+def plan_advice(step, local_seconds: float) -> PlanAdvice:
+    """The cost model on one step record of a bucketing strategy (``ddp.bench.records.StepRecord``
+    with ``collectives``): its link fitted on the step's own collectives (``link_of_step``), its
+    compute the ``local`` twin's step, its gradients the built-in LM's (``gradients_of``); the
+    step at the measured cap, at every candidate cap, and in bf16 at the best. Raises
+    ``NotModelled`` (or ValueError) where it cannot."""
+    config = step.config
+    if config.model not in MODEL_SIZES:
+        raise NotModelled(f"model {config.model!r} is not a built-in LM size: the advice reads the LM's gradients")
+    link = link_of_step(step.collectives, step.world_size)
+    gradients = gradients_of(config.model, config.seq_len)
+    slowdown = default_overlap_slowdown(step.backend == "gloo" and step.device == "cpu")
+    bf16 = config.grad_comm == "bf16"
+    if bf16:
+        gradients = [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in gradients]
+
+    def modelled(cap: float, grads=gradients) -> float:
+        return predict_step(config.strategy, cap, Compute(local_seconds), grads, link, step.world_size, slowdown)[0]
+
+    measured_cap = config.bucket_size_mb
+    at_cap = {cap: modelled(cap) for cap in sorted({*CANDIDATE_BUCKET_SIZES_MB, measured_cap})}
+    best = min(at_cap, key=lambda cap: (at_cap[cap], cap != measured_cap))
+    halved = [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in gradients]
+    return PlanAdvice(
+        link=link, modelled_seconds=at_cap[measured_cap], error=at_cap[measured_cap] / step.step_seconds - 1.0,
+        best_bucket_size_mb=best, best_seconds=at_cap[best], bf16_seconds=None if bf16 else modelled(best, halved),
+    )

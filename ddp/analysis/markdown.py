@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from ddp.analysis import plots
+from ddp.analysis import collectives, plots
 from ddp.analysis.commentary import commentary_section
 from ddp.analysis.compare import DEFAULT_THRESHOLD, compare
 from ddp.analysis.compare import table as comparison_table
@@ -348,6 +348,43 @@ def bucket_section(run: Run) -> list[str]:
     )
 
 
+def collectives_section(run: Run) -> list[str]:
+    """Why it is slow, collective by collective (``ddp.analysis.collectives``)."""
+    rows, headers = collectives.summary_rows(run.steps)
+    if not rows:
+        return []
+    lines = section(
+        "Collective by collective",
+        "Each collective of a step, timed in untimed traced steps after the timed rounds, on the rank whose traced "
+        "steps were slowest. Its *exposed* share is the part of the step's exposed communication (backward's end to "
+        "the optimizer) it alone held: in the order collectives completed, from the previous completion to its own. "
+        "The shares add up to the exposed communication, up to what follows the last completion (copies back, the "
+        "wake-up); the timed rounds' figure is beside them. The *tail* is the gradient collective that completed "
+        "last: what the step waited for at its end.",
+        rows, headers,
+    )
+    detail = collectives.detail_group(run.steps)
+    with_model = several_models(run.steps)
+    lines += [f"### Collectives of {detail.group_label(with_model)}", "",
+              "Times in ms from the end of backward's computation (negative: during backward); medians over the traced "
+              "steps. Ready: when its data was ready to send; launched: when it was handed to the backend; done: when it "
+              "completed. The timeline plot draws the same.", ""]
+    for step in collectives.traced_steps([s for s in run.steps if s.group == detail]):
+        detail_rows, note = collectives.detail_rows(step)
+        lines += [f"**{step.label}** (backward began at {ms(step.collectives.backward_start_seconds, 1)} ms; "
+                  f"times from {step.collectives.comm_source.replace('_', ' ')})", "", _table(detail_rows, collectives.DETAIL_HEADERS), ""]
+        if note:
+            lines += [note, ""]
+    advice = [line for step in collectives.traced_steps(run.steps) if (line := collectives.advice_line(step, run.steps))]
+    if advice:
+        lines += ["### What to change", "",
+                  "For each bucketing strategy whose tail is exposed beyond doubt, the cost model (``ddp simulate``'s), "
+                  "calibrated on the step itself (its link fitted on the step's own collectives, its compute the "
+                  "`local` twin's step), at other caps and with bf16 communication; its error on the measured step "
+                  "says how far to trust it, and the command measures it.", "", *advice, ""]
+    return lines
+
+
 def allreduce_section(run: Run) -> list[str]:
     if not run.allreduces:
         return []
@@ -456,6 +493,7 @@ def render_markdown(runs: list[Run], images: list[Path]) -> str:
         lines += memory_section(run)
         lines += sharding_section(run)
         lines += bucket_section(run)
+        lines += collectives_section(run)
     else:
         lines += ["No step benchmarks in this run (run perf_tests/test_step.py for the step tables).", ""]
     lines += race_section(run)

@@ -6,6 +6,8 @@
   bucketed solid, torch dashed), with ``local`` as the floor;
 - ``report_compute_vs_comm.png``: per configuration, each strategy's step split into compute and
   exposed communication (``exposed_comm_seconds``), stacked;
+- ``report_collective_timeline.png``: the collectives of the heaviest configuration, a panel per
+  strategy: ready, launched, done, from backward's end (``ddp.analysis.collectives``);
 - ``report_allreduce.png``: all-reduce time and bus bandwidth against size, one line per backend
   and world size.
 
@@ -23,6 +25,7 @@ matplotlib.use("Agg")  # files only: no display on a benchmark machine
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from ddp.analysis import collectives  # noqa: E402
 from ddp.analysis.costmodel import Prediction  # noqa: E402
 from ddp.analysis.figures import groups, several_models, sorted_steps, step_order  # noqa: E402
 from ddp.bench.config import AXES  # noqa: E402
@@ -174,6 +177,37 @@ def plot_allreduce(run: Run, path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def plot_collective_timeline(run: Run, path: Path) -> Path | None:
+    """The collectives of the report's detailed group (``ddp.analysis.collectives.detail_group``),
+    a panel per strategy on one time axis from backward's end: each collective's wait from ready
+    to launch (thin) and flight from launch to done (thick; red where it holds exposed time, the
+    tail outlined), backward shaded."""
+    detail = collectives.detail_group(run.steps)
+    if detail is None:
+        return None
+    steps = collectives.traced_steps([s for s in run.steps if s.group == detail])
+    heights = [max(1.0, min(4.0, 0.12 * len(s.collectives.collectives))) for s in steps]
+    figure, axes = plt.subplots(len(steps), 1, figsize=(9.0, 1.0 + sum(heights)), sharex=True, squeeze=False,
+                                gridspec_kw={"height_ratios": heights})
+    for ax, step in zip(axes.flat, steps):
+        trace = step.collectives
+        ax.axvspan(trace.backward_start_seconds * 1e3, 0.0, color="0.92", label="backward's computation")
+        ax.axvline(0.0, color="0.3", linewidth=1.0)
+        for y, c in enumerate(trace.collectives):
+            if c.ready_seconds is not None and c.ready_seconds < c.launch_seconds:
+                ax.hlines(y, c.ready_seconds * 1e3, c.launch_seconds * 1e3, color="0.55", linewidth=1.0)
+            exposed = c.exposed_seconds >= collectives.LISTED_EXPOSED_SECONDS
+            ax.barh(y, (c.done_seconds - c.launch_seconds) * 1e3, left=c.launch_seconds * 1e3, height=0.7,
+                    color="C3" if exposed else "C0", edgecolor="black" if c.label == trace.tail else "none")
+        ax.set_yticks([])
+        ax.set_ylabel(step.label, rotation=0, ha="right", va="center", fontsize="small")
+        ax.invert_yaxis()
+    axes.flat[-1].set_xlabel("ms from the end of backward's computation (slowest rank, median of the traced steps)")
+    figure.suptitle(f"Collectives of {detail.group_label(several_models(run.steps))}: ready to launch (grey), in flight "
+                    "(red: holds exposed time; outlined: the tail)", fontsize="medium")
+    return _save(figure, path)
+
+
 def draw_all(run: Run, out: Path) -> list[Path]:
     """Every plot the run has data for, written into ``out``."""
     variants = list(dict.fromkeys(g.variant for g in groups(run.steps)))
@@ -185,6 +219,7 @@ def draw_all(run: Run, out: Path) -> list[Path]:
             drawn += [plot_step_vs_bucket(run, seq, out / f"report_step_vs_bucket_seq{seq}_{variant.replace(' ', '_')}.png", variant)
                       for variant in variants]
     drawn.append(plot_compute_vs_comm(run, out / "report_compute_vs_comm.png"))
+    drawn.append(plot_collective_timeline(run, out / "report_collective_timeline.png"))
     drawn.append(plot_allreduce(run, out / "report_allreduce.png"))
     return [path for path in drawn if path is not None]
 

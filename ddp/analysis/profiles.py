@@ -9,8 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ddp.analysis import timeline
-from ddp.analysis.overlap import add_collective_track, cuda_steps_from_trace, strategy_summary, timeline_record
+from ddp.analysis.overlap import add_collective_track, strategy_summary, timeline_record
 from ddp.bench.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
+from ddp.bench.traces import cuda_steps_from_trace
 
 
 def read_traces(rank_records: list[dict]) -> list[dict]:

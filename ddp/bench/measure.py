@@ -31,7 +31,16 @@ import torch.distributed as dist
 from ddp.bench.config import StepConfig
 from ddp.bench.memory import PredictedTooLarge, device_memory_bytes, fit, too_large
 from ddp.bench.options import INTERLEAVE, RoundOptions
-from ddp.bench.rank_state import OutOfMemory, Unsupported, first_withdrawn, prepare, release, skip_reason, timed_round
+from ddp.bench.rank_state import (
+    OutOfMemory,
+    Unsupported,
+    first_withdrawn,
+    prepare,
+    release,
+    skip_reason,
+    timed_round,
+    traced,
+)
 from ddp.bench.stats import relative_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
@@ -50,6 +59,9 @@ class Measurement:
     reached_precision: float
     """The widest relative half-width of a median's 95% interval among the configurations."""
     target_precision: float
+    traces: list[list[list[dict]]] | None = None
+    """Per configuration, per rank, the traced steps after the timed rounds
+    (``ddp.bench.step_trace``: each collective's ready, launch and completion); None if none ran."""
 
     def round_seconds(self, index: int = 0) -> list[float]:
         """Each timed round's step time of configuration ``index``: its slowest rank's."""
@@ -165,10 +177,17 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     if isinstance(outcome, (OutOfMemory, Unsupported)):
         return NotMeasured(configs[0], outcome)
     per_round, precision = outcome
+    traces = None
+    if policy.traced_steps > 0:
+        per_rank = ranks.run(traced, configs, policy.traced_steps)
+        marker = first_withdrawn(per_rank)
+        if marker is not None:
+            return NotMeasured(configs[0], marker)
+        traces = [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
     setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]
-    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision)
+    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision, traces)
 
 
 def free(ranks) -> None:

@@ -199,6 +199,11 @@ def launch_options(get: Callable[[str], object], world_size: int | None = None) 
 # ------------------------------------------------------------------------------------ rounds
 
 
+# Traced steps a benchmark runs by default: 6 is the fewest whose extremes are a 95% interval of
+# their median (order statistics: 1 - 2/2^6 = 96.9%, ``ddp.bench.stats.median_ci``).
+TRACED_STEPS = 6
+
+
 @dataclass(frozen=True)
 class RoundOptions:
     """How many rounds a measurement runs (``ddp.bench.measure``): at least ``min_rounds``, then
@@ -216,15 +221,18 @@ class RoundOptions:
     budget_seconds: float | None
     """Stop adding rounds once they took this long, precise or not (inf: no budget). None only in
     a grid's defaults: each benchmark gets a share of the session's budget (``GridOptions``)."""
+    traced_steps: int = 0
+    """Untimed steps after the timed rounds in which each collective is timed
+    (``ddp.bench.step_trace``): the per-collective figures of the record; 0 for none."""
 
     def __post_init__(self) -> None:
         if self.min_rounds > self.max_rounds:
             raise OptionError(f"--rounds {self.min_rounds} exceeds --max-rounds {self.max_rounds}: raise --max-rounds")
 
     @classmethod
-    def fixed(cls, rounds: int, warmup_rounds: int) -> RoundOptions:
+    def fixed(cls, rounds: int, warmup_rounds: int, traced_steps: int = 0) -> RoundOptions:
         """Exactly ``rounds`` timed rounds."""
-        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"))
+        return cls(rounds, rounds, warmup_rounds, target_precision=1.0, budget_seconds=float("inf"), traced_steps=traced_steps)
 
 
 def _fraction(flag: str) -> Callable[[str], float]:
@@ -239,6 +247,8 @@ ROUND_OPTIONS = (
            "add rounds until the 95%% interval of the median is within +- this of it, e.g. 2%%"),
     Option("--round-budget", "budget_seconds", positive_float,
            "seconds of rounds after which a benchmark stops adding rounds, precise or not"),
+    Option("--traced-steps", "traced_steps", non_negative_int,
+           "untimed steps after the timed rounds in which each collective is timed (0: none)"),
 )
 
 
@@ -381,7 +391,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         return GridOptions(
             axes={name: axis.gpu for name, axis in AXES.items()},
             rounds=RoundOptions(min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2, target_precision=0.01,
-                                budget_seconds=None),
+                                budget_seconds=None, traced_steps=TRACED_STEPS),
             session_budget_seconds=1800.0, interleave="off",  # off: one model in memory at a time
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
             # NCCL needs a GPU per rank; gloo ranks can share one
@@ -389,7 +399,8 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         )
     return GridOptions(
         axes={name: axis.cpu for name, axis in AXES.items()},
-        rounds=RoundOptions(min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None),
+        rounds=RoundOptions(min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
+                            traced_steps=TRACED_STEPS),
         # 200 s of rounds: the builds, warm-ups and memory counts of the 40 step configurations
         # take about 280 s more, and with 270 s the default run took 10 min 27 s (2026-11-23).
         session_budget_seconds=200.0, interleave=FLOOR,

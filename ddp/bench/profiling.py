@@ -1,7 +1,7 @@
 """The rank side of ``ddp profile``: a few training steps of the one step (``ddp.bench.trainer``)
 under ``torch.profiler``, with every collective's launch and completion recorded.
 
-What a profiled step attaches to the trainer (``PhaseRecorder``, a ``StepObserver``): each phase
+What a profiled step attaches to the trainer (``ddp.bench.step_trace.recorded_step``: a ``PhaseRecorder``): each phase
 ("forward", "backward", "gradient_sync", "optimizer") as a profiler range, an NVTX range of the
 same name on CUDA (so Nsight Systems shows the same phases), and its ``[start, end]`` on the
 ``time.perf_counter`` clock. Collectives are recorded by ``ddp.strategies.tracing`` (gloo completes
@@ -15,10 +15,7 @@ the parent turns them into figures (``ddp.analysis.profiles``, ``ddp.analysis.ov
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,15 +25,12 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import CannotMeasure
 from ddp.bench.rank_state import Unsupported, first_withdrawn, skip_reason
 from ddp.bench.records import file_stem
-from ddp.bench.trainer import CannotRun, StepObserver, Trainer
+from ddp.bench.step_trace import recorded_step
+from ddp.bench.trainer import CannotRun, Trainer
 from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
 from ddp.strategies.registry import resolve_strategy
 from ddp.strategies.torch_ddp import TorchDDP
-
-# How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
-# may return before the future's callbacks have run.
-COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -49,27 +43,6 @@ class ProfileConfig:
     """Steps profiled and summarised."""
     out_dir: str = "profile"
     """Folder for the traces, on the ranks' host."""
-
-
-class PhaseRecorder(StepObserver):
-    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``."""
-
-    def __init__(self, on_cuda: bool) -> None:
-        self.on_cuda = on_cuda
-        self.step: dict = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self.on_cuda:
-            torch.cuda.nvtx.range_push(name)
-        start = time.perf_counter()
-        try:
-            with torch.profiler.record_function(name):
-                yield
-        finally:
-            self.step[name] = [start, time.perf_counter()]
-            if self.on_cuda:
-                torch.cuda.nvtx.range_pop()
 
 
 def _recorded_allreduce_hook(model, bucket):
@@ -100,17 +73,6 @@ def _trace_torch_reducer(model) -> None:
         model.ddp.register_comm_hook(model, _recorded_allreduce_hook)
 
 
-def _wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
-    deadline = time.monotonic() + COMPLETION_STAMP_TIMEOUT_SECONDS
-    while any(span.done_seconds is None for span in recorder.spans):
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{sum(s.done_seconds is None for s in recorder.spans)} collectives never reported completion "
-                f"within {COMPLETION_STAMP_TIMEOUT_SECONDS:.0f} s after the step"
-            )
-        time.sleep(0.001)
-
-
 @on_rank
 def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
@@ -137,18 +99,7 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
         steps: list[dict] = []
         with torch.profiler.profile(activities=activities) as profiler:
             for _ in range(config.steps):
-                recorder = PhaseRecorder(on_cuda)
-                collectives = tracing.CollectiveRecorder()
-                trainer.model.collective_recorder = collectives
-                try:
-                    trainer.step(recorder)
-                    _wait_for_completion_stamps(collectives)
-                finally:
-                    trainer.model.collective_recorder = None
-                step = recorder.step
-                step["backward_compute_end"] = trainer.backward_compute_end.seconds
-                step["collectives"] = [asdict(span) for span in collectives.spans]
-                steps.append(step)
+                steps.append(recorded_step(trainer))
                 profiler.step()
         trace_file = Path(config.out_dir) / f"trace_{file_stem(config.step.strategy)}_rank{info.rank}.json"
         profiler.export_chrome_trace(str(trace_file))

@@ -18,17 +18,21 @@ with them its activations and autograd graph. A configuration this machine canno
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
+from ddp.bench.step_trace import traced_steps
 from ddp.bench.trainer import CannotRun, StepSetup, StepTiming, Trainer
 from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import steps_to_settle
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,8 @@ class RankBench:
         its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
         third; a user's class may do the same.
         """
-        try:
+
+        def build() -> list[StepSetup]:
             kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
             self.release(info)  # whatever is not asked for any more, before building (memory)
             self.trainers = dict(kept)  # a copy: ``kept`` must still tell the fresh builds apart below
@@ -114,15 +119,8 @@ class RankBench:
                     counting = index == steps - 1 and config not in kept and not trainer.states_its_collectives
                     trainer.count_collectives() if counting else trainer.step()
             return [self.trainers[config].setup() for config in configs]
-        except CannotRun as error:
-            message = str(error)
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            failure = self._failure(info, error)
-            return self.out_of_memory(info, failure)
-        self.release(info)
-        return Unsupported(info.rank, message)
+
+        return self._withdrawing(info, build)
 
     def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | Withdrawn:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
@@ -132,13 +130,39 @@ class RankBench:
             raise RuntimeError(f"a round of {'; '.join(missing)} before prepare built it on this rank")
         shift = round_index % len(configs)
         order = list(range(len(configs)))[shift:] + list(range(len(configs)))[:shift]
-        timings: dict[int, StepTiming] = {}
-        try:
+
+        def run() -> list[StepTiming]:
+            timings: dict[int, StepTiming] = {}
             for index in order:
                 if len(configs) > 1:
                     dist.barrier()  # every rank starts each contender's step together
                 timings[index] = self.trainers[configs[index]].step()
             return [timings[index] for index in range(len(configs))]
+
+        return self._withdrawing(info, run)
+
+    def trace(self, info: RankInfo, configs: Sequence[StepConfig], steps: int) -> list[list[dict]] | Withdrawn:
+        """``steps`` untimed steps of each configuration with each collective timed
+        (``ddp.bench.step_trace.traced_steps``), one configuration after the other; per
+        configuration the step records (none for a configuration that communicates nothing)."""
+
+        def run() -> list[list[dict]]:
+            traces = []
+            for config in configs:
+                trainer = self.trainer(config)
+                calls = getattr(trainer.model, "num_allreduce_calls_per_step", trainer.counted_collectives)
+                communicates = info.world_size > 1 and (calls is None or calls > 0)
+                dist.barrier()  # every rank starts the traced steps together
+                traces.append(traced_steps(trainer, steps, communicates) if communicates else [])
+            return traces
+
+        return self._withdrawing(info, run)
+
+    def _withdrawing(self, info: RankInfo, work: Callable[[], T]) -> T | Withdrawn:
+        """``work()``, or the marker of why it could not run (``CannotRun``: ``Unsupported``; out of
+        memory: ``OutOfMemory``), this rank's state freed."""
+        try:
+            return work()
         except CannotRun as error:
             message = str(error)
         except Exception as error:
@@ -209,6 +233,11 @@ def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) ->
 @on_rank
 def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0) -> list[StepTiming] | Withdrawn:
     return rank.keep(RankBench).round(rank.info, configs, round_index)
+
+
+@on_rank
+def traced(rank: Rank, configs: Sequence[StepConfig], steps: int) -> list[list[dict]] | Withdrawn:
+    return rank.keep(RankBench).trace(rank.info, configs, steps)
 
 
 @on_rank

@@ -82,6 +82,66 @@ class MemoryPrediction:
 
 
 @dataclass(frozen=True)
+class CollectiveTiming:
+    """One collective of a step (a bucket's, a parameter's, a flat group's all-reduce, the used mask),
+    medians over the traced steps of ``CollectiveTrace.rank``, in seconds from the end of backward's
+    computation (negative: during backward)."""
+
+    label: str
+    """The strategy's name for it (``bucket3``, ``param17``, ``flat0``, ``used_mask``), or
+    ``collective{i}`` in launch order where the profiler saw it and the strategy gave no plan."""
+    size_bytes: int
+    """Bytes sent (0 where unknown: a collective only the profiler saw)."""
+    ready_seconds: float | None
+    """When its data was ready to send (None where unknown: NCCL kernels)."""
+    launch_seconds: float
+    done_seconds: float
+    exposed_seconds: float
+    """Its share of the step's exposed communication: the part of the exposed window, in the order
+    collectives completed, from the previous completion (or backward's end) to its own
+    (``ddp.bench.traces.collective_exposure``)."""
+    exposed_seconds_ci95: list[float]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CollectiveTiming:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CollectiveTrace:
+    """Each collective of a step, timed in untimed traced steps after the timed rounds
+    (``ddp.bench.step_trace``), on the rank whose traced steps were slowest."""
+
+    rank: int
+    steps: int
+    """Traced steps the medians are over."""
+    comm_source: str
+    """Where the collectives' times came from (``ddp.bench.traces.COMM_FROM_*``)."""
+    backward_start_seconds: float
+    """When backward started, from the end of its computation (negative)."""
+    exposed_comm_seconds: float
+    """Median over the traced steps of the exposed window: backward's end to the optimizer's start."""
+    exposed_comm_seconds_ci95: list[float]
+    attributed_seconds: float
+    """Median over the traced steps of the collectives' exposed shares added up; the rest of the
+    window (copies back, the wake-up) is no collective's."""
+    attributed_seconds_ci95: list[float]
+    collectives: list[CollectiveTiming]
+    """In launch order."""
+    tail: str | None
+    """The gradient collective that completed last, which the step waited for at its end (the used
+    mask is not one); None if the step launched none."""
+
+    @property
+    def tail_timing(self) -> CollectiveTiming | None:
+        return next((c for c in self.collectives if c.label == self.tail), None)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CollectiveTrace:
+        return cls(**{**data, "collectives": [CollectiveTiming.from_dict(c) for c in data["collectives"]]})
+
+
+@dataclass(frozen=True)
 class StateRecord:
     """Each rank's training state after a step, counted as distinct tensor storages
     (``ddp.bench.state_bytes``), beside what the strategy's ``Sharding`` says it holds."""
@@ -187,6 +247,10 @@ class StepRecord:
     predicted_memory: MemoryPrediction | None = None
     """The peak memory per rank predicted before anything was built (``ddp.bench.memory``), by
     category and moment of the step; None where the model's step could not be traced."""
+    collectives: CollectiveTrace | None = None
+    """Each collective of the step with its ready, launch and completion times and its share of the
+    exposed communication, from traced steps after the timed rounds; None where none ran (no
+    communication, ``--traced-steps 0``)."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
@@ -376,8 +440,10 @@ def _step(info: dict) -> StepRecord:
         sharding = memory.get("sharding")
         memory = StateRecord(**{**memory, "sharding": None if sharding is None else Sharding(**sharding)})
     predicted = info.get("predicted_memory")
+    collectives = info.get("collectives")
     return StepRecord(**{**info, "config": StepConfig.from_dict(info["config"]), "memory": memory,
-                         "predicted_memory": None if predicted is None else MemoryPrediction.from_dict(predicted)})
+                         "predicted_memory": None if predicted is None else MemoryPrediction.from_dict(predicted),
+                         "collectives": None if collectives is None else CollectiveTrace.from_dict(collectives)})
 
 
 def _race(info: dict) -> RaceRecord:
@@ -510,7 +576,7 @@ class ProfileRecord:
     exposed_comm_seconds: float
     overlapped_comm_seconds: float
     comm_source: str
-    """Where the communication intervals came from (``ddp.analysis.overlap.COMM_FROM_*``)."""
+    """Where the communication intervals came from (``ddp.bench.traces.COMM_FROM_*``)."""
     slowest_rank: int
     ranks: list[dict]
     """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""

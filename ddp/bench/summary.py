@@ -11,10 +11,12 @@ import numpy as np
 
 from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.memory import predict_or_none
-from ddp.bench.records import RaceRecord, StateRecord, StepRecord
+from ddp.bench.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
 from ddp.bench.stats import median_ci, paired_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
+from ddp.bench.traces import collective_exposure, comm_source
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
+from ddp.strategies.tracing import USED_MASK_LABEL
 
 
 def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float) -> dict:
@@ -25,6 +27,48 @@ def mfu_without_communication(local_rounds: list[float], rounds: list[float], mf
     points = 100.0 * mfu_seconds
     lost, *lost_ci = paired_ci(rounds, local_rounds, lambda step, local: np.median(points / local - points / step, axis=-1))
     return dict(local_mfu=mfu_seconds / statistics.median(local_rounds), mfu_lost_points=lost, mfu_lost_points_ci95=lost_ci)
+
+
+def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
+    """Each collective's figures from every rank's traced steps (``ddp.bench.step_trace``), on the
+    rank whose traced steps were slowest: medians over its steps of each collective's times (from
+    the end of backward's computation) and exposed share, with 95% intervals; the tail is the
+    gradient collective that completed last. None when no rank traced a step that communicated."""
+    if not rank_traces or not all(rank_traces) or not any(step["collectives"] for steps in rank_traces for step in steps):
+        return None
+    rank = max(range(len(rank_traces)), key=lambda r: statistics.median(
+        s["optimizer"][1] - s["forward"][0] for s in rank_traces[r]))
+    steps = rank_traces[rank]
+    per_label: dict[str, dict[str, list]] = {}
+    windows, attributed = [], []
+    for step in steps:
+        origin = step["backward_compute_end"]
+        windows.append(max(0.0, step["optimizer"][0] - origin))
+        shares = collective_exposure(step)
+        attributed.append(sum(share["exposed_seconds"] for share in shares))
+        for share in shares:
+            figures = per_label.setdefault(share["label"], {"size_bytes": share["size_bytes"], "ready": [], "launch": [],
+                                                            "done": [], "exposed": []})
+            if share.get("ready_seconds") is not None:
+                figures["ready"].append(share["ready_seconds"] - origin)
+            figures["launch"].append(share["launch_seconds"] - origin)
+            figures["done"].append(share["done_seconds"] - origin)
+            figures["exposed"].append(share["exposed_seconds"])
+    timings = sorted((
+        CollectiveTiming(label=label, size_bytes=f["size_bytes"],
+                         ready_seconds=statistics.median(f["ready"]) if f["ready"] else None,
+                         launch_seconds=statistics.median(f["launch"]), done_seconds=statistics.median(f["done"]),
+                         exposed_seconds=statistics.median(f["exposed"]), exposed_seconds_ci95=list(median_ci(f["exposed"])))
+        for label, f in per_label.items()
+    ), key=lambda c: c.launch_seconds)
+    gradients = [c for c in timings if c.label != USED_MASK_LABEL]
+    return CollectiveTrace(
+        rank=rank, steps=len(steps), comm_source=comm_source(steps),
+        backward_start_seconds=statistics.median(s["backward"][0] - s["backward_compute_end"] for s in steps),
+        exposed_comm_seconds=statistics.median(windows), exposed_comm_seconds_ci95=list(median_ci(windows)),
+        attributed_seconds=statistics.median(attributed), attributed_seconds_ci95=list(median_ci(attributed)),
+        collectives=timings, tail=max(gradients, key=lambda c: c.done_seconds).label if gradients else None,
+    )
 
 
 def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
@@ -78,6 +122,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
         predicted_memory=predict_or_none(config, world_size),
+        collectives=None if measurement.traces is None else collective_trace(measurement.traces[index]),
         **paired,
     )
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ddp.strategies.tracing import CollectiveRecorder, launch_all_reduce
+from ddp.strategies.tracing import USED_MASK_LABEL, CollectiveRecorder, launch_all_reduce
 
 
 def require_process_group(strategy: str, process_group: dist.ProcessGroup | None) -> None:
@@ -484,7 +484,8 @@ class DataParallel(Strategy):
             self._used_mask = self._ones_mask
         else:
             self._used_mask = torch.tensor(used_locally, dtype=torch.int32, device=device)
-        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, "used_mask", self.collective_recorder)
+        return launch_all_reduce(self._used_mask, dist.ReduceOp.MAX, self.process_group, USED_MASK_LABEL,
+                                 self.collective_recorder)
 
     def used_somewhere(self) -> list[bool]:
         """After the mask's all-reduce completed: which parameters got a gradient on some rank."""

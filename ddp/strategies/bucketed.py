@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer, check_bucket_size_mb, check_comm_dtype
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
 DEFAULT_BUCKET_SIZE_MB = 25.0  # PyTorch's DDP's default bucket_cap_mb, and every bucketing strategy's here
@@ -46,6 +46,8 @@ class Bucket:
     work: dist.Work | None = None
     comm_buffer: torch.Tensor | None = None
     """The buffer in ``comm_dtype`` that is all-reduced instead of ``buffer``; None without one."""
+    ready_seconds: float | None = None
+    """When its last gradient came in, stamped only while a collective recorder is attached."""
 
     @property
     def flags(self) -> torch.Tensor:
@@ -186,6 +188,7 @@ class BucketedDDP(DataParallel):
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             bucket.work = None
+            bucket.ready_seconds = None
         self._ready: dict[int, None] = {}  # ids of the parameters whose gradient is in, in that order
         self._next_to_launch = 0
 
@@ -210,6 +213,7 @@ class BucketedDDP(DataParallel):
             param.grad = view
         bucket.pending -= 1
         if bucket.pending == 0:
+            bucket.ready_seconds = ready_stamp(self.collective_recorder)
             self._launch_complete_buckets()
 
     def _launch(self, bucket: Bucket) -> None:
@@ -217,7 +221,8 @@ class BucketedDDP(DataParallel):
         if bucket.comm_buffer is not None:
             sent = bucket.comm_buffer.copy_(bucket.buffer)
         bucket.work = launch_all_reduce(
-            sent, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder
+            sent, dist.ReduceOp.SUM, self.process_group, f"bucket{self._next_to_launch}", self.collective_recorder,
+            bucket.ready_seconds,
         )
         self._next_to_launch += 1
 

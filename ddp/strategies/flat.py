@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
 class FlatDDP(DataParallel):
@@ -41,6 +41,7 @@ class FlatDDP(DataParallel):
         if not self._sync_this_backward:
             return
         op = dist.ReduceOp.AVG  # the division by world size folded into the collective
+        ready = ready_stamp(self.collective_recorder)  # every gradient is in: backward is over
         for group_index, params in enumerate(self._groups.values()):
             # One extra element per parameter says whether this rank produced its gradient; after
             # averaging, a zero there means no rank did, and the gradient is left untouched.
@@ -52,7 +53,7 @@ class FlatDDP(DataParallel):
             flags_in = params[0].new_ones(len(params)) if all_used else torch.tensor(used, dtype=params[0].dtype, device=params[0].device)
             pieces.append(flags_in)
             flat = torch.cat(pieces)
-            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}", self.collective_recorder).wait()
+            launch_all_reduce(flat, op, self.process_group, f"flat{group_index}", self.collective_recorder, ready).wait()
             flags = [1.0] * len(params) if all_used else flat[-len(params) :].tolist()
             offset = 0
             for param, used_somewhere in zip(params, flags):

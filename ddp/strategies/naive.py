@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel, Transfer
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
 class NaiveDDP(DataParallel):
@@ -33,6 +33,7 @@ class NaiveDDP(DataParallel):
         if not self._sync_this_backward:
             return
         params = self.parameters_to_sync
+        ready = ready_stamp(self.collective_recorder)  # every gradient is in: backward is over
         # Ranks must agree on which parameters to reduce, or their collectives would not pair up.
         self._all_reduce_used_mask([p.grad is not None for p in params]).wait()
         op = dist.ReduceOp.AVG  # the division by world size folded into the collective
@@ -41,4 +42,5 @@ class NaiveDDP(DataParallel):
                 continue  # no rank produced a gradient: leave it as single-process training would
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            launch_all_reduce(param.grad, op, self.process_group, f"param{index}", self.collective_recorder).wait()
+            launch_all_reduce(param.grad, op, self.process_group, f"param{index}", self.collective_recorder,
+                              ready).wait()

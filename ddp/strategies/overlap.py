@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel, Transfer
-from ddp.strategies.tracing import launch_all_reduce
+from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
 class OverlapDDP(DataParallel):
@@ -39,6 +39,7 @@ class OverlapDDP(DataParallel):
 
     def _reset(self) -> None:
         self._ready = [False] * len(self._order)
+        self._ready_seconds: list[float | None] = [None] * len(self._order)  # stamped only when recorded
         self._works: list[dist.Work] = []
         self._next_to_launch = 0
 
@@ -53,9 +54,11 @@ class OverlapDDP(DataParallel):
                 "accumulate inside no_sync()"
             )
         self._ready[position] = True
+        self._ready_seconds[position] = ready_stamp(self.collective_recorder)
         while self._next_to_launch < len(self._order) and self._ready[self._next_to_launch]:
             grad = self._order[self._next_to_launch].grad
-            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}", self.collective_recorder))
+            self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}", self.collective_recorder,
+                                              self._ready_seconds[self._next_to_launch]))
             self._next_to_launch += 1
 
     @torch.no_grad()
@@ -72,7 +75,8 @@ class OverlapDDP(DataParallel):
             else:
                 tensor = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
                 scratch[position] = tensor
-            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}", self.collective_recorder))
+            self._works.append(launch_all_reduce(tensor, self._op, self.process_group, f"param{position}", self.collective_recorder,
+                                              self._ready_seconds[position]))
         # Used in this accumulation window: in this backward, or holding a gradient from no_sync().
         used = [ready or param.grad is not None for ready, param in zip(self._ready, self._order)]
         mask_work = self._all_reduce_used_mask(used)

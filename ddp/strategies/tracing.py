@@ -1,10 +1,16 @@
-"""When each gradient collective was launched and when it completed, recorded only on request.
+"""When each gradient collective's data was ready, when it was launched and when it completed,
+recorded only on request.
 
 Strategies launch every collective through ``launch_all_reduce``, passing their
-``collective_recorder`` (``ddp.strategies.base.Strategy``): None, except while ``ddp profile``
-records a step, when it is a ``CollectiveRecorder`` that stamps the launch and, from the work's
-future, the completion, on the same ``time.perf_counter`` clock as the caller's own phases.
-Without a recorder it costs one comparison with None.
+``collective_recorder`` (``ddp.strategies.base.Strategy``): None, except in the untimed steps a
+tool records (``ddp profile``, and the traced steps after a benchmark's timed rounds), when it is a
+``CollectiveRecorder`` that stamps the launch and, from the work's future, the completion, on the
+same ``time.perf_counter`` clock as the caller's own phases. A strategy that launches a collective
+later than its data was ready (buckets go out in order; ``naive`` waits for backward to end) passes
+when it was ready; otherwise ready is the launch. Without a recorder it costs one comparison with None.
+
+``USED_MASK_LABEL`` names the one collective that carries no gradient: the used-parameter mask of
+``naive`` and ``overlap`` (``Strategy._all_reduce_used_mask``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+USED_MASK_LABEL = "used_mask"
+
 
 @dataclass
 class CollectiveSpan:
@@ -23,6 +31,8 @@ class CollectiveSpan:
     size_bytes: int
     launch_seconds: float
     done_seconds: float | None = None
+    ready_seconds: float | None = None
+    """When its data was ready to send (None: at its launch)."""
 
 
 class CollectiveRecorder:
@@ -32,8 +42,10 @@ class CollectiveRecorder:
         self.spans: list[CollectiveSpan] = []
         self._lock = threading.Lock()
 
-    def launched(self, label: str, tensor: torch.Tensor, work: dist.Work) -> None:
-        span = CollectiveSpan(label, tensor.numel() * tensor.element_size(), time.perf_counter())
+    def launched(self, label: str, tensor: torch.Tensor, work: dist.Work, ready_seconds: float | None = None) -> None:
+        launch = time.perf_counter()
+        span = CollectiveSpan(label, tensor.numel() * tensor.element_size(), launch,
+                              ready_seconds=launch if ready_seconds is None else min(ready_seconds, launch))
         with self._lock:
             self.spans.append(span)
 
@@ -47,10 +59,16 @@ class CollectiveRecorder:
 
 def launch_all_reduce(
     tensor: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None, label: str,
-    recorder: CollectiveRecorder | None = None,
+    recorder: CollectiveRecorder | None = None, ready_seconds: float | None = None,
 ) -> dist.Work:
-    """``dist.all_reduce(..., async_op=True)``, recorded by ``recorder`` when one is given."""
+    """``dist.all_reduce(..., async_op=True)``, recorded by ``recorder`` when one is given
+    (``ready_seconds``: when the tensor was ready, if earlier than now)."""
     work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
     if recorder is not None:
-        recorder.launched(label, tensor, work)
+        recorder.launched(label, tensor, work, ready_seconds)
     return work
+
+
+def ready_stamp(recorder: CollectiveRecorder | None) -> float | None:
+    """``time.perf_counter()`` when a recorder is attached, else None (nothing read untraced)."""
+    return None if recorder is None else time.perf_counter()

@@ -1,0 +1,133 @@
+"""Why a step is slow, collective by collective: the figures behind the report's section of that
+name and its timeline plot, from each step record's ``collectives`` (``ddp.bench.records.CollectiveTrace``).
+
+Per step: its collectives, the share of the exposed communication each holds (they add up to the
+exposed window up to the last completion), the *tail* (the gradient collective that completed
+last: what the step waited for at its end), the collective exposed the most, and, for a bucketing
+strategy whose tail is exposed beyond doubt (its interval above zero), what the cost model
+calibrated on that very step says another cap or bf16 communication would do
+(``ddp.analysis.costmodel.plan_advice``), with the model's error on the step and the
+``ddp buckets`` command that measures it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ddp.analysis.costmodel import NotModelled, plan_advice
+from ddp.analysis.figures import groups, several_models, sorted_steps
+from ddp.analysis.tables import interval_ms, mib, ms
+from ddp.bench.config import AXES
+from ddp.bench.records import CollectiveTiming, StepRecord
+from ddp.strategies.registry import FLOOR, takes_bucket_size
+
+# A per-collective table lists the collectives exposed at least this long, and the tail; the
+# others (a per-parameter strategy launches hundreds) are counted in one line.
+LISTED_EXPOSED_SECONDS = 1e-4
+
+
+def traced_steps(steps: list[StepRecord]) -> list[StepRecord]:
+    """The steps that carry per-collective figures, in table order."""
+    return sorted_steps([s for s in steps if s.collectives is not None and s.collectives.collectives])
+
+
+def most_exposed(step: StepRecord) -> CollectiveTiming:
+    return max(step.collectives.collectives, key=lambda c: c.exposed_seconds)
+
+
+def tail_resolved(step: StepRecord) -> bool:
+    """Whether the tail's exposed share is above zero beyond the traced steps' noise."""
+    tail = step.collectives.tail_timing
+    return tail is not None and tail.exposed_seconds_ci95[0] > 0
+
+
+def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
+    """A row per traced step: its exposed communication (timed rounds) beside the collectives'
+    shares added up (traced steps), the tail and the collective exposed the most."""
+    with_model = several_models(steps)
+    rows = []
+    for s in traced_steps(steps):
+        trace = s.collectives
+        tail, top = trace.tail_timing, most_exposed(s)
+        rows.append([
+            s.group.group_label(with_model), s.label, len(trace.collectives),
+            f"{ms(s.exposed_comm_seconds)}", f"{ms(trace.attributed_seconds)} {interval_ms(trace.attributed_seconds_ci95)}",
+            "" if tail is None else f"{tail.label} ({mib(tail.size_bytes)} MiB): {ms(tail.exposed_seconds)} "
+                                    f"{interval_ms(tail.exposed_seconds_ci95)}",
+            f"{top.label}: {ms(top.exposed_seconds)}",
+        ])
+    headers = ["configuration", "strategy", "collectives", "exposed comm, timed (ms)", "shares added up (ms) [95%]",
+               "tail: exposed (ms) [95%]", "exposed the most (ms)"]
+    return rows, headers
+
+
+def detail_group(steps: list[StepRecord]):
+    """The group whose collectives the report details: the one with the most tokens per rank (the
+    heaviest step), the last in table order among equals."""
+    traced = traced_steps(steps)
+    if not traced:
+        return None
+    keys = groups(traced)
+    return max(keys, key=lambda k: (k.batch_size * k.seq_len, keys.index(k)))
+
+
+def detail_rows(step: StepRecord) -> tuple[list[list], str | None]:
+    """Each collective of ``step`` exposed at least ``LISTED_EXPOSED_SECONDS``, and the tail, with
+    its ready, launch and completion (ms from backward's end), and a line counting the rest."""
+    trace = step.collectives
+    listed = [c for c in trace.collectives if c.exposed_seconds >= LISTED_EXPOSED_SECONDS or c.label == trace.tail]
+    rows = [[c.label + (" (tail)" if c.label == trace.tail else ""), mib(c.size_bytes) if c.size_bytes else "",
+             ms(c.ready_seconds, 1), ms(c.launch_seconds, 1), ms(c.done_seconds, 1),
+             f"{ms(c.exposed_seconds)} {interval_ms(c.exposed_seconds_ci95)}"] for c in listed]
+    rest = [c for c in trace.collectives if c not in listed]
+    note = None
+    if rest:
+        note = (f"{len(rest)} more collectives of {step.label} exposed {ms(sum(c.exposed_seconds for c in rest))} ms "
+                f"together, each under {ms(LISTED_EXPOSED_SECONDS, 1)} ms.")
+    return rows, note
+
+
+DETAIL_HEADERS = ["collective", "MiB", "ready (ms)", "launched (ms)", "done (ms)", "exposed (ms) [95%]"]
+
+
+def local_seconds(step: StepRecord, steps: list[StepRecord]) -> float | None:
+    """The step of ``step``'s ``local`` twin: paired in its rounds where it was, else the run's row."""
+    if step.local_round_seconds:
+        return statistics.median(step.local_round_seconds)
+    twin = next((s for s in steps if s.strategy == FLOOR and s.group == step.group), None)
+    return None if twin is None else twin.step_seconds
+
+
+def advice_line(step: StepRecord, steps: list[StepRecord]) -> str | None:
+    """What to change, for a bucketing strategy whose tail is exposed beyond doubt; None otherwise.
+    Says why it gives no advice where the model cannot be calibrated."""
+    if not takes_bucket_size(step.strategy) or not tail_resolved(step):
+        return None
+    local = local_seconds(step, steps)
+    tail = step.collectives.tail_timing
+    head = (f"- **{step.label}, {step.group.group_label(several_models(steps))}**: the tail, {tail.label} "
+            f"({mib(tail.size_bytes)} MiB), holds {ms(tail.exposed_seconds)} ms {interval_ms(tail.exposed_seconds_ci95)} "
+            f"of {ms(step.exposed_comm_seconds)} ms exposed")
+    if local is None:
+        return head + "; no `local` twin in the run to calibrate the cost model on."
+    try:
+        advice = plan_advice(step, local)
+    except (NotModelled, ValueError) as error:
+        return head + f"; no advice: {error}."
+    cap = step.config.bucket_size_mb
+    model = f"the cost model, off by {advice.error:+.0%} on this step,"
+    if advice.best_bucket_size_mb == cap:
+        change = f"{model} finds no better cap than {cap:g} MiB"
+    else:
+        change = (f"{model} predicts a {advice.best_bucket_size_mb:g} MiB cap saves {ms(advice.gain_seconds, 1)} ms a step "
+                  f"({ms(advice.best_seconds, 1)} against {ms(advice.modelled_seconds, 1)} ms)")
+    if advice.bf16_seconds is not None:
+        change += (f"; bf16 communication at {advice.best_bucket_size_mb:g} MiB would save "
+                   f"{ms(advice.best_seconds - advice.bf16_seconds, 1)} ms more")
+    config = step.config
+    caps = ",".join(f"{c:g}" for c in dict.fromkeys([cap, advice.best_bucket_size_mb]))
+    options = "".join(f" --{name.replace('_', '-')} {getattr(config, name)}" for name in ("precision", "grad_comm")
+                      if getattr(config, name) != AXES[name].default)
+    confirm = (f"`python -m ddp buckets --strategies {config.strategy} --model {config.model} --batch-size {config.batch_size} "
+               f"--seq-len {config.seq_len} --bucket-sizes {caps}{options} --world-size {step.world_size}`")
+    return f"{head}; {change}. Measure it: {confirm}"

@@ -1,0 +1,117 @@
+"""Steps recorded collective by collective, on a rank: when each phase ran, when backward's
+computation ended, and each collective's ready, launch and completion, on the ``time.perf_counter``
+clock. ``ddp profile`` records its steps here (``ddp.bench.profiling``), and so do the untimed
+*traced steps* every benchmark runs after its timed rounds (``traced_steps``, their number
+``RoundOptions.traced_steps``), so that a timed step never carries a recorder.
+
+Where the collectives' times come from (a step's ``comm_source``):
+
+- ``collective_records``: the strategy's own records (``ddp.strategies.tracing``: every strategy
+  written here; gloo completes a work's future when the collective is done);
+- ``profiler``: the profiler's record, for a strategy that records nothing itself (PyTorch's DDP,
+  whose reducer launches its buckets from C++; a user's class): each of c10d's calls on the
+  training thread (the launch) paired in order with gloo's execution of it on gloo's thread (its
+  end is the completion); bucket labels and sizes from the strategy's ``bucket_sizes_bytes``
+  where their number matches;
+- ``nccl_kernels``: on NCCL the futures complete when the kernels are enqueued, so the GPU times of
+  NCCL's kernels (``cuda_steps_from_trace``), and the compute kernels' for the phases.
+
+Reading them (the sources, each collective's share of the exposed window) is ``ddp.bench.traces``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp.bench.traces import cpu_steps_from_trace, cuda_steps_from_trace
+from ddp.bench.trainer import StepObserver, Trainer
+from ddp.strategies import tracing
+
+# How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
+# may return before the future's callbacks have run.
+COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
+
+
+class PhaseRecorder(StepObserver):
+    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``."""
+
+    def __init__(self, on_cuda: bool) -> None:
+        self.on_cuda = on_cuda
+        self.step: dict = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.on_cuda:
+            torch.cuda.nvtx.range_push(name)
+        start = time.perf_counter()
+        try:
+            with torch.profiler.record_function(name):
+                yield
+        finally:
+            self.step[name] = [start, time.perf_counter()]
+            if self.on_cuda:
+                torch.cuda.nvtx.range_pop()
+
+
+def wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
+    deadline = time.monotonic() + COMPLETION_STAMP_TIMEOUT_SECONDS
+    while any(span.done_seconds is None for span in recorder.spans):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{sum(s.done_seconds is None for s in recorder.spans)} collectives never reported completion "
+                f"within {COMPLETION_STAMP_TIMEOUT_SECONDS:.0f} s after the step"
+            )
+        time.sleep(0.001)
+
+
+def recorded_step(trainer: Trainer, together: bool = False) -> dict:
+    """One step of ``trainer`` with its phases and its collectives recorded: ``[start, end]`` of each
+    phase, ``backward_compute_end``, ``exposed_comm_seconds`` (the trainer's own figure) and the
+    strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
+    ``together``: every rank starts it at once (a barrier first, as a timed round of several
+    configurations does)."""
+    if together:
+        dist.barrier()
+    observer = PhaseRecorder(trainer.cuda)
+    collectives = tracing.CollectiveRecorder()
+    trainer.model.collective_recorder = collectives
+    try:
+        timing = trainer.step(observer)
+        wait_for_completion_stamps(collectives)
+    finally:
+        trainer.model.collective_recorder = None
+    step = observer.step
+    step["backward_compute_end"] = trainer.backward_compute_end.seconds
+    step["exposed_comm_seconds"] = timing.exposed_comm_seconds
+    step["collectives"] = [asdict(span) for span in collectives.spans]
+    return step
+
+
+def traced_steps(trainer: Trainer, steps: int, communicates: bool) -> list[dict]:
+    """``steps`` recorded steps, each started by every rank at once, with each collective's times
+    from the best source (module docstring): the strategy's records where it keeps them (and not on
+    NCCL), else the profiler's."""
+    nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
+    if not nccl:
+        first = recorded_step(trainer, together=True)
+        if first["collectives"] or not communicates:
+            return [first] + [recorded_step(trainer, together=True) for _ in range(steps - 1)]
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if trainer.cuda else [])
+    with torch.profiler.profile(activities=activities) as profiler:
+        records = [recorded_step(trainer, together=True) for _ in range(steps)]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        profiler.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    if trainer.cuda:
+        return cuda_steps_from_trace(events, records)
+    return cpu_steps_from_trace(events, records, getattr(trainer.model, "bucket_sizes_bytes", None))

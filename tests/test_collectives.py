@@ -1,0 +1,137 @@
+"""Collective by collective: the figures a record keeps of each collective of a step
+(``ddp.bench.summary.collective_trace``), the report's section and timeline, and the advice of the
+cost model calibrated on the step (``ddp.analysis.costmodel.plan_advice``), checked against
+traced steps written by hand, with every expected figure worked out in the comments. That real
+steps give the right answer is tests/test_exposed_comm.py's, on a network whose delay is known."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ddp.analysis import collectives
+from ddp.analysis.costmodel import CANDIDATE_BUCKET_SIZES_MB, Compute, gradients_of, link_of_step, plan_advice, predict_step
+from ddp.analysis.markdown import write_report
+from ddp.bench.records import CollectiveTiming, CollectiveTrace, load_run
+from ddp.bench.summary import collective_trace
+from tests import synthetic
+from tests.synthetic import MIB, config, run_json, write
+
+
+def traced_step(bucket2_done: float, mask_done: float = 12.8, optimizer_end: float = 14.0) -> dict:
+    """One traced step, times in seconds: backward's computation ends at 10, the optimizer starts
+    at 13 (an exposed window of 3 s). In the order they complete: bucket0 at 9 (before backward's
+    end: no share), bucket1 at 11 (1 s), bucket2 (from 11), the used mask (from bucket2's end)."""
+    return {
+        "forward": [0.0, 4.0], "backward": [4.0, 10.0], "gradient_sync": [10.0, 12.9], "optimizer": [13.0, optimizer_end],
+        "backward_compute_end": 10.0, "exposed_comm_seconds": 3.0,
+        "collectives": [
+            {"label": "bucket0", "size_bytes": 4 * MIB, "ready_seconds": 6.0, "launch_seconds": 6.0, "done_seconds": 9.0},
+            {"label": "bucket1", "size_bytes": 2 * MIB, "ready_seconds": 8.5, "launch_seconds": 9.0, "done_seconds": 11.0},
+            {"label": "bucket2", "size_bytes": MIB, "ready_seconds": 9.8, "launch_seconds": 10.0, "done_seconds": bucket2_done},
+            {"label": "used_mask", "size_bytes": 84, "ready_seconds": 10.1, "launch_seconds": 10.1, "done_seconds": mask_done},
+        ],
+    }
+
+
+# Rank 1's steps end at 15, rank 0's at 14: rank 1 is the slowest, its figures are the record's.
+RANK_TRACES = [
+    [traced_step(11.5) for _ in range(3)],
+    [traced_step(done, optimizer_end=15.0) for done in (12.5, 12.6, 12.4)],
+]
+
+
+def test_each_collective_holds_its_share_of_the_exposed_window_on_the_slowest_rank():
+    trace = collective_trace(RANK_TRACES)
+    assert trace.rank == 1 and trace.steps == 3 and trace.comm_source == "collective_records"
+    assert [c.label for c in trace.collectives] == ["bucket0", "bucket1", "bucket2", "used_mask"]  # launch order
+    shares = {c.label: c.exposed_seconds for c in trace.collectives}
+    # bucket0 done before backward's end: 0; bucket1 10 -> 11: 1; bucket2 11 -> 12.5 (median of 12.4, 12.5,
+    # 12.6): 1.5; the mask from bucket2's end to 12.8: 0.4, 0.3, 0.2, median 0.3.
+    assert shares == pytest.approx({"bucket0": 0.0, "bucket1": 1.0, "bucket2": 1.5, "used_mask": 0.3})
+    bucket2 = trace.tail_timing
+    assert trace.tail == "bucket2"  # the last gradient collective to complete: the mask carries none
+    assert bucket2.exposed_seconds_ci95 == pytest.approx([1.4, 1.6])  # 3 steps: their extremes
+    # From backward's end: ready 9.8 - 10, launched 10 - 10, done 12.5 - 10.
+    assert (bucket2.ready_seconds, bucket2.launch_seconds, bucket2.done_seconds) == pytest.approx((-0.2, 0.0, 2.5))
+    assert trace.backward_start_seconds == pytest.approx(-6.0)
+    # The window is 3 s; the shares add up to 2.8 (1 + 1.5 + 0.3) and to 2.8 in each step.
+    assert trace.exposed_comm_seconds == pytest.approx(3.0)
+    assert trace.attributed_seconds == pytest.approx(2.8) and trace.attributed_seconds_ci95 == pytest.approx([2.8, 2.8])
+
+
+def test_nothing_communicated_has_no_collective_figures():
+    assert collective_trace([[], []]) is None
+    quiet = {**traced_step(12.5), "collectives": []}
+    assert collective_trace([[quiet], [quiet]]) is None
+
+
+def test_a_link_is_recovered_from_collectives_queued_on_one_channel():
+    # alpha 0.1 ms a step, busbw 1 GB/s; 2 ranks: a ring all-reduce of b bytes takes 2 alpha + b / busbw.
+    # All three are launched together, so each waits for the one before: only completion minus
+    # the previous completion is the link's time.
+    alpha, busbw = 1e-4, 1e9
+    sizes = [MIB, 2 * MIB, 4 * MIB]
+    done, timings = -1.0, []
+    for index, size in enumerate(sizes):
+        done += 2 * alpha + size / busbw
+        timings.append(CollectiveTiming(f"bucket{index}", size, -1.0, -1.0, done, 0.0, [0.0, 0.0]))
+    timings.append(CollectiveTiming("used_mask", 0, -0.5, -0.5, done + 0.1, 0.0, [0.0, 0.0]))  # no size: ignored
+    trace = CollectiveTrace(0, 3, "collective_records", -2.0, 0.0, [0.0, 0.0], 0.0, [0.0, 0.0], timings, "bucket2")
+    link = link_of_step(trace, world_size=2)
+    assert link.latency_seconds == pytest.approx(alpha, rel=1e-6)
+    assert link.busbw_bytes_per_second == pytest.approx(busbw, rel=1e-6)
+
+
+def _bucketed_step(bucket2_dones: tuple[float, ...]):
+    """bucketed 1 MiB on tiny, 2 ranks, 3 rounds of 15 s beside local's 11 s, traced as above."""
+    traces = [[traced_step(done, optimizer_end=15.0) for done in bucket2_dones] for _ in range(2)]
+    return synthetic.step(config("bucketed", bucket_size_mb=1.0), [15.0] * 3, exposed=3.0, local_rounds=[11.0] * 3,
+                          traces=traces)
+
+
+def test_the_report_names_the_tail_and_advises_only_where_it_is_exposed_beyond_doubt(tmp_path):
+    exposed = _bucketed_step((12.5, 12.6, 12.4))
+    # In one of its steps bucket2 completes at 11, with bucket1: a share of 0, so its interval starts at 0.
+    unresolved = synthetic.step(config("bucketed", bucket_size_mb=1.0, batch_size=4), [15.0] * 3, exposed=3.0,
+                                local_rounds=[11.0] * 3,
+                                traces=[[traced_step(done, optimizer_end=15.0) for done in (11.0, 12.5, 12.6)]] * 2)
+    path = write(tmp_path / "run.json", run_json([synthetic.step_benchmark(exposed), synthetic.step_benchmark(unresolved)]))
+    report = write_report([path], tmp_path / "out").read_text()
+    section = re.sub(" +", " ", report.split("## Collective by collective")[1].split("\n## ")[0])  # cells unpadded
+    assert "| batch 2, seq len 32 | bucketed 1 MiB | 4 | 3000.00 | 2800.00 [2800.00, 2800.00] | bucket2 (1 MiB): 1500.00 [1400.00, 1600.00] |" in section
+    # The detailed group is the heaviest (batch 4): its tail is listed with its times.
+    assert "### Collectives of batch 4, seq len 32" in section
+    assert "| bucket2 (tail) | 1 | -200.0 | 0.0 | 2500.0 |" in section
+    advice = section.split("### What to change")[1]
+    assert "**bucketed 1 MiB, batch 2, seq len 32**" in advice  # its tail's interval is above zero
+    assert "batch 4" not in advice  # one traced step saw its tail exposed for nothing: [0, ...]
+    assert "`python -m ddp buckets --strategies bucketed --model tiny --batch-size 2 --seq-len 32 --bucket-sizes 1" in advice
+    assert (tmp_path / "out" / "report_collective_timeline.png").stat().st_size > 0
+
+
+def test_the_advice_is_the_cost_models_best_cap_on_the_steps_own_link():
+    step = _bucketed_step((12.5, 12.6, 12.4))
+    advice = plan_advice(step, 11.0)
+    link = link_of_step(step.collectives, 2)
+    gradients = gradients_of("tiny", 32)
+
+    def modelled(cap: float) -> float:
+        return predict_step("bucketed", cap, Compute(11.0), gradients, link, 2, overlap_slowdown=1.0)[0]
+
+    candidates = {cap: modelled(cap) for cap in (*CANDIDATE_BUCKET_SIZES_MB, 1.0)}
+    assert advice.modelled_seconds == pytest.approx(candidates[1.0])
+    assert advice.best_seconds == pytest.approx(min(candidates.values()))
+    assert advice.error == pytest.approx(candidates[1.0] / 15.0 - 1)  # measured: 15 s
+    assert advice.bf16_seconds < advice.best_seconds  # half the bytes on the same link
+
+
+def test_the_collectives_survive_the_saved_file(tmp_path):
+    record = _bucketed_step((12.5, 12.6, 12.4))
+    path = write(tmp_path / "run.json", run_json([synthetic.step_benchmark(record)]))
+    json.loads(path.read_text())  # plain JSON
+    (loaded,) = load_run(path).steps
+    assert loaded.collectives == record.collectives
+    assert collectives.tail_resolved(loaded)
