@@ -148,6 +148,8 @@ def _delayed_allreduce(model, bucket):
 class SlowNetworkTorchDDP(TorchDDP):
     """PyTorch's DDP on the slow network: its reducer waits for its buckets inside backward."""
 
+    records_collectives = True  # its hook launches every bucket through ddp.strategies.tracing
+
     def __init__(self, module, *, bucket_size_mb: float = 25.0, **options) -> None:
         super().__init__(module, bucket_size_mb=bucket_size_mb, **options)
         self.ddp.register_comm_hook(self, _delayed_allreduce)

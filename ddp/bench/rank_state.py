@@ -153,7 +153,7 @@ class RankBench:
                 calls = getattr(trainer.model, "num_allreduce_calls_per_step", trainer.counted_collectives)
                 communicates = info.world_size > 1 and (calls is None or calls > 0)
                 dist.barrier()  # every rank starts the traced steps together
-                traces.append(traced_steps(trainer, steps, communicates) if communicates else [])
+                traces.append(traced_steps(trainer, steps) if communicates else [])
             return traces
 
         return self._withdrawing(info, run)

@@ -96,15 +96,14 @@ def recorded_step(trainer: Trainer, together: bool = False) -> dict:
     return step
 
 
-def traced_steps(trainer: Trainer, steps: int, communicates: bool) -> list[dict]:
+def traced_steps(trainer: Trainer, steps: int) -> list[dict]:
     """``steps`` recorded steps, each started by every rank at once, with each collective's times
-    from the best source (module docstring): the strategy's records where it keeps them (and not on
-    NCCL), else the profiler's."""
+    from the best source (module docstring): the strategy's records where it keeps them
+    (``Strategy.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``
+    training steps, whatever the source: contenders raced side by side must train alike."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
-    if not nccl:
-        first = recorded_step(trainer, together=True)
-        if first["collectives"] or not communicates:
-            return [first] + [recorded_step(trainer, together=True) for _ in range(steps - 1)]
+    if not nccl and getattr(trainer.model, "records_collectives", False):
+        return [recorded_step(trainer, together=True) for _ in range(steps)]
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if trainer.cuda else [])
     with torch.profiler.profile(activities=activities) as profiler:
         records = [recorded_step(trainer, together=True) for _ in range(steps)]

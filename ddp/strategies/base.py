@@ -267,6 +267,11 @@ class Strategy(nn.Module, abc.ABC):
     """Set on an instance while ``ddp profile`` records its collectives (``ddp.strategies.tracing``);
     strategies pass it to every ``launch_all_reduce``."""
 
+    records_collectives: bool = False
+    """True where every gradient collective of the step goes through ``launch_all_reduce`` with the
+    ``collective_recorder`` (the hand-written strategies): traced steps take its records, with their
+    ready times; otherwise the profiler's record of c10d's collectives (``ddp.bench.step_trace``)."""
+
     communicates: bool = True
     """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
     line_style: str = "-"
@@ -428,6 +433,8 @@ class DataParallel(Strategy):
     communicates is decided when ``forward`` runs, as in PyTorch's DistributedDataParallel: a
     forward inside ``no_sync()`` produces a backward that communicates nothing.
     """
+
+    records_collectives = True  # every gradient collective through launch_all_reduce
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
