@@ -6,8 +6,8 @@ exposed window up to the last completion), the *tail* (the gradient collective t
 last: what the step waited for at its end), the collective exposed the most, and, for a bucketing
 strategy whose tail is exposed beyond doubt (its interval above zero), what the cost model
 calibrated on that very step says another cap or bf16 communication would do
-(``ddp.analysis.costmodel.plan_advice``), with the model's error on the step and the
-``ddp buckets`` command that measures it.
+(``ddp.analysis.costmodel.plan_advice``), with the model's error on the step, whether the
+predicted gain exceeds that error, and the ``ddp buckets`` command that measures it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from ddp.bench.config import AXES
 from ddp.bench.records import CollectiveTiming, StepRecord
 from ddp.strategies.registry import FLOOR, takes_bucket_size
 
-# A per-collective table lists the collectives exposed at least this long, and the tail; the
-# others (a per-parameter strategy launches hundreds) are counted in one line.
+# A per-collective table lists the collectives exposed at least this long, the most exposed
+# first and at most so many, and the tail; the others (a per-parameter strategy launches
+# hundreds) are counted in one line.
 LISTED_EXPOSED_SECONDS = 1e-4
+LISTED_MOST = 8
 
 
 def traced_steps(steps: list[StepRecord]) -> list[StepRecord]:
@@ -72,10 +74,13 @@ def detail_group(steps: list[StepRecord]):
 
 
 def detail_rows(step: StepRecord) -> tuple[list[list], str | None]:
-    """Each collective of ``step`` exposed at least ``LISTED_EXPOSED_SECONDS``, and the tail, with
-    its ready, launch and completion (ms from backward's end), and a line counting the rest."""
+    """The collectives of ``step`` exposed the most (at least ``LISTED_EXPOSED_SECONDS``, at most
+    ``LISTED_MOST``) and the tail, in launch order, with their ready, launch and completion (ms
+    from backward's end); and a line counting the rest."""
     trace = step.collectives
-    listed = [c for c in trace.collectives if c.exposed_seconds >= LISTED_EXPOSED_SECONDS or c.label == trace.tail]
+    exposed = sorted((c for c in trace.collectives if c.exposed_seconds >= LISTED_EXPOSED_SECONDS),
+                     key=lambda c: c.exposed_seconds, reverse=True)[:LISTED_MOST]
+    listed = [c for c in trace.collectives if c in exposed or c.label == trace.tail]
     rows = [[c.label + (" (tail)" if c.label == trace.tail else ""), mib(c.size_bytes) if c.size_bytes else "",
              ms(c.ready_seconds, 1), ms(c.launch_seconds, 1), ms(c.done_seconds, 1),
              f"{ms(c.exposed_seconds)} {interval_ms(c.exposed_seconds_ci95)}"] for c in listed]
@@ -83,7 +88,7 @@ def detail_rows(step: StepRecord) -> tuple[list[list], str | None]:
     note = None
     if rest:
         note = (f"{len(rest)} more collectives of {step.label} exposed {ms(sum(c.exposed_seconds for c in rest))} ms "
-                f"together, each under {ms(LISTED_EXPOSED_SECONDS, 1)} ms.")
+                f"together, {ms(max(c.exposed_seconds for c in rest))} ms at most.")
     return rows, note
 
 
@@ -98,36 +103,55 @@ def local_seconds(step: StepRecord, steps: list[StepRecord]) -> float | None:
     return None if twin is None else twin.step_seconds
 
 
-def advice_line(step: StepRecord, steps: list[StepRecord]) -> str | None:
-    """What to change, for a bucketing strategy whose tail is exposed beyond doubt; None otherwise.
-    Says why it gives no advice where the model cannot be calibrated."""
-    if not takes_bucket_size(step.strategy) or not tail_resolved(step):
-        return None
-    local = local_seconds(step, steps)
-    tail = step.collectives.tail_timing
-    head = (f"- **{step.label}, {step.group.group_label(several_models(steps))}**: the tail, {tail.label} "
-            f"({mib(tail.size_bytes)} MiB), holds {ms(tail.exposed_seconds)} ms {interval_ms(tail.exposed_seconds_ci95)} "
-            f"of {ms(step.exposed_comm_seconds)} ms exposed")
-    if local is None:
-        return head + "; no `local` twin in the run to calibrate the cost model on."
-    try:
-        advice = plan_advice(step, local)
-    except (NotModelled, ValueError) as error:
-        return head + f"; no advice: {error}."
-    cap = step.config.bucket_size_mb
-    model = f"the cost model, off by {advice.error:+.0%} on this step,"
-    if advice.best_bucket_size_mb == cap:
-        change = f"{model} finds no better cap than {cap:g} MiB"
-    else:
-        change = (f"{model} predicts a {advice.best_bucket_size_mb:g} MiB cap saves {ms(advice.gain_seconds, 1)} ms a step "
-                  f"({ms(advice.best_seconds, 1)} against {ms(advice.modelled_seconds, 1)} ms)")
-    if advice.bf16_seconds is not None:
-        change += (f"; bf16 communication at {advice.best_bucket_size_mb:g} MiB would save "
-                   f"{ms(advice.best_seconds - advice.bf16_seconds, 1)} ms more")
+# A cap is advised only where the model predicts it saves more than this share of the step: below
+# it the candidates are ties (a link fitted without latency costs every plan alike).
+ADVISED_GAIN = 0.01
+
+
+def advice_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
+    """For each bucketing strategy whose tail is exposed beyond doubt: the cost model calibrated
+    on the step (``plan_advice``), a row with its error on the step, the cap it advises and the
+    gain it predicts, bf16 communication's, and whether the gain exceeds the model's own error;
+    and the ``ddp buckets`` command that measures each advised cap beside the measured one (or why
+    the model could not be calibrated)."""
+    with_model = several_models(steps)
+    rows, commands = [], []
+    for step in traced_steps(steps):
+        if not takes_bucket_size(step.strategy) or not tail_resolved(step):
+            continue
+        tail = step.collectives.tail_timing
+        head = [step.group.group_label(with_model), step.label,
+                f"{tail.label}: {ms(tail.exposed_seconds)} {interval_ms(tail.exposed_seconds_ci95)}"]
+        local = local_seconds(step, steps)
+        try:
+            if local is None:
+                raise NotModelled("no `local` twin in the run to take the compute from")
+            advice = plan_advice(step, local)
+        except (NotModelled, ValueError) as error:
+            rows.append(head + ["", f"none: {error}", "", "", ""])
+            continue
+        cap = step.config.bucket_size_mb
+        changes = advice.best_bucket_size_mb != cap and advice.gain_seconds > ADVISED_GAIN * advice.modelled_seconds
+        trusted = changes and advice.gain_seconds > abs(advice.error) * step.step_seconds
+        bf16 = "" if advice.bf16_seconds is None else f"-{ms((advice.best_seconds if changes else advice.modelled_seconds) - advice.bf16_seconds, 1)}"
+        rows.append(head + [f"{advice.error:+.0%}",
+                            f"{advice.best_bucket_size_mb:g} MiB: -{ms(advice.gain_seconds, 1)}" if changes else f"keep {cap:g} MiB",
+                            bf16, ("yes" if trusted else "no") if changes else "", ms(step.step_seconds, 1)])
+        if changes:
+            commands.append(f"- {step.label}, {step.group.group_label(with_model)}: {confirm_command(step, advice.best_bucket_size_mb)}")
+    return rows, commands
+
+
+ADVICE_HEADERS = ["configuration", "strategy", "tail: exposed (ms) [95%]", "model's error on the step",
+                  "cap advised: predicted gain (ms)", "bf16 comm at that cap (ms)", "gain beyond the error",
+                  "measured step (ms)"]
+
+
+def confirm_command(step: StepRecord, advised_cap: float) -> str:
+    """The ``ddp buckets`` command that measures the advised cap beside the measured one."""
     config = step.config
-    caps = ",".join(f"{c:g}" for c in dict.fromkeys([cap, advice.best_bucket_size_mb]))
+    caps = ",".join(f"{c:g}" for c in dict.fromkeys([config.bucket_size_mb, advised_cap]))
     options = "".join(f" --{name.replace('_', '-')} {getattr(config, name)}" for name in ("precision", "grad_comm")
                       if getattr(config, name) != AXES[name].default)
-    confirm = (f"`python -m ddp buckets --strategies {config.strategy} --model {config.model} --batch-size {config.batch_size} "
-               f"--seq-len {config.seq_len} --bucket-sizes {caps}{options} --world-size {step.world_size}`")
-    return f"{head}; {change}. Measure it: {confirm}"
+    return (f"`python -m ddp buckets --strategies {config.strategy} --model {config.model} --batch-size {config.batch_size} "
+            f"--seq-len {config.seq_len} --bucket-sizes {caps}{options} --world-size {step.world_size}`")

@@ -375,13 +375,17 @@ def collectives_section(run: Run) -> list[str]:
                   f"times from {step.collectives.comm_source.replace('_', ' ')})", "", _table(detail_rows, collectives.DETAIL_HEADERS), ""]
         if note:
             lines += [note, ""]
-    advice = [line for step in collectives.traced_steps(run.steps) if (line := collectives.advice_line(step, run.steps))]
-    if advice:
+    rows, commands = collectives.advice_rows(run.steps)
+    if rows:
         lines += ["### What to change", "",
-                  "For each bucketing strategy whose tail is exposed beyond doubt, the cost model (``ddp simulate``'s), "
-                  "calibrated on the step itself (its link fitted on the step's own collectives, its compute the "
-                  "`local` twin's step), at other caps and with bf16 communication; its error on the measured step "
-                  "says how far to trust it, and the command measures it.", "", *advice, ""]
+                  "For each bucketing strategy whose tail is exposed beyond doubt (its interval above zero): the cost model "
+                  "of `ddp simulate` calibrated on the step itself (its link fitted on the step's own collectives, its "
+                  "compute the `local` twin's step), its error on the measured step, the cap among its candidates that it "
+                  "predicts fastest and what it saves a step, what bf16 communication would save at that cap, and whether "
+                  "the saving exceeds the model's own error on this step (only then is it more than a hint).", "",
+                  _table(rows, collectives.ADVICE_HEADERS), ""]
+        if commands:
+            lines += ["Measure an advised cap beside the measured one:", "", *commands, ""]
     return lines
 
 
