@@ -16,6 +16,7 @@ from ddp.analysis.costmodel import CANDIDATE_BUCKET_SIZES_MB, Compute, gradients
 from ddp.analysis.markdown import write_report
 from ddp.bench.records import CollectiveTiming, CollectiveTrace, load_run
 from ddp.bench.summary import collective_trace
+from ddp.bench.traces import collective_exposure, cpu_steps_from_trace
 from tests import synthetic
 from tests.synthetic import MIB, config, run_json, write
 
@@ -143,3 +144,44 @@ def test_the_collectives_survive_the_saved_file(tmp_path):
     (loaded,) = load_run(path).steps
     assert loaded.collectives == record.collectives
     assert collectives.tail_resolved(loaded)
+
+
+def _x(name: str, start_seconds: float, end_seconds: float, tid: int) -> dict:
+    """A complete event of a chrome trace, its clock 4 s ahead of ``perf_counter``'s."""
+    return {"ph": "X", "name": name, "ts": (start_seconds + 4.0) * 1e6, "dur": (end_seconds - start_seconds) * 1e6,
+            "tid": tid, "cat": "cpu_op"}
+
+
+PROFILED_STEP = {"forward": [1.0, 1.1], "backward": [1.1, 1.5], "gradient_sync": [1.5, 1.6], "optimizer": [1.6, 1.7],
+                 "backward_compute_end": 1.5, "exposed_comm_seconds": 0.1, "collectives": []}
+# DDP's forward broadcasts the module's buffers; its reducer launches two buckets in backward; a
+# barrier is no gradient's. c10d's calls on the training thread (1), gloo's work on its thread (2).
+PROFILED_EVENTS = [
+    {"ph": "X", "name": "forward", "cat": "user_annotation", "ts": 5.0e6, "dur": 0.1e6, "tid": 1},
+    _x("c10d::barrier", 0.9, 0.91, 1), _x("gloo:barrier", 0.9, 0.95, 2),
+    _x("c10d::broadcast_", 1.05, 1.051, 1), _x("gloo:broadcast", 1.052, 1.06, 2),
+    _x("c10d::allreduce_", 1.2, 1.201, 1), _x("gloo:all_reduce", 1.21, 1.3, 2),
+    _x("c10d::allreduce_", 1.45, 1.451, 1), _x("gloo:all_reduce", 1.46, 1.55, 2),
+]
+
+
+def test_the_profilers_collectives_pair_c10ds_calls_with_gloos_work_in_order():
+    (step,) = cpu_steps_from_trace(PROFILED_EVENTS, [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
+    assert step["comm_source"] == "profiler" and not step["unpaired"]
+    got = [(c["label"], c["size_bytes"], c["launch_seconds"], c["done_seconds"]) for c in step["collectives"]]
+    # launched at the c10d call, done when gloo's work ended; the all-reduces are the plan's buckets
+    assert got == [("broadcast0", 0, pytest.approx(1.05), pytest.approx(1.06)),
+                   ("bucket0", 100, pytest.approx(1.2), pytest.approx(1.3)),
+                   ("bucket1", 200, pytest.approx(1.45), pytest.approx(1.55))]
+    # bucket1 completes 0.05 s into the 0.1 s exposed window: its share
+    shares = {s["label"]: s["exposed_seconds"] for s in collective_exposure(step)}
+    assert shares == pytest.approx({"broadcast0": 0.0, "bucket0": 0.0, "bucket1": 0.05})
+    (unplanned,) = cpu_steps_from_trace(PROFILED_EVENTS, [PROFILED_STEP], bucket_sizes_bytes=[100])  # another plan
+    assert [c["label"] for c in unplanned["collectives"]] == ["broadcast0", "allreduce1", "allreduce2"]
+
+
+def test_collectives_the_profiler_cannot_pair_are_none_rather_than_wrong():
+    (step,) = cpu_steps_from_trace(PROFILED_EVENTS[:-1], [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
+    assert step["unpaired"] and step["collectives"] == []
+    # ranks that read none are passed over; none read anywhere: no figures
+    assert collective_trace([[step], [step]]) is None

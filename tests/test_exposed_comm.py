@@ -239,6 +239,7 @@ def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the
         gradients = [c for c in trace.collectives if c.label != tracing.USED_MASK_LABEL]
         last_ready = max(gradients, key=lambda c: (c.ready_seconds, c.launch_seconds))
         assert trace.tail == last_ready.label, shown
-        # Delivered the delay after the one before it, after backward's end: exposed for the delay.
-        assert trace.tail_timing.exposed_seconds == pytest.approx(NETWORK_DELAY_SECONDS, rel=0.1), shown
+        # Delivered the delay after the one before it, after backward's end: exposed for the delay
+        # (and what a loaded machine adds to a wake-up: at most half as much again).
+        assert 0.9 * NETWORK_DELAY_SECONDS <= trace.tail_timing.exposed_seconds <= 1.5 * NETWORK_DELAY_SECONDS, shown
         assert all(c.ready_seconds <= c.launch_seconds < c.done_seconds for c in trace.collectives), shown

@@ -96,7 +96,7 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
 # What starts ranks or runs on them: the launcher, and the benchmark modules that drive a rank group.
 RANK_MODULES = {
     "ddp.launcher", "ddp.bench.measure", "ddp.bench.trainer", "ddp.bench.race", "ddp.bench.buckets",
-    "ddp.bench.allreduce", "ddp.bench.profiling", "ddp.bench.grid",
+    "ddp.bench.allreduce", "ddp.bench.profiling", "ddp.bench.grid", "ddp.bench.step_trace", "ddp.bench.rank_state",
 }
 
 

@@ -588,6 +588,8 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
     step at the measured cap, at every candidate cap, and in bf16 at the best. Raises
     ``NotModelled`` (or ValueError) where it cannot."""
     config = step.config
+    if config.bucket_size_mb is None:
+        raise NotModelled(f"{config.describe()} was saved without a bucket cap to compare others with")
     if config.model not in MODEL_SIZES:
         raise NotModelled(f"model {config.model!r} is not a built-in LM size: the advice reads the LM's gradients")
     link = link_of_step(step.collectives, step.world_size)

@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ddp.bench.records import PHASES  # the step's phases, named once
-from ddp.bench.traces import collective_exposure, comm_source, trace_offset_us
-from ddp.strategies.tracing import USED_MASK_LABEL
+from ddp.bench.traces import collective_exposure, comm_source, tail_of, trace_offset_us
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000
@@ -102,9 +101,8 @@ def rank_figures(steps: list[dict]) -> dict:
 
 def exposure_figures(steps: list[dict]) -> dict:
     """Per collective label (in the order of the first step's completions), its exposed seconds
-    per step (``collective_exposure``, averaged); the ``tail``, the gradient collective that
-    completed last on average (from backward's end; the used mask carries none), as in a step
-    record's ``collectives`` (``ddp.bench.summary.collective_trace``), None if none was launched;
+    per step (``collective_exposure``, averaged); the ``tail`` (``tail_of``: the gradient
+    collective that completed last, as in a step record's ``collectives``), None if none was launched;
     and the exposed seconds no collective accounts for."""
     per_label: dict[str, list[float]] = {}
     done: dict[str, list[float]] = {}
@@ -115,8 +113,7 @@ def exposure_figures(steps: list[dict]) -> dict:
             done.setdefault(share["label"], []).append(share["done_seconds"] - step["backward_compute_end"])
             attributed += share["exposed_seconds"]
     exposed = {label: sum(values) / len(steps) for label, values in per_label.items()}
-    gradients = [label for label in done if label != USED_MASK_LABEL]
-    tail = max(gradients, key=lambda label: sum(done[label]) / len(done[label]), default=None)
+    tail = tail_of(done)
     total = sum(step_comm_figures(step)["exposed_comm_seconds"] for step in steps)
     return {
         "collective_exposed_seconds": exposed,

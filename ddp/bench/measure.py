@@ -180,10 +180,10 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     traces = None
     if policy.traced_steps > 0:
         per_rank = ranks.run(traced, configs, policy.traced_steps)
-        marker = first_withdrawn(per_rank)
-        if marker is not None:
-            return NotMeasured(configs[0], marker)
-        traces = [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
+        # Traced steps that cannot run (out of memory under the profiler) leave the timed rounds
+        # as they are: the record has no collectives.
+        if first_withdrawn(per_rank) is None:
+            traces = [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
     setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]

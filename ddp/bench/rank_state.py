@@ -150,10 +150,7 @@ class RankBench:
             traces = []
             for config in configs:
                 trainer = self.trainer(config)
-                calls = getattr(trainer.model, "num_allreduce_calls_per_step", trainer.counted_collectives)
-                communicates = info.world_size > 1 and (calls is None or calls > 0)
-                dist.barrier()  # every rank starts the traced steps together
-                traces.append(traced_steps(trainer, steps) if communicates else [])
+                traces.append(traced_steps(trainer, steps) if trainer.communicates else [])
             return traces
 
         return self._withdrawing(info, run)

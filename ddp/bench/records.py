@@ -88,8 +88,9 @@ class CollectiveTiming:
     computation (negative: during backward)."""
 
     label: str
-    """The strategy's name for it (``bucket3``, ``param17``, ``flat0``, ``used_mask``), or
-    ``collective{i}`` in launch order where the profiler saw it and the strategy gave no plan."""
+    """The strategy's name for it (``bucket3``, ``param17``, ``flat0``, ``used_mask``); where only
+    the profiler saw it, ``bucket{i}`` by the strategy's plan, else its operator and place in
+    launch order (``broadcast0``, ``allreduce5``), or on NCCL ``collective{i}``."""
     size_bytes: int
     """Bytes sent (0 where unknown: a collective only the profiler saw)."""
     ready_seconds: float | None

@@ -111,6 +111,7 @@ def traced_steps(trainer: Trainer, steps: int) -> list[dict]:
         path = Path(folder) / "trace.json"
         profiler.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
-    if trainer.cuda:
-        return cuda_steps_from_trace(events, records)
-    return cpu_steps_from_trace(events, records, getattr(trainer.model, "bucket_sizes_bytes", None))
+    buckets = getattr(trainer.model, "bucket_sizes_bytes", None)
+    if nccl:
+        return cuda_steps_from_trace(events, records, buckets)
+    return cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)

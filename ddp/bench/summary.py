@@ -13,10 +13,9 @@ from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.memory import predict_or_none
 from ddp.bench.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
 from ddp.bench.stats import median_ci, paired_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
-from ddp.bench.traces import collective_exposure, comm_source
+from ddp.bench.traces import collective_exposure, comm_source, tail_of
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
-from ddp.strategies.tracing import USED_MASK_LABEL
 
 
 def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float) -> dict:
@@ -36,8 +35,9 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     gradient collective that completed last. None when no rank traced a step that communicated."""
     if not rank_traces or not all(rank_traces) or not any(step["collectives"] for steps in rank_traces for step in steps):
         return None
-    rank = max(range(len(rank_traces)), key=lambda r: statistics.median(
-        s["optimizer"][1] - s["forward"][0] for s in rank_traces[r]))
+    # The slowest among the ranks whose collectives were read (the profiler's may not pair on one).
+    ranks = [r for r in range(len(rank_traces)) if any(step["collectives"] for step in rank_traces[r])]
+    rank = max(ranks, key=lambda r: statistics.median(s["optimizer"][1] - s["forward"][0] for s in rank_traces[r]))
     steps = rank_traces[rank]
     per_label: dict[str, dict[str, list]] = {}
     windows, attributed = [], []
@@ -61,13 +61,12 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
                          exposed_seconds=statistics.median(f["exposed"]), exposed_seconds_ci95=list(median_ci(f["exposed"])))
         for label, f in per_label.items()
     ), key=lambda c: c.launch_seconds)
-    gradients = [c for c in timings if c.label != USED_MASK_LABEL]
     return CollectiveTrace(
         rank=rank, steps=len(steps), comm_source=comm_source(steps),
         backward_start_seconds=statistics.median(s["backward"][0] - s["backward_compute_end"] for s in steps),
         exposed_comm_seconds=statistics.median(windows), exposed_comm_seconds_ci95=list(median_ci(windows)),
         attributed_seconds=statistics.median(attributed), attributed_seconds_ci95=list(median_ci(attributed)),
-        collectives=timings, tail=max(gradients, key=lambda c: c.done_seconds).label if gradients else None,
+        collectives=timings, tail=tail_of({label: f["done"] for label, f in per_label.items()}),
     )
 
 

@@ -6,9 +6,11 @@ parent read them too)."""
 from __future__ import annotations
 
 import re
+import statistics
 from typing import NamedTuple
 
 from ddp.bench.records import PHASES  # the step's phases, named once
+from ddp.strategies.tracing import USED_MASK_LABEL
 
 # Where a step's communication intervals come from (the "comm_source" of steps and records):
 COMM_FROM_NCCL_KERNELS = "nccl_kernels"  # GPU time of the NCCL kernels in a CUDA trace
@@ -52,6 +54,14 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
         ] if paired else []
         read.append({**step, "collectives": collectives, "comm_source": COMM_FROM_PROFILER, "unpaired": not paired})
     return read
+
+
+def tail_of(done_seconds: dict[str, list[float]]) -> str | None:
+    """The tail: among collectives by label, each with its completion times over steps (from
+    backward's end), the gradient collective with the latest median completion (the used mask
+    carries no gradient); None if there is none."""
+    gradients = {label: times for label, times in done_seconds.items() if label != USED_MASK_LABEL and times}
+    return max(gradients, key=lambda label: statistics.median(gradients[label]), default=None)
 
 
 def comm_source(steps: list[dict]) -> str:
@@ -159,7 +169,22 @@ def gpu_events_from_trace(events: list[dict], steps: list[dict]) -> list[GpuEven
     return gpu_events
 
 
-def cuda_steps_from_trace(events: list[dict], steps: list[dict]) -> list[dict]:
+def _named_kernels(kernels: list[GpuEvent], step: dict, bucket_sizes_bytes: list[int] | None) -> list[dict]:
+    """A step's NCCL kernels as collectives, in launch order: named by the step's records where
+    there is one per kernel; else those launched before the optimizer are the buckets where the
+    strategy's plan has as many; any other is ``collective{i}``."""
+    records = step["collectives"]
+    if len(records) != len(kernels):
+        gradients = [i for i, k in enumerate(kernels) if k.launch_seconds < step["optimizer"][0]]
+        buckets = bucket_sizes_bytes if bucket_sizes_bytes is not None and len(bucket_sizes_bytes) == len(gradients) else []
+        bucket_of = {i: b for b, i in enumerate(gradients)} if buckets else {}
+        records = [{"label": f"bucket{bucket_of[i]}", "size_bytes": buckets[bucket_of[i]]} if i in bucket_of
+                   else {"label": f"collective{i}", "size_bytes": 0} for i in range(len(kernels))]
+    return [{"label": r["label"], "size_bytes": r["size_bytes"], "ready_seconds": None, "launch_seconds": k.start_seconds,
+             "done_seconds": k.end_seconds} for k, r in zip(kernels, records)]
+
+
+def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_bytes: list[int] | None = None) -> list[dict]:
     """Step records whose phases and collectives are GPU time, read from a CUDA trace.
 
     A GPU event belongs to the CPU range (phase) in which it was launched, through the launch's
@@ -185,13 +210,8 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict]) -> list[dict]:
 
         nccl_kernels = sorted(launched_in((step["forward"][0], step["optimizer"][1]), "communication"))
         if nccl_kernels:
-            # One kernel per recorded collective, in launch order: the record names it.
-            named = len(nccl_kernels) == len(step["collectives"])
-            gpu_step = {"comm_source": COMM_FROM_NCCL_KERNELS, "collectives": [
-                {"label": record["label"] if named else k.name, "size_bytes": record["size_bytes"] if named else 0,
-                 "ready_seconds": None, "launch_seconds": k.start_seconds, "done_seconds": k.end_seconds}
-                for k, record in zip(nccl_kernels, step["collectives"] if named else [{}] * len(nccl_kernels))
-            ]}
+            gpu_step = {"comm_source": COMM_FROM_NCCL_KERNELS,
+                        "collectives": _named_kernels(nccl_kernels, step, bucket_sizes_bytes)}
         else:
             gpu_step = {"comm_source": COMM_FROM_COLLECTIVE_RECORDS, "collectives": list(step["collectives"])}
         gpu_step["collective_records"] = step["collectives"]

@@ -215,6 +215,7 @@ class Trainer:
         hooks PyTorch's reducer there)."""
         self.config = config
         self.rank = info.rank
+        self.world_size = info.world_size
         self.device = info.device
         self.cuda = info.device.type == "cuda"
         torch.manual_seed(config.seed)  # the same initial weights for every strategy of a model
@@ -255,9 +256,7 @@ class Trainer:
 
     def setup(self) -> StepSetup:
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
-        calls = getattr(self.model, "num_allreduce_calls_per_step", None)
-        if calls is None:
-            calls = self.counted_collectives if self.counted_collectives is not None else self.count_collectives()
+        calls = self.collectives_per_step()
         communicates = calls is None or calls > 0
         return StepSetup(
             rank=self.rank,
@@ -268,6 +267,20 @@ class Trainer:
             bytes_per_step=self.gradient_bytes if communicates else 0,
             memory=measure_memory(self),
         )
+
+    def collectives_per_step(self) -> int | None:
+        """The strategy's own count, else the one counted in warm-up (counting now if not yet)."""
+        calls = getattr(self.model, "num_allreduce_calls_per_step", None)
+        if calls is None:
+            calls = self.counted_collectives if self.counted_collectives is not None else self.count_collectives()
+        return calls
+
+    @property
+    def communicates(self) -> bool:
+        """Whether a step launches any collective: more than one rank, and a strategy that says so
+        or was counted doing so (unknown counts as yes)."""
+        calls = self.collectives_per_step()
+        return self.world_size > 1 and (calls is None or calls > 0)
 
     @property
     def states_its_collectives(self) -> bool:

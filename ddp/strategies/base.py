@@ -434,8 +434,6 @@ class DataParallel(Strategy):
     forward inside ``no_sync()`` produces a backward that communicates nothing.
     """
 
-    records_collectives = True  # every gradient collective through launch_all_reduce
-
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         require_process_group(type(self).__name__, process_group)

@@ -90,6 +90,8 @@ def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> in
 class BucketedDDP(DataParallel):
     """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
 
+    records_collectives = True  # every gradient collective through launch_all_reduce
+
     steps_to_settle = 3  # re-plans its buckets in the order of its first backward (see _rebuild_buckets_in_ready_order)
 
     @classmethod

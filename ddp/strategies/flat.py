@@ -16,6 +16,8 @@ from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
 
+    records_collectives = True  # every gradient collective through launch_all_reduce
+
     @classmethod
     def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
         """One flattened copy of every gradient while it is all-reduced."""

@@ -16,6 +16,8 @@ from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 class NaiveDDP(DataParallel):
     """All-reduce each gradient after backward (``finish_gradient_synchronization``)."""
 
+    records_collectives = True  # every gradient collective through launch_all_reduce
+
     reference_in_reports = True  # the baseline the report measures the fastest strategy against
 
     @classmethod

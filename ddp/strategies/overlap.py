@@ -6,15 +6,19 @@ backward goes on computing earlier layers; ``finish_gradient_synchronization`` w
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel, Transfer
-from ddp.strategies.tracing import launch_all_reduce, ready_stamp
+from ddp.strategies.tracing import launch_all_reduce
 
 
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
+
+    records_collectives = True  # every gradient collective through launch_all_reduce
 
     @classmethod
     def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
@@ -54,7 +58,8 @@ class OverlapDDP(DataParallel):
                 "accumulate inside no_sync()"
             )
         self._ready[position] = True
-        self._ready_seconds[position] = ready_stamp(self.collective_recorder)
+        if self.collective_recorder is not None:  # stamped only in a recorded step
+            self._ready_seconds[position] = time.perf_counter()
         while self._next_to_launch < len(self._order) and self._ready[self._next_to_launch]:
             grad = self._order[self._next_to_launch].grad
             self._works.append(launch_all_reduce(grad, self._op, self.process_group, f"param{self._next_to_launch}", self.collective_recorder,
