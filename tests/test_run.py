@@ -75,6 +75,12 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
     buckets = {b["extra_info"]["config"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
     assert buckets[1.0] == 1 and buckets[0.1] > 1, f"tiny has 1 MB of gradients; got bucket counts {buckets}"
+    # Each rank ran the traced steps under torchrun too: every collective of the plan, and the tail.
+    for bench in steps[1:]:
+        traced = bench["extra_info"]["collectives"]
+        labels = [c["label"] for c in traced["collectives"]]
+        assert labels == [f"bucket{i}" for i in range(bench["extra_info"]["num_buckets"])]
+        assert traced["tail"] in labels and traced["comm_source"] == "collective_records"  # gloo may finish two out of order
     allreduce = torchrun_json["benchmarks"][-1]["extra_info"]
     assert allreduce["wrong"] == 0 and allreduce["size_bytes"] == int(0.01 * 2**20) // 4 * 4
 
