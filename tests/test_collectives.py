@@ -27,7 +27,7 @@ def traced_step(bucket2_done: float, mask_done: float = 12.8, optimizer_end: flo
     end: no share), bucket1 at 11 (1 s), bucket2 (from 11), the used mask (from bucket2's end)."""
     return {
         "forward": [0.0, 4.0], "backward": [4.0, 10.0], "gradient_sync": [10.0, 12.9], "optimizer": [13.0, optimizer_end],
-        "backward_compute_end": 10.0, "exposed_comm_seconds": 3.0,
+        "backward_compute_end": 10.0,
         "collectives": [
             {"label": "bucket0", "size_bytes": 4 * MIB, "ready_seconds": 6.0, "launch_seconds": 6.0, "done_seconds": 9.0},
             {"label": "bucket1", "size_bytes": 2 * MIB, "ready_seconds": 8.5, "launch_seconds": 9.0, "done_seconds": 11.0},
@@ -153,7 +153,7 @@ def _x(name: str, start_seconds: float, end_seconds: float, tid: int) -> dict:
 
 
 PROFILED_STEP = {"forward": [1.0, 1.1], "backward": [1.1, 1.5], "gradient_sync": [1.5, 1.6], "optimizer": [1.6, 1.7],
-                 "backward_compute_end": 1.5, "exposed_comm_seconds": 0.1, "collectives": []}
+                 "backward_compute_end": 1.5, "collectives": []}
 # DDP's forward broadcasts the module's buffers; its reducer launches two buckets in backward; a
 # barrier is no gradient's. c10d's calls on the training thread (1), gloo's work on its thread (2).
 PROFILED_EVENTS = [

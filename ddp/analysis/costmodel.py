@@ -596,8 +596,12 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
     gradients = gradients_of(config.model, config.seq_len)
     slowdown = default_overlap_slowdown(step.backend == "gloo" and step.device == "cpu")
     bf16 = config.grad_comm == "bf16"
+
+    def in_bf16(grads: list[Gradient]) -> list[Gradient]:
+        return [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in grads]
+
     if bf16:
-        gradients = [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in gradients]
+        gradients = in_bf16(gradients)
 
     def modelled(cap: float, grads=gradients) -> float:
         return predict_step(config.strategy, cap, Compute(local_seconds), grads, link, step.world_size, slowdown)[0]
@@ -605,8 +609,7 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
     measured_cap = config.bucket_size_mb
     at_cap = {cap: modelled(cap) for cap in sorted({*CANDIDATE_BUCKET_SIZES_MB, measured_cap})}
     best = min(at_cap, key=lambda cap: (at_cap[cap], cap != measured_cap))
-    halved = [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in gradients]
     return PlanAdvice(
         link=link, modelled_seconds=at_cap[measured_cap], error=at_cap[measured_cap] / step.step_seconds - 1.0,
-        best_bucket_size_mb=best, best_seconds=at_cap[best], bf16_seconds=None if bf16 else modelled(best, halved),
+        best_bucket_size_mb=best, best_seconds=at_cap[best], bf16_seconds=None if bf16 else modelled(best, in_bf16(gradients)),
     )

@@ -75,8 +75,7 @@ def wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
 
 def recorded_step(trainer: Trainer, together: bool = False) -> dict:
     """One step of ``trainer`` with its phases and its collectives recorded: ``[start, end]`` of each
-    phase, ``backward_compute_end``, ``exposed_comm_seconds`` (the trainer's own figure) and the
-    strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
+    phase, ``backward_compute_end`` and the strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
     ``together``: every rank starts it at once (a barrier first, as a timed round of several
     configurations does)."""
     if together:
@@ -85,13 +84,12 @@ def recorded_step(trainer: Trainer, together: bool = False) -> dict:
     collectives = tracing.CollectiveRecorder()
     trainer.model.collective_recorder = collectives
     try:
-        timing = trainer.step(observer)
+        trainer.step(observer)
         wait_for_completion_stamps(collectives)
     finally:
         trainer.model.collective_recorder = None
     step = observer.step
     step["backward_compute_end"] = trainer.backward_compute_end.seconds
-    step["exposed_comm_seconds"] = timing.exposed_comm_seconds
     step["collectives"] = [asdict(span) for span in collectives.spans]
     return step
 

@@ -33,10 +33,10 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     rank whose traced steps were slowest: medians over its steps of each collective's times (from
     the end of backward's computation) and exposed share, with 95% intervals; the tail is the
     gradient collective that completed last. None when no rank traced a step that communicated."""
-    if not rank_traces or not all(rank_traces) or not any(step["collectives"] for steps in rank_traces for step in steps):
-        return None
     # The slowest among the ranks whose collectives were read (the profiler's may not pair on one).
-    ranks = [r for r in range(len(rank_traces)) if any(step["collectives"] for step in rank_traces[r])]
+    ranks = [r for r, steps in enumerate(rank_traces) if any(step["collectives"] for step in steps)]
+    if not ranks:
+        return None
     rank = max(ranks, key=lambda r: statistics.median(s["optimizer"][1] - s["forward"][0] for s in rank_traces[r]))
     steps = rank_traces[rank]
     per_label: dict[str, dict[str, list]] = {}

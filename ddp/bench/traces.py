@@ -23,6 +23,14 @@ def _is_collective(name: str, prefix: str) -> bool:
     return name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
 
 
+def _buckets_at(positions: list[int], bucket_sizes_bytes: list[int] | None) -> dict[int, tuple[str, int]]:
+    """The strategy's buckets, ``(label, bytes)`` by place among a step's collectives, where the
+    collectives at ``positions`` are as many as its plan has buckets; else none."""
+    if bucket_sizes_bytes is None or len(bucket_sizes_bytes) != len(positions):
+        return {}
+    return {i: (f"bucket{b}", bucket_sizes_bytes[b]) for b, i in enumerate(positions)}
+
+
 def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_bytes: list[int] | None) -> list[dict]:
     """The step records with their ``collectives`` read from a CPU profiler trace (gloo): c10d's
     calls (``c10d::allreduce_``, ...) are the launches, gloo's executions (``gloo:all_reduce``, ...,
@@ -43,12 +51,9 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
                 for call, execution in zip(calls, executions) if window[0] <= call[0] <= window[1]]
         # All-reduces are the buckets where there are as many as the plan has (DDP's forward may
         # also broadcast the module's buffers); any other collective is named by its operator.
-        reduces = [i for i, (*_, op) in enumerate(mine) if op == "allreduce"]
-        buckets = bucket_sizes_bytes if bucket_sizes_bytes is not None and len(bucket_sizes_bytes) == len(reduces) else None
-        bucket_of = {i: b for b, i in enumerate(reduces)} if buckets else {}
+        buckets = _buckets_at([i for i, (*_, op) in enumerate(mine) if op == "allreduce"], bucket_sizes_bytes)
         collectives = [
-            {"label": f"bucket{bucket_of[i]}" if i in bucket_of else f"{op}{i}",
-             "size_bytes": buckets[bucket_of[i]] if i in bucket_of else 0,
+            {"label": buckets[i][0] if i in buckets else f"{op}{i}", "size_bytes": buckets[i][1] if i in buckets else 0,
              "ready_seconds": launch, "launch_seconds": launch, "done_seconds": done}
             for i, (launch, done, op) in enumerate(mine)
         ] if paired else []
@@ -175,11 +180,8 @@ def _named_kernels(kernels: list[GpuEvent], step: dict, bucket_sizes_bytes: list
     strategy's plan has as many; any other is ``collective{i}``."""
     records = step["collectives"]
     if len(records) != len(kernels):
-        gradients = [i for i, k in enumerate(kernels) if k.launch_seconds < step["optimizer"][0]]
-        buckets = bucket_sizes_bytes if bucket_sizes_bytes is not None and len(bucket_sizes_bytes) == len(gradients) else []
-        bucket_of = {i: b for b, i in enumerate(gradients)} if buckets else {}
-        records = [{"label": f"bucket{bucket_of[i]}", "size_bytes": buckets[bucket_of[i]]} if i in bucket_of
-                   else {"label": f"collective{i}", "size_bytes": 0} for i in range(len(kernels))]
+        buckets = _buckets_at([i for i, k in enumerate(kernels) if k.launch_seconds < step["optimizer"][0]], bucket_sizes_bytes)
+        records = [dict(zip(("label", "size_bytes"), buckets.get(i, (f"collective{i}", 0)))) for i in range(len(kernels))]
     return [{"label": r["label"], "size_bytes": r["size_bytes"], "ready_seconds": None, "launch_seconds": k.start_seconds,
              "done_seconds": k.end_seconds} for k, r in zip(kernels, records)]
 
