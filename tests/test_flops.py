@@ -43,8 +43,15 @@ def test_mfu_of_xl_in_bf16_on_an_h100_worked_by_hand():
         ("NVIDIA H200", "bf16", 989.5),
         ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
         ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
-        ("NVIDIA H100 PCIe", "bf16", None),  # other clocks: not in the table
-        ("NVIDIA H100 NVL", "bf16", None),
+        # the datasheets' sparse figures halved: H100 PCIe 756* and 1,513*, NVL 1,671*, HGX B200 4.5 P*
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 NVL", "bf16", 835.5),
+        ("NVIDIA H200 NVL", "fp32", 60.0),
+        ("NVIDIA GH200 480GB", "bf16", 989.5),
+        ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA B200", "fp32", 75.0),
+        ("NVIDIA GB200", "bf16", 2500.0),
         ("NVIDIA GeForce RTX 4090", "bf16", None),
         ("cpu", "fp32", None),
     ],

@@ -21,21 +21,30 @@ import re
 from ddp.model import MODEL_SIZES, model_flops_per_token
 
 # Dense peak TFLOP/s by precision. fp32 is the CUDA cores' (non-tensor) rate; tf32 and bf16 the
-# tensor cores', each half of the datasheet's "with sparsity" figure.
-#   H100 SXM5 and H200 SXM (same compute): FP32 67, TF32 989*, BF16 1,979* (NVIDIA H100 and H200 datasheets)
+# tensor cores', each half of the datasheet's "with sparsity" figure (marked * there).
+#   H100 SXM5, H200 SXM, GH200: FP32 67, TF32 989*, BF16 1,979* (NVIDIA H100, H200 and GH200 datasheets)
+#   H100 PCIe: FP32 51, TF32 756*, BF16 1,513* (NVIDIA H100 datasheet)
+#   H100 NVL, H200 NVL: FP32 60, TF32 835*, BF16 1,671* (NVIDIA H100 and H200 datasheets, per GPU)
+#   B200 (HGX B200, 1,000 W): FP32 75, TF32 2.2 P*, BF16 4.5 P* (NVIDIA HGX B200 datasheet, per GPU);
+#   the B200 of a GB200 runs at 1,200 W: FP32 80, TF32 2.5 P*, BF16 5 P* (NVIDIA GB200 NVL72 datasheet)
 #   A100 SXM4 and PCIe, 40 and 80 GB: FP32 19.5, TF32 156 (312*), BF16 312 (624*) (NVIDIA A100 datasheet)
-# H100 PCIe and NVL and H200 NVL run at other clocks and are not listed: they read as unknown.
+# Matched in order on ``torch.cuda.get_device_name``: "NVIDIA H100 80GB HBM3" is the SXM5, "NVIDIA
+# H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", "NVIDIA
+# B200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"; the first pattern found decides.
 PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
     # (name pattern, what it is, peaks)
-    (r"H100.*(HBM3|SXM)", "H100 SXM5", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
-    (r"H200", "H200 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"H100.*PCIe", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5}),
+    (r"H[12]00.*NVL", "H100 NVL or H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5}),
+    (r"GH200|H100|H200", "H100 SXM5, H200 SXM or GH200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"GB200", "B200 of a GB200", {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0}),
+    (r"B200", "B200 (HGX)", {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0}),
     (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0}),
 )
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:
     """The dense peak of ``device_name`` (``cpu`` or a GPU's name) in ``precision``; None when unknown."""
-    if device_name == "cpu" or "NVL" in device_name:
+    if device_name == "cpu":
         return None
     for pattern, _, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name):
