@@ -107,6 +107,7 @@ def test_seq_len_beyond_the_context_length_is_refused():
         (["run", "--model", "tiny"], "ddp run must be started by torchrun"),
         (["compare", "a.json", "b.json", "--fail-slower", "ten"], "--fail-slower takes a percentage"),
         (["gpu-check"], "the following arguments are required: --out"),
+        (["trace", "missing.json"], "missing.json: no such file"),
     ],
 )
 def test_every_command_error_is_one_line_and_exit_2(argv, message, capsys):
@@ -201,7 +202,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
         "memory": {option("--world-size"), one["model"], one["compile"],
                    *(lists[name] for name in ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm"))},
-        "compare": set(), "report": set(), "gpu-check": set(),
+        "compare": set(), "report": set(), "gpu-check": set(), "trace": set(),
     }
     assert set(expected) == set(COMMANDS)
     for command, options in expected.items():

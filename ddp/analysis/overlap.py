@@ -17,6 +17,9 @@ Holistic Trace Analysis does (``kernel_kind``), phases and the backward window c
 kernels only, and communication from NCCL kernels where a step has any, else (world size 1, or
 gloo over CUDA tensors, where there are none) from the collectives' own launch and completion
 records. ``comm_source`` says which.
+
+A user's own trace (``ddp trace``) is read into step records of the same shape
+(``ddp.bench.traces.read_trace``) and given the same figures per step (``trace_step_figures``).
 """
 
 from __future__ import annotations
@@ -119,6 +122,43 @@ def exposure_figures(steps: list[dict]) -> dict:
         "collective_exposed_seconds": exposed,
         "tail": tail,
         "unattributed_exposed_seconds": max(0.0, total - attributed) / len(steps),
+    }
+
+
+def trace_step_figures(step: dict) -> dict:
+    """What ``ddp trace`` reports of one step of a user's trace (``ddp.bench.traces.read_trace``), by
+    the definitions ``ddp profile`` uses: each collective (in launch order) from its GPU start to
+    its end with its share of the exposed window (``collective_exposure``), the step's exposed
+    communication and the communication overlapped with backward's computation
+    (``step_comm_figures``), and the tail (``tail_of``: the collective that completed last).
+
+    A user's trace does not say which collectives carry gradients, as the suite's records do. A
+    collective that started on the GPU only once the optimizer had (a sharded optimizer's
+    all-gather) is one the exposed window did not wait for: it holds none of the window and is
+    never the tail, so the shares and the tail are those of the collectives that started before.
+    """
+    optimizer_start = step["optimizer"][0]
+    waited_for = [c for c in step["collectives"] if c["launch_seconds"] < optimizer_start]
+    shares = collective_exposure({**step, "collectives": waited_for})
+    shares += [{**c, "exposed_seconds": 0.0} for c in step["collectives"] if c["launch_seconds"] >= optimizer_start]
+    shares.sort(key=lambda share: share["launch_seconds"])
+    tail = tail_of({c["label"]: [c["done_seconds"] - step["backward_compute_end"]] for c in waited_for})
+    comm = step_comm_figures(step)
+    return {
+        "name": step["name"],
+        "step_seconds": step["step_seconds"],
+        "collectives": [
+            {"name": share["name"], "collective": share["collective"], "size_bytes": share["size_bytes"],
+             "start_seconds": share["launch_seconds"], "end_seconds": share["done_seconds"],
+             "exposed_seconds": share["exposed_seconds"]}
+            for share in shares
+        ],
+        "exposed_comm_seconds": comm["exposed_comm_seconds"],
+        "overlapped_comm_seconds": comm["overlapped_comm_seconds"],
+        "tail": next((share["name"] for share in shares if share["label"] == tail), None),
+        "backward_compute_end_seconds": step["backward_compute_end"],
+        "optimizer_start_seconds": optimizer_start,
+        "found": step["found"],
     }
 
 

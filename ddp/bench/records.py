@@ -89,8 +89,9 @@ class CollectiveTiming:
 
     label: str
     """The strategy's name for it (``bucket3``, ``param17``, ``flat0``, ``used_mask``); where only
-    the profiler saw it, ``bucket{i}`` by the strategy's plan, else its operator and place in
-    launch order (``broadcast0``, ``allreduce5``), or on NCCL ``collective{i}``."""
+    the profiler or NCCL's kernels saw it, ``bucket{i}`` by the strategy's plan (its all-reduces
+    before the optimizer), else its collective and place in launch order (``broadcast0``: PyTorch's
+    DDP's buffers, ``allreduce5``), ``collective{i}`` where nothing says which collective."""
     size_bytes: int
     """Bytes sent (0 where unknown: a collective only the profiler saw)."""
     ready_seconds: float | None

@@ -1,12 +1,26 @@
 """Reading recorded steps (``ddp.bench.step_trace``) and the profiler's traces: where each
 collective's times come from, and each collective's share of a step's exposed communication. Pure
 functions of step records and trace events: no tensors, no ranks (the report and ``ddp profile``'s
-parent read them too)."""
+parent read them too); ``load_trace`` reads a trace file.
+
+Two kinds of trace are read: the suite's own (its steps' ``forward``, ``backward``,
+``gradient_sync`` and ``optimizer`` ranges, on the ``perf_counter`` clock of its step records:
+``cpu_steps_from_trace``, ``cuda_steps_from_trace``), and a user's own trace of real training,
+which has only what PyTorch itself writes (``read_trace``, for ``ddp trace``): ``ProfilerStep#N``
+ranges, the autograd engine's and the optimizer's ranges, NCCL's kernels. Both name each NCCL
+kernel by the collective it runs (``nccl_collective``).
+"""
 
 from __future__ import annotations
 
+import gzip
+import itertools
+import json
 import re
 import statistics
+import zlib
+from bisect import bisect_right
+from pathlib import Path
 from typing import NamedTuple
 
 from ddp.bench.records import PHASES  # the step's phases, named once
@@ -139,8 +153,63 @@ def kernel_kind(name: str, category: str) -> str:
     return "compute"
 
 
+# NCCL's collectives, as its kernels name them (NCCL's ``src/device/generate.py``, ``all_colls``).
+NCCL_COLLECTIVES = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "SendRecv")
+# A kernel's collective in its name: ``ncclKernel_<Coll>_<algo>_<proto>_<redop>_<type>`` before NCCL
+# 2.19 (``ncclKernel_AllReduce_RING_LL_Sum_float``), ``ncclDevKernel_<Coll>[_<redop>_<type>]_<algo>_<proto>``
+# since (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclDevKernel_SendRecv``: generate.py's
+# ``best_kernel``), and 2.27's symmetric-memory kernels ``ncclSymkDevKernel_<Coll>_...``. Since 2.19 a
+# collective without a kernel of its own runs in ``ncclDevKernel_Generic``, whose name says none;
+# ``AllGatherV`` (an all-gather of unequal parts) is an all-gather.
+_NCCL_KERNEL_COLLECTIVE = re.compile(
+    r"nccl(?:Symk)?(?:Dev)?Kernel_(AllReduce|Broadcast|Reduce|AllGather|ReduceScatter|SendRecv)V?(?![A-Za-z0-9])")
+# PyTorch's names for a collective, without underscores, by prefix (first match): a kernel's
+# "Collective name" argument (c10d's ParamCommsUtils: "allreduce", "_allgather_base", "all_to_all",
+# ...) and the profiler's range around the call (ProcessGroupNCCL's profiling title: "nccl:all_reduce",
+# "nccl:_reduce_scatter_base", "nccl:send 0->1", ...). NCCL runs all-to-all, gather, scatter, send and
+# recv as grouped point-to-point operations: SendRecv kernels.
+_COLLECTIVE_OF_OP = (("allreduce", "AllReduce"), ("allgather", "AllGather"), ("reducescatter", "ReduceScatter"),
+                     ("reduce", "Reduce"), ("broadcast", "Broadcast"), ("alltoall", "SendRecv"), ("send", "SendRecv"),
+                     ("recv", "SendRecv"), ("gather", "SendRecv"), ("scatter", "SendRecv"))
+# Bytes per element of the kernel argument "dtype", which PyTorch writes as c10's ScalarType name
+# (c10/core/ScalarType.h); a dtype not listed gives no size.
+_DTYPE_BYTES = {"Bool": 1, "Byte": 1, "Char": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1,
+                "Float8_e5m2fnuz": 1, "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2, "Int": 4, "Float": 4,
+                "UInt32": 4, "ComplexHalf": 4, "Long": 8, "Double": 8, "UInt64": 8, "ComplexFloat": 8,
+                "ComplexDouble": 16}
+
+
+def _collective_of_op(op: str) -> str | None:
+    normalized = op.replace("_", "").lower()
+    return next((collective for prefix, collective in _COLLECTIVE_OF_OP if normalized.startswith(prefix)), None)
+
+
+def nccl_collective(kernel_name: str, kernel_args: dict | None = None, cpu_range: str | None = None) -> str | None:
+    """The collective (one of ``NCCL_COLLECTIVES``) an NCCL kernel runs; None where nothing says.
+
+    Read, in this order, from the kernel's name (NCCL's naming, both schemes); else from its
+    argument "Collective name", which PyTorch's profiler copies onto the kernels of a c10d call
+    (the keys of ``torch/csrc/profiler/util.h``; HTA reads the same ones: ``nccl::collective_name``
+    in ``hta/configs/default_event_args.py``); else from ``cpu_range``, the name of the profiler's
+    ``nccl:<op>`` range in which its launch lies (what names ``ncclDevKernel_Generic``).
+    """
+    found = _NCCL_KERNEL_COLLECTIVE.search(kernel_name)
+    if found:
+        return found.group(1)
+    ops = [(kernel_args or {}).get("Collective name"), cpu_range.removeprefix("nccl:") if cpu_range else None]
+    return next((collective for op in ops if op and (collective := _collective_of_op(str(op)))), None)
+
+
+def nccl_message_bytes(kernel_args: dict) -> int | None:
+    """An NCCL kernel's input in bytes from its arguments ("In msg nelems" x the size of "dtype",
+    as PyTorch's profiler writes them); None where they do not give it."""
+    nelems, itemsize = kernel_args.get("In msg nelems"), _DTYPE_BYTES.get(kernel_args.get("dtype"))
+    return int(nelems) * itemsize if isinstance(nelems, (int, float)) and itemsize else None
+
+
 class GpuEvent(NamedTuple):
-    """One GPU event of a CUDA trace, on the ``perf_counter`` clock (seconds)."""
+    """One GPU event of a CUDA trace, in seconds: on the ``perf_counter`` clock for the suite's
+    traces, from the trace's first event for a user's (``read_trace``)."""
 
     launch_seconds: float
     """When the CPU launched it (its cuda_runtime/cuda_driver event with the same correlation id)."""
@@ -149,39 +218,108 @@ class GpuEvent(NamedTuple):
     name: str
     kind: str
     """``kernel_kind`` of the event."""
+    collective: str | None = None
+    """An NCCL kernel's collective (``nccl_collective``); None for any other event, or where nothing says."""
+    size_bytes: int | None = None
+    """An NCCL kernel's input in bytes where its arguments give it (``nccl_message_bytes``), else None."""
 
 
-def gpu_events_from_trace(events: list[dict], steps: list[dict]) -> list[GpuEvent]:
-    """Every GPU event of the trace whose CPU launch is in the trace, classified by ``kernel_kind``."""
-    offset = trace_offset_us(events, steps)
-    launch_us = {
-        e["args"]["correlation"]: e["ts"]
+# Categories of the CPU's ranges: operators (the autograd engine's among them) and record_function's
+# annotations (ProfilerStep#N, Optimizer.step#..., nccl:<op>, the suite's phases). Kineto mirrors
+# annotations on the GPU's timeline as "gpu_user_annotation": not CPU ranges.
+_CPU_RANGE_CATEGORIES = ("cpu_op", "user_annotation")
+
+
+def _innermost_nccl_ranges(events: list[dict]):
+    """A function of a launch event: the name of the innermost ``nccl:<op>`` range on its thread
+    that contains it, or None. A collective's range and its kernel's launch are on the thread
+    that called it (NCCL launches from the caller), so the thread is matched."""
+    by_thread: dict[tuple, list[tuple[float, float, str]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in _CPU_RANGE_CATEGORIES and e.get("name", "").startswith("nccl:"):
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
+    ranges = {thread: sorted(mine) for thread, mine in by_thread.items()}
+    starts = {thread: [start for start, _, _ in mine] for thread, mine in ranges.items()}
+
+    def around(launch: dict) -> str | None:
+        thread, t = (launch.get("pid"), launch.get("tid")), launch["ts"]
+        mine = ranges.get(thread, [])
+        for start, end, name in reversed(mine[:bisect_right(starts.get(thread, []), t)]):
+            if t <= end:  # the latest-starting range that still runs at t is the innermost
+                return name
+        return None
+
+    return around
+
+
+def _gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
+    """Every GPU event whose CPU launch is in the trace, classified, times in seconds of trace
+    time minus ``offset_us``. Launches are the "cuda_runtime" (cudaLaunchKernel,
+    cudaLaunchKernelExC: NCCL's, cudaMemcpyAsync, ...) and "cuda_driver" (cuLaunchKernelEx) events,
+    paired with their GPU event by correlation id, as Kineto writes them."""
+    launches = {
+        e["args"]["correlation"]: e
         for e in events
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
+    nccl_range_around = _innermost_nccl_ranges(events)
     gpu_events = []
     for e in events:
         correlation = e.get("args", {}).get("correlation")
-        if e.get("cat") in GPU_EVENT_CATEGORIES and correlation in launch_us:
-            start = (e["ts"] - offset) / 1e6
+        if e.get("cat") in GPU_EVENT_CATEGORIES and correlation in launches:
+            launch = launches[correlation]
+            kind = kernel_kind(e["name"], e["cat"])
+            collective = size_bytes = None
+            if kind == "communication":
+                collective = nccl_collective(e["name"], e["args"], nccl_range_around(launch))
+                size_bytes = nccl_message_bytes(e["args"])
+            start = (e["ts"] - offset_us) / 1e6
             gpu_events.append(GpuEvent(
-                launch_seconds=(launch_us[correlation] - offset) / 1e6,
+                launch_seconds=(launch["ts"] - offset_us) / 1e6,
                 start_seconds=start,
-                end_seconds=start + e["dur"] / 1e6,
+                end_seconds=start + e.get("dur", 0) / 1e6,
                 name=e["name"],
-                kind=kernel_kind(e["name"], e["cat"]),
+                kind=kind,
+                collective=collective,
+                size_bytes=size_bytes,
             ))
     return gpu_events
 
 
+def gpu_events_from_trace(events: list[dict], steps: list[dict]) -> list[GpuEvent]:
+    """Every GPU event of the suite's trace whose CPU launch is in the trace, classified by
+    ``kernel_kind`` (NCCL's kernels by ``nccl_collective`` too), on the steps' ``perf_counter`` clock."""
+    return _gpu_events(events, trace_offset_us(events, steps))
+
+
+def _collective_label(collective: str | None, place: int) -> str:
+    """A kernel named by its collective and its place among its step's NCCL kernels: ``broadcast0``,
+    ``allreduce3`` (c10d's names for them, as ``cpu_steps_from_trace`` gives them); ``collective{i}``
+    where nothing says which collective it runs."""
+    return f"{(collective or 'collective').lower()}{place}"
+
+
+def _kernel_labels(kernels: list[GpuEvent], optimizer_start: float,
+                   bucket_sizes_bytes: list[int] | None) -> list[tuple[str, int]]:
+    """``(label, bytes)`` of a step's NCCL kernels, in launch order. The plan's buckets are the
+    all-reduces launched before the optimizer, where the plan has as many (``_buckets_at``);
+    every other kernel is named by its collective and place, with its bytes from its arguments
+    where they give them. PyTorch's DDP broadcasts the module's buffers in every forward
+    (``broadcast_buffers=True``: an NCCL Broadcast kernel before the buckets), and an optimizer may
+    gather parameters: neither is a bucket, and neither must stop the buckets from being named."""
+    gradients = [i for i, k in enumerate(kernels) if k.collective == "AllReduce" and k.launch_seconds < optimizer_start]
+    buckets = _buckets_at(gradients, bucket_sizes_bytes)
+    return [buckets.get(i, (_collective_label(k.collective, i), k.size_bytes or 0)) for i, k in enumerate(kernels)]
+
+
 def _named_kernels(kernels: list[GpuEvent], step: dict, bucket_sizes_bytes: list[int] | None) -> list[dict]:
     """A step's NCCL kernels as collectives, in launch order: named by the step's records where
-    there is one per kernel; else those launched before the optimizer are the buckets where the
-    strategy's plan has as many; any other is ``collective{i}``."""
+    there is one per kernel; else by ``_kernel_labels`` (the plan's buckets, the others by
+    collective and place)."""
     records = step["collectives"]
     if len(records) != len(kernels):
-        buckets = _buckets_at([i for i, k in enumerate(kernels) if k.launch_seconds < step["optimizer"][0]], bucket_sizes_bytes)
-        records = [dict(zip(("label", "size_bytes"), buckets.get(i, (f"collective{i}", 0)))) for i in range(len(kernels))]
+        labels = _kernel_labels(kernels, step["optimizer"][0], bucket_sizes_bytes)
+        records = [{"label": label, "size_bytes": size_bytes} for label, size_bytes in labels]
     return [{"label": r["label"], "size_bytes": r["size_bytes"], "ready_seconds": None, "launch_seconds": k.start_seconds,
              "done_seconds": k.end_seconds} for k, r in zip(kernels, records)]
 
@@ -210,7 +348,8 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_by
         def launched_in(window, kind: str) -> list[GpuEvent]:
             return [e for e in gpu_events if e.kind == kind and window[0] <= e.launch_seconds <= window[1]]
 
-        nccl_kernels = sorted(launched_in((step["forward"][0], step["optimizer"][1]), "communication"))
+        nccl_kernels = sorted(launched_in((step["forward"][0], step["optimizer"][1]), "communication"),
+                              key=lambda k: k.launch_seconds)
         if nccl_kernels:
             gpu_step = {"comm_source": COMM_FROM_NCCL_KERNELS,
                         "collectives": _named_kernels(nccl_kernels, step, bucket_sizes_bytes)}
@@ -232,3 +371,191 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_by
         )
         gpu_steps.append(gpu_step)
     return gpu_steps
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's own trace (ddp trace)
+
+
+class TraceFileError(Exception):
+    """A file that is not a PyTorch profiler trace; the message names it and says what to give."""
+
+
+WHAT_TO_GIVE = "give one rank's trace as torch.profiler writes it (export_chrome_trace or tensorboard_trace_handler)"
+
+
+def load_trace(path: Path) -> dict:
+    """A PyTorch profiler (Chrome JSON) trace, gzipped or not (told by its first bytes, not its
+    name), as its JSON object; ``TraceFileError`` if the file is missing or is not one."""
+    if not path.exists():
+        raise TraceFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceFileError(f"{path} is a folder: {WHAT_TO_GIVE}")
+    raw = path.read_bytes()
+    try:
+        trace = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TraceFileError(f"{path} is not JSON ({error}): {WHAT_TO_GIVE}") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TraceFileError(f"{path} has no traceEvents, so it is not a profiler trace: {WHAT_TO_GIVE}")
+    return trace
+
+
+class _Ranges:
+    """CPU ranges (seconds), asked whether an instant lies inside any of them: a bisection on
+    their starts, with the latest end reached so far."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        spans = sorted(spans)
+        self.starts = [start for start, _ in spans]
+        self.reach = list(itertools.accumulate((end for _, end in spans), max))
+
+    def __contains__(self, t: float) -> bool:
+        i = bisect_right(self.starts, t) - 1
+        return i >= 0 and self.reach[i] >= t
+
+
+# How each phase of a step of a user's trace was found (a step's "found"), first that applies:
+# backward's computation's end, and the optimizer's start.
+BACKWARD_FROM_ENGINE = "the last compute kernel launched inside an autograd::engine::evaluate_function range"
+BACKWARD_FROM_SUITE = "the last compute kernel launched inside the suite's backward range"
+BACKWARD_BEFORE_OPTIMIZER = "no backward range: the last compute kernel launched before the optimizer's first"
+BACKWARD_NONE = "no compute kernel before the optimizer: the optimizer's start"
+OPTIMIZER_FROM_STEP = "the first compute kernel launched inside an Optimizer.step# range"
+OPTIMIZER_FROM_SUITE = "the first compute kernel launched inside the suite's optimizer range"
+OPTIMIZER_AFTER_COMM = "no optimizer range: the first compute kernel launched after the step's last NCCL kernel"
+OPTIMIZER_AT_END = "no optimizer range and no compute kernel after the last NCCL kernel: the end of the step's last GPU event"
+# The one step of a trace without ProfilerStep#N annotations.
+WHOLE_TRACE = "whole trace"
+
+
+class TraceReading(NamedTuple):
+    """What ``read_trace`` reads of one rank's trace."""
+
+    header: dict
+    """world_size, rank, backend, nccl_version (``distributedInfo``), gpu (its ``deviceProperties``
+    name, of the device its kernels ran on), each None where the trace does not say."""
+    steps: list[dict]
+    """One step record per ``ProfilerStep#N`` (``read_trace``)."""
+    from_profiler_steps: bool
+    """False where the trace has no ``ProfilerStep#N`` annotation: one step spans it (``WHOLE_TRACE``)."""
+    gpu_events: int
+    nccl_kernels: int
+    """NCCL kernels in the whole trace, launched inside a step or not."""
+
+
+def _header(trace: dict) -> dict:
+    info = trace.get("distributedInfo") or {}
+    names = {d.get("id"): d.get("name") for d in trace.get("deviceProperties") or [] if isinstance(d, dict)}
+    device = next((e["args"].get("device") for e in trace["traceEvents"]
+                   if e.get("cat") == "kernel" and isinstance(e.get("args"), dict)), None)
+    gpu = names.get(device, next(iter(names.values()), None))
+    return {"world_size": info.get("world_size"), "rank": info.get("rank"), "backend": info.get("backend"),
+            "nccl_version": info.get("nccl_version"), "gpu": gpu}
+
+
+def _first_found(*candidates: tuple[list[GpuEvent], str]) -> tuple[list[GpuEvent], str | None]:
+    return next(((kernels, how) for kernels, how in candidates if kernels), ([], None))
+
+
+def _read_step(name: str, window: tuple[float, float], gpu_events: list[GpuEvent], ranges: dict[str, _Ranges]) -> dict:
+    """One step of a user's trace as a step record (``read_trace``), times in seconds from the window's start."""
+    start = window[0]
+    compute = [e for e in gpu_events if e.kind == "compute"]
+    kernels = sorted((e for e in gpu_events if e.kind == "communication"), key=lambda e: e.launch_seconds)
+    after_comm = [k for k in compute if kernels and k.launch_seconds > kernels[-1].launch_seconds]
+    optimizer, found_optimizer = _first_found(
+        ([k for k in compute if k.launch_seconds in ranges["Optimizer.step#"]], OPTIMIZER_FROM_STEP),
+        ([k for k in compute if k.launch_seconds in ranges["optimizer"]], OPTIMIZER_FROM_SUITE),
+        (after_comm, OPTIMIZER_AFTER_COMM),
+    )
+    if optimizer:
+        optimizer_span = [min(k.start_seconds for k in optimizer), max(k.end_seconds for k in optimizer)]
+        optimizer_launch = min(k.launch_seconds for k in optimizer)
+    else:
+        last = max((e.end_seconds for e in gpu_events), default=start)
+        optimizer_span, optimizer_launch, found_optimizer = [last, last], float("inf"), OPTIMIZER_AT_END
+    backward, found_backward = _first_found(
+        ([k for k in compute if k.launch_seconds in ranges["autograd::engine::evaluate_function"]], BACKWARD_FROM_ENGINE),
+        ([k for k in compute if k.launch_seconds in ranges["backward"]], BACKWARD_FROM_SUITE),
+        ([k for k in compute if k.launch_seconds < optimizer_launch], BACKWARD_BEFORE_OPTIMIZER),
+    )
+    if backward:
+        backward_span = [min(k.start_seconds for k in backward), max(k.end_seconds for k in backward)]
+    else:
+        backward_span, found_backward = [optimizer_span[0], optimizer_span[0]], BACKWARD_NONE
+    labels = _kernel_labels(kernels, optimizer_launch, None)
+    collectives = [
+        {"label": label, "name": f"{k.collective or 'collective'} {place}", "collective": k.collective,
+         "size_bytes": size_bytes, "ready_seconds": None, "launch_seconds": k.start_seconds - start,
+         "done_seconds": k.end_seconds - start}
+        for place, (k, (label, size_bytes)) in enumerate(zip(kernels, labels))
+    ]
+    return {
+        "name": name,
+        "step_seconds": window[1] - start,
+        "backward": [t - start for t in backward_span],
+        "backward_compute_end": backward_span[1] - start,
+        "optimizer": [t - start for t in optimizer_span],
+        "collectives": collectives,
+        "found": {"backward": found_backward, "optimizer": found_optimizer},
+    }
+
+
+def read_trace(trace: dict) -> TraceReading:
+    """The steps of one rank's PyTorch profiler trace of real training, read as ``ddp trace`` reads them.
+
+    - **Steps**: each ``ProfilerStep#N`` range (``torch.profiler.schedule`` writes one per
+      ``profiler.step()``); a GPU event belongs to the step whose range contains its CPU launch
+      (correlation id). A trace without any is one step spanning it (``WHOLE_TRACE``).
+    - **Backward's computation** runs from the first to the last compute kernel (``kernel_kind``)
+      launched inside an ``autograd::engine::evaluate_function`` range (the autograd engine runs
+      every backward function in one), else inside the suite's own "backward" range.
+    - **The optimizer** starts with the first compute kernel launched inside an ``Optimizer.step#...``
+      range (PyTorch's ``Optimizer`` names every step so), else the suite's "optimizer" range.
+    - **The exposed window** runs from the end of backward's computation to the optimizer's start,
+      on the GPU's clock.
+
+    Where a range is missing, the step falls back (``BACKWARD_*`` and ``OPTIMIZER_*`` say to what)
+    and its ``found`` says how each was found. A step record has ``name``, ``step_seconds`` (its
+    range's length), ``backward`` and ``optimizer`` (``[start, end]`` of their compute kernels),
+    ``backward_compute_end``, and ``collectives``: one per NCCL kernel launched in the step, in
+    launch order, from its GPU start (``launch_seconds``) to its end
+    (``done_seconds``), with ``name`` (its collective and place, ``AllReduce 3``), ``label``
+    (``allreduce3``), ``collective`` and ``size_bytes`` (from its arguments, 0 where they do not
+    say). Times in seconds from the step range's start; the CPU's and the GPU's events share one
+    clock in Kineto's traces.
+    """
+    events = trace["traceEvents"]
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    # Seconds from the trace's first event: a trace's µs since the epoch (1.7e15) in seconds would
+    # keep only about 0.2 µs of a float's precision.
+    origin_us = min((e["ts"] for e in timed), default=0)
+    gpu_events = _gpu_events(events, offset_us=origin_us)
+    cpu = [e for e in timed if e.get("cat") in _CPU_RANGE_CATEGORIES]
+
+    def seconds(e: dict) -> tuple[float, float]:
+        return (e["ts"] - origin_us) / 1e6, (e["ts"] + e.get("dur", 0) - origin_us) / 1e6
+
+    def spans(matches) -> _Ranges:
+        return _Ranges([seconds(e) for e in cpu if matches(e.get("name", ""))])
+
+    ranges = {
+        "autograd::engine::evaluate_function": spans(lambda name: name.startswith("autograd::engine::evaluate_function")),
+        "Optimizer.step#": spans(lambda name: name.startswith("Optimizer.step#")),
+        "backward": spans(lambda name: name == "backward"),  # the suite's own phases (ddp.bench.step_trace)
+        "optimizer": spans(lambda name: name == "optimizer"),
+    }
+    windows = sorted((*seconds(e), e["name"]) for e in cpu if re.fullmatch(r"ProfilerStep#\d+", e.get("name", "")))
+    from_profiler_steps = bool(windows)
+    if not windows and timed:
+        windows = [(0.0, max(seconds(e)[1] for e in timed), WHOLE_TRACE)]
+    starts = [start for start, _, _ in windows]
+    in_step: list[list[GpuEvent]] = [[] for _ in windows]
+    for e in gpu_events:
+        i = bisect_right(starts, e.launch_seconds) - 1
+        if i >= 0 and e.launch_seconds <= windows[i][1]:
+            in_step[i].append(e)
+    steps = [_read_step(name, (start, end), mine, ranges) for (start, end, name), mine in zip(windows, in_step)]
+    return TraceReading(header=_header(trace), steps=steps, from_profiler_steps=from_profiler_steps,
+                        gpu_events=len(gpu_events), nccl_kernels=sum(e.kind == "communication" for e in gpu_events))

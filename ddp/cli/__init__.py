@@ -33,6 +33,7 @@ COMMANDS = {
     "gpu-check": ("ddp.cli.gpu_check", "everything one GPU can check: correctness on CUDA, xl steps, out of memory, profiles"),
     "buckets": ("ddp.cli.buckets", "which bucket size for my model: a measured sweep beside the cost model's advice"),
     "memory": ("ddp.cli.memory", "will it fit? predicted peak memory per rank by category, and the largest batch that fits"),
+    "trace": ("ddp.cli.trace", "read your own training's profiler trace: each NCCL collective's GPU time, exposed communication, the tail"),
 }
 
 
