@@ -62,8 +62,20 @@ def launch_all_reduce(
     recorder: CollectiveRecorder | None = None, ready_seconds: float | None = None,
 ) -> dist.Work:
     """``dist.all_reduce(..., async_op=True)``, recorded by ``recorder`` when one is given
-    (``ready_seconds``: when the tensor was ready, if earlier than now)."""
-    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    (``ready_seconds``: when the tensor was ready, if earlier than now).
+
+    With one rank the all-reduce is the identity for every op a strategy uses (sum, average, max),
+    and nothing is launched: a completed work holding the tensor is returned. NCCL would otherwise
+    launch its one-rank kernel for AVG (``oneRankReduce``, a scaling pass over the tensor) but
+    nothing for SUM in place, so at world size 1 strategies that average would pay a kernel per
+    collective that those that sum (PyTorch's DDP too) do not: a difference of the op chosen, not
+    of the strategy's own machinery, which is what a world size 1 run compares."""
+    if dist.get_world_size(group) == 1:
+        done = torch.futures.Future()
+        done.set_result([tensor])
+        work = torch._C._distributed_c10d._create_work_from_future(done)
+    else:
+        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
     if recorder is not None:
         recorder.launched(label, tensor, work, ready_seconds)
     return work
