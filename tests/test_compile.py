@@ -74,3 +74,31 @@ def test_every_strategy_compiled_is_measured_or_skipped_with_the_compilers_reaso
         else:
             assert isinstance(result, Measurement) and len(result.rounds) == 2, strategy
         rank_group.run(release)
+
+
+def compiled_graphs(strategy: str) -> int:
+    """Runs on every rank: the graphs AOTAutograd compiled for two steps of ``strategy`` compiled at
+    a 0.05 MiB bucket cap (tiny's blocks hold 0.2 MiB of gradients each: several buckets a block)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = Trainer(StepConfig(strategy, "tiny", 2, 32, 0.05, compile="on"), rank_info())
+    try:
+        for _ in range(2):
+            trainer.step()
+    except CannotRun as error:
+        return str(error)
+    finally:
+        trainer.close()
+    return counters["aot_autograd"]["total"]
+
+
+def test_pytorchs_ddp_compiles_into_the_same_graphs_as_a_hand_written_strategy(rank_group):
+    """Like for like: every strategy's compiled step is the same per-block graphs (one, shared by the
+    identical blocks), not split by dynamo's DDPOptimizer at PyTorch's DDP's buckets only."""
+    graphs = {strategy: rank_group.run(compiled_graphs, strategy)[0] for strategy in ("bucketed", "torch")}
+    if any(isinstance(count, str) for count in graphs.values()):
+        pytest.skip(f"this machine cannot compile: {graphs}")
+    assert graphs["torch"] == graphs["bucketed"] == 1, graphs

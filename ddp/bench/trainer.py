@@ -33,12 +33,12 @@ each other.
 takes ``comm_dtype`` to all-reduce gradients in bf16 and accumulate the result back into the fp32
 gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as they are.
 
-**Compilation** (``StepConfig.compile``): ``on`` compiles the model with ``torch.compile``
-(``nn.Module.compile``: in place, so the strategy wraps the very module it would wrap eagerly)
-before the strategy wraps it, so forward and backward run as compiled graphs while the strategy's
-hooks and collectives stay eager, outside them; the first steps compile, untimed (the warm-up).
-This is compiling the model under a hand-written DDP; PyTorch's DDP compiled whole (its
-``DDPOptimizer`` splitting graphs at buckets) is another configuration, not this one. A
+**Compilation** (``StepConfig.compile``): ``on`` compiles the model's repeated blocks with
+``torch.compile`` (``compile_in_place``: in place, so the strategy wraps the very module it would
+wrap eagerly) before the strategy wraps it, so forward and backward run as compiled graphs, one per
+block, while the strategy's hooks and collectives stay eager, outside them; the first steps
+compile, untimed (the warm-up). Every strategy, PyTorch's DDP included, sees the same graphs:
+dynamo's ``DDPOptimizer``, which would split them at the ``torch`` strategy's buckets only, is off. A
 configuration the compiler cannot take (no C++ compiler or Triton, a strategy whose hooks it
 cannot trace) raises ``CannotRun`` with the compiler's message, and the suite skips it.
 
@@ -190,6 +190,28 @@ class BackwardComputeEnd:
             self.event.record()
 
 
+def compile_in_place(module: nn.Module) -> None:
+    """``--compile on``: the model's repeated blocks compiled each on its own (the children of its
+    largest ``nn.ModuleList``: the LM's transformer blocks), in place (``nn.Module.compile``), as
+    torchtitan compiles each TransformerBlock and PyTorch's regional compilation recipe does; a
+    model without one is compiled whole. Two reasons: identical blocks share one compiled graph
+    (dynamo inlines their modules, so the 48 blocks of xl cost one block's compile time, not the
+    whole model's), and each block's backward is a graph of its own, so its gradients are ready,
+    and their collectives can start, as it ends, under every strategy alike.
+
+    Alike also means without dynamo's ``DDPOptimizer``, which splits a graph traced under PyTorch's
+    DistributedDataParallel at every bucket boundary (``torch/_dynamo/backends/distributed.py``:
+    the ``torch`` strategy only, hundreds of graphs on xl at a 1 MiB cap), while a hand-written
+    strategy's hooks see only whole blocks: ``optimize_ddp`` is turned off in the process."""
+    import torch._dynamo  # the compiler, imported only when compiling
+
+    torch._dynamo.config.optimize_ddp = False
+    lists = [child for child in module.modules() if isinstance(child, nn.ModuleList) and len(child) > 0]
+    blocks = max(lists, key=len, default=None)
+    for part in (blocks if blocks is not None else [module]):
+        part.compile()
+
+
 class CannotRun(Exception):
     """Raised while building or stepping a configuration that this machine cannot run (a
     compiler it lacks, a strategy that does not support an option): the suite skips the
@@ -223,7 +245,7 @@ class Trainer:
         self.workload: Workload = workload
         module = workload.module
         if config.compile == "on":
-            module.compile()  # in place: forward and backward compiled on the first step
+            compile_in_place(module)  # forward and backward compiled on the first step
         # counted before wrapping: a sharding strategy takes the parameters out of the module or empties them
         params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
