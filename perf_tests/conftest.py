@@ -122,6 +122,17 @@ def extra_rank_groups(pytestconfig: pytest.Config):
         group.close()
 
 
+@pytest.fixture(scope="session")
+def tracing_group(pytestconfig: pytest.Config):
+    """Ranks of the session's size, backend and device that run every benchmark's traced steps and
+    time nothing (``ddp.bench.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
+    attached to a process); started on the first trace, closed at the end of the session."""
+    resolved = launch(pytestconfig)
+    group = RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
+    yield group
+    group.close()
+
+
 @pytest.fixture
 def allreduce_group(request: pytest.FixtureRequest, allreduce_world_size: int, extra_rank_groups) -> RankGroup:
     """The session's rank group when the sizes match (no second spawn), else one of the extras."""

@@ -1,14 +1,16 @@
 """Time one full training step (``ddp.bench.trainer``: forward, backward, gradient
 synchronization, AdamW) for each strategy x batch size x sequence length x bucket size of the grid.
 
-What shares a round is ``--interleave`` (``ddp.bench.measure.GridMeasurer``): on CPU by default
-each strategy with a ``local`` twin, so that its overhead is paired over rounds; ``group`` runs every
-strategy of one group (model, batch, sequence length, options) in the same rounds (measured when its first
-test runs); ``off`` (the GPU default) each alone. A
+What shares a round is ``--interleave`` (``ddp.bench.measure.GridMeasurer``): by default each
+strategy with a ``local`` twin, so that its overhead is paired over rounds (alone where the two do
+not fit in memory together); ``group`` runs every strategy of one group (model, batch, sequence
+length, options) in the same rounds (measured when its first test runs); ``off`` each alone. A
 round's time is the slowest rank's step. Rounds are added until every median's 95% interval is
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
 comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
-the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``.
+the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``. Each
+step's collectives come from traced steps on a second group of ranks that times nothing
+(``tracing_group``): no timed round runs in a process after a profiler.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from ddp.strategies.registry import traits
 
 
 @pytest.fixture(scope="module")
-def measurer(rank_group, grid, aim_at_decision):
+def measurer(rank_group, tracing_group, grid, aim_at_decision):
     """Measures the grid a group at a time, with rounds aimed at the comparison with a saved run
-    under ``--benchmark-compare``; the last models are freed when this module is done."""
-    yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision)
+    under ``--benchmark-compare``, each benchmark's traced steps on ranks of their own; the last
+    models are freed when this module is done."""
+    yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision,
+                       tracer=tracing_group)
     if rank_group.started:
         rank_group.run(release)
 

@@ -39,11 +39,12 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, measure
+from ddp.bench.measure import Measurement, measure, trace
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import release
 from ddp.bench.stats import median_ci
 from ddp.bench.summary import collective_trace
+from ddp.bench.traces import cuda_steps_from_trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 
 NETWORK_DELAY_SECONDS = 0.020
@@ -176,9 +177,11 @@ def slow_steps(rank_group) -> tuple[list[StepConfig], Measurement]:
         StepConfig(_on_the_slow_network(name), "tiny", 2, 32, BUCKET_MB if takes_bucket_size(_on_the_slow_network(name)) else None)
         for name in PER_COLLECTIVE
     ]
+    policy = RoundOptions.fixed(7, 1, traced_steps=TRACED_STEPS)
     try:
         rank_group.run(slow_network, True)
-        measurement = measure(rank_group, configs, RoundOptions.fixed(7, 1, traced_steps=TRACED_STEPS))
+        measurement = measure(rank_group, configs, policy)
+        measurement.traces = trace(rank_group, configs, policy)  # after the timed rounds: nothing is timed after them
     finally:
         rank_group.run(slow_network, False)
         rank_group.run(release)
@@ -213,7 +216,44 @@ def test_exposed_communication_accounts_for_the_step_of_every_strategy(slow_step
         assert exposed >= 0.9 * NETWORK_DELAY_SECONDS, f"{name}'s last collective's wait is not seen: {shown}"
 
 
-def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the_tail(slow_steps) -> None:
+def traced_from(backend: str) -> str:
+    """Where the traced steps read the collectives' times (``ddp.bench.step_trace``): NCCL's kernels on
+    NCCL at two ranks or more, the strategies' own records (the link's deliveries) elsewhere."""
+    return "nccl_kernels" if backend == "nccl" else "collective_records"
+
+
+def check_collectives(name: str, trace, timed: list[float], backend: str) -> None:
+    """What the traced steps of one strategy on the slow link must show (see the test below). On
+    NCCL the kernels' GPU times are read: the link delays the CPU's wait, which they do not see,
+    and NCCL says nothing of when a gradient was ready; there the tail is still the last-launched
+    gradient collective (one NCCL stream completes in launch order)."""
+    assert trace is not None and trace.comm_source == traced_from(backend), name
+    timed_ci = median_ci(timed)
+    shown = (f"{name}: shares add up to {trace.attributed_seconds * 1e3:.2f} ms "
+             f"[{trace.attributed_seconds_ci95[0] * 1e3:.2f}, {trace.attributed_seconds_ci95[1] * 1e3:.2f}], "
+             f"the timed rounds exposed {statistics.median(timed) * 1e3:.2f} ms "
+             f"[{timed_ci[0] * 1e3:.2f}, {timed_ci[1] * 1e3:.2f}]; "
+             + ", ".join(f"{c.label} {c.exposed_seconds * 1e3:.1f}" for c in trace.collectives))
+
+    def ready(c) -> float:
+        return c.launch_seconds if c.ready_seconds is None else c.ready_seconds
+
+    gradients = [c for c in trace.collectives if c.label != tracing.USED_MASK_LABEL]
+    last_ready = max(gradients, key=lambda c: (ready(c), c.launch_seconds))
+    assert trace.tail == last_ready.label, shown
+    assert all(ready(c) <= c.launch_seconds < c.done_seconds for c in trace.collectives), shown
+    if trace.comm_source != "collective_records":
+        return
+    # Not resolved apart: the two intervals overlap, within the resolution.
+    resolution = SUM_RESOLUTION_SECONDS * len(trace.collectives)
+    low, high = trace.attributed_seconds_ci95
+    assert low <= timed_ci[1] + resolution and timed_ci[0] <= high + resolution, shown
+    # Delivered the delay after the one before it, after backward's end: exposed for the delay
+    # (and what a loaded machine adds to a wake-up: at most half as much again).
+    assert 0.9 * NETWORK_DELAY_SECONDS <= trace.tail_timing.exposed_seconds <= 1.5 * NETWORK_DELAY_SECONDS, shown
+
+
+def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the_tail(slow_steps, rank_group) -> None:
     """Per collective, from the traced steps: the exposed shares add up to the exposed
     communication the timed rounds measured, within the two measurements' intervals (they
     overlap); the tail is the gradient collective whose data was ready last (launched last among
@@ -222,24 +262,39 @@ def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the
     assert collective_trace(measurement.traces[0]) is None  # local communicates nothing
     for index, config in enumerate(configs[1:], start=1):
         trace = collective_trace(measurement.traces[index])
-        name = _name(config)
-        assert trace is not None and trace.comm_source == "collective_records", name
-        assert trace.steps == TRACED_STEPS
-        timed = measurement.exposed_comm_seconds(index)
-        timed_ci = median_ci(timed)
-        shown = (f"{name}: shares add up to {trace.attributed_seconds * 1e3:.2f} ms "
-                 f"[{trace.attributed_seconds_ci95[0] * 1e3:.2f}, {trace.attributed_seconds_ci95[1] * 1e3:.2f}], "
-                 f"the timed rounds exposed {statistics.median(timed) * 1e3:.2f} ms "
-                 f"[{timed_ci[0] * 1e3:.2f}, {timed_ci[1] * 1e3:.2f}]; "
-                 + ", ".join(f"{c.label} {c.exposed_seconds * 1e3:.1f}" for c in trace.collectives))
-        # Not resolved apart: the two intervals overlap, within the resolution.
-        resolution = SUM_RESOLUTION_SECONDS * len(trace.collectives)
-        low, high = trace.attributed_seconds_ci95
-        assert low <= timed_ci[1] + resolution and timed_ci[0] <= high + resolution, shown
-        gradients = [c for c in trace.collectives if c.label != tracing.USED_MASK_LABEL]
-        last_ready = max(gradients, key=lambda c: (c.ready_seconds, c.launch_seconds))
-        assert trace.tail == last_ready.label, shown
-        # Delivered the delay after the one before it, after backward's end: exposed for the delay
-        # (and what a loaded machine adds to a wake-up: at most half as much again).
-        assert 0.9 * NETWORK_DELAY_SECONDS <= trace.tail_timing.exposed_seconds <= 1.5 * NETWORK_DELAY_SECONDS, shown
-        assert all(c.ready_seconds <= c.launch_seconds < c.done_seconds for c in trace.collectives), shown
+        assert trace is not None and trace.steps == TRACED_STEPS
+        check_collectives(_name(config), trace, measurement.exposed_comm_seconds(index), rank_group.backend)
+
+
+def _nccl_step(bucket_ends: list[float]) -> tuple[list[dict], dict]:
+    """A recorded CUDA trace of one step of PyTorch's DDP at two NCCL ranks (synthetic, in the
+    shape Kineto writes: kernels correlated with their cudaLaunchKernel), and the step's CPU record:
+    forward over [0, 1] s with DDP's buffer broadcast, backward's kernels to 2.0 s, one all-reduce
+    kernel per bucket launched at 1.5 + 0.1 i and ending at ``bucket_ends[i]``, the optimizer at 2.5 s."""
+    events = [{"name": "forward", "cat": "user_annotation", "ph": "X", "ts": 0.0, "dur": 1e6}]
+    kernels = [("gemm", 0.1, 0.1, 0.9), ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0.2, 0.3, 0.31),
+               ("gemm_backward", 1.0, 1.1, 2.0), ("adam", 2.4, 2.5, 2.6)]
+    kernels += [("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 1.5 + 0.1 * i, 1.6 + 0.1 * i, end)
+                for i, end in enumerate(bucket_ends)]
+    for correlation, (name, launch, start, end) in enumerate(kernels):
+        events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ph": "X", "ts": launch * 1e6, "dur": 5,
+                       "args": {"correlation": correlation}})
+        events.append({"cat": "kernel", "name": name, "ph": "X", "ts": start * 1e6, "dur": (end - start) * 1e6,
+                       "args": {"correlation": correlation}})
+    cpu = {"forward": [0.0, 1.0], "backward": [1.0, 2.2], "backward_compute_end": 2.0, "gradient_sync": [2.2, 2.3],
+           "optimizer": [2.3, 2.7], "collectives": []}
+    return events, cpu
+
+
+def test_the_nccl_branch_of_the_check_on_a_recorded_cuda_trace() -> None:
+    """What the check asks of two NCCL GPUs, on a recorded trace: the kernels' source, DDP's buffer
+    broadcast named apart from the buckets, no ready time, the last-launched bucket the tail."""
+    traces = []
+    for rank in range(2):
+        events, cpu = _nccl_step([1.8 + 0.01 * rank, 2.1, 2.3 + 0.01 * rank])
+        traces.append([cuda_steps_from_trace(events, [cpu], [4096, 4096, 2048])[0]] * TRACED_STEPS)
+    trace = collective_trace(traces)
+    assert [c.label for c in trace.collectives] == ["broadcast0", "bucket0", "bucket1", "bucket2"]
+    assert all(c.ready_seconds is None for c in trace.collectives)
+    check_collectives("torch", trace, [0.5] * 7, "nccl")
+    assert trace.tail == "bucket2"

@@ -299,6 +299,25 @@ def test_summary_says_where_communication_times_came_from():
     assert rank_figures(cpu_steps)["comm_source"] == "collective_records"
 
 
+def profiled_from(backend: str, world_size: int) -> str:
+    """Where ``ddp profile`` reads the collectives' times: NCCL's kernels on NCCL at two ranks or
+    more, the strategies' records elsewhere (gloo; NCCL alone launches no NCCL kernel)."""
+    return "nccl_kernels" if backend == "nccl" and world_size > 1 else "collective_records"
+
+
+def check_naive_exposed_and_overlap_hidden(summary, source: str) -> None:
+    """naive launches every collective after backward has returned: all of it exposed; overlap
+    launches from gradient hooks, before the last gradient is computed: some of it hidden."""
+    assert all(summary.strategies[name].comm_source == source for name in ("naive", "overlap"))
+    naive, overlap = summary.strategies["naive"], summary.strategies["overlap"]
+    for rank in naive.ranks:
+        assert rank["comm_seconds"] > 0
+        assert rank["overlap_fraction"] == 0.0
+        assert rank["exposed_comm_seconds"] == pytest.approx(rank["comm_seconds"])
+    for rank in overlap.ranks:
+        assert rank["overlap_fraction"] > 0
+
+
 def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_path):
     configs = [
         ProfileConfig(StepConfig(name, "tiny", batch_size=2, seq_len=16), warmup_steps=1, steps=2, out_dir=str(tmp_path))
@@ -308,17 +327,7 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
     summary = write_profiles(group.world_size, group.backend, group.device, configs, profile_on(group, configs), tmp_path)
 
     assert load_profile_summary(tmp_path / "summary.json") == summary
-    assert all(summary.strategies[name].comm_source == "collective_records" for name in ("naive", "overlap"))
-    naive, overlap = summary.strategies["naive"], summary.strategies["overlap"]
-    for rank in naive.ranks:
-        # naive launches every collective after backward has returned
-        assert rank["comm_seconds"] > 0
-        assert rank["overlap_fraction"] == 0.0
-        assert rank["exposed_comm_seconds"] == rank["comm_seconds"]
-    for rank in overlap.ranks:
-        # overlap launches from gradient hooks, before the last gradient is computed
-        assert rank["overlap_fraction"] > 0
-
+    check_naive_exposed_and_overlap_hidden(summary, profiled_from(group.backend, group.world_size))
     for strategy in ("naive", "overlap"):
         assert (tmp_path / f"timeline_{strategy}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         for rank in range(rank_group.world_size):
@@ -326,6 +335,28 @@ def test_profiling_naive_finds_its_communication_all_exposed(rank_group, tmp_pat
             names = {e.get("name") for e in events if e.get("cat") == "user_annotation"}
             assert {"forward", "backward", "gradient_sync", "optimizer"} <= names
     assert (tmp_path / "timeline_combined.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_nccl_branch_of_the_profile_check_on_recorded_cuda_traces(tmp_path):
+    """The same check, as two NCCL GPUs would answer it, on recorded CUDA traces of two ranks:
+    naive's all-reduce kernels launched once backward has returned (in gradient_sync), overlap's
+    from backward while its kernels still run."""
+    launches = {"naive": (3.1, 3.2), "overlap": (2.3, 2.6)}
+    configs, rank_records = [], []
+    for name, at in launches.items():
+        configs.append(ProfileConfig(StepConfig(name, "tiny", batch_size=2, seq_len=16), out_dir=str(tmp_path)))
+        records = []
+        for rank in range(2):
+            kernels = [(1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"), (2, 2.1, 2.5, 3.0, HOPPER_GEMM, "kernel"),
+                       (5, 3.6, 3.7, 3.9, ADAM, "kernel")]
+            kernels += [(10 + i, launch, launch + 0.05, launch + 0.15, NCCL_2_19_ALL_REDUCE, "kernel") for i, launch in enumerate(at)]
+            path = tmp_path / f"trace_{name}_rank{rank}.json"
+            path.write_text(json.dumps({"traceEvents": _cuda_trace(kernels)}))
+            step = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [_collective(launch, launch + 0.01) for launch in at])
+            records.append({"rank": rank, "device": f"cuda:{rank}", "trace_file": str(path), "steps": [step]})
+        rank_records.append(records)
+    summary = write_profiles(2, "nccl", "cuda", configs, rank_records, tmp_path)
+    check_naive_exposed_and_overlap_hidden(summary, profiled_from("nccl", 2))
 
 
 def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_named():

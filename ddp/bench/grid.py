@@ -20,14 +20,20 @@ from ddp.bench.summary import step_record
 
 def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig, StepRecord | str], None]) -> list[dict]:
     """Every benchmark of ``grid`` on ``ranks``; ``on_step(config, record)`` is told of each step
-    benchmark as it is measured (``record`` is the skip reason when it could not be measured)."""
+    benchmark once every benchmark is timed (``record`` is the skip reason when it could not be
+    measured). The traced steps run last, on the same ranks (``GridMeasurer.trace_all``): this
+    process is one of torchrun's ranks and has no group of its own to trace on, and on CUDA no
+    timed round may follow the profiler in a process (``ddp.bench.measure.trace``)."""
     policy = grid.round_options()
     configs = grid.configs()
     benchmarks = []
     try:
         measurer = GridMeasurer(ranks, configs, policy, grid.interleave)
-        for config in configs:
-            result = measurer.measurement(config)
+        results = [(config, measurer.measurement(config)) for config in configs]
+        free(ranks)
+        records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)
+        measurer.trace_all()
+        for config, result in results:
             if isinstance(result, NotMeasured):
                 on_step(config, result.reason(ranks.world_size))
                 continue
@@ -35,8 +41,6 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
             record = step_record(measurement, ranks.backend, device_name(device), index, local_index)
             benchmarks.append(step_entry(config, record, policy))
             on_step(config, record)
-        free(ranks)
-        records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)
         benchmarks += [allreduce_entry(record, size_mb, policy) for size_mb, record in zip(grid.allreduce_sizes_mb, records)]
     finally:
         free(ranks)

@@ -60,8 +60,8 @@ class Measurement:
     """The widest relative half-width of a median's 95% interval among the configurations."""
     target_precision: float
     traces: list[list[list[dict]]] | None = None
-    """Per configuration, per rank, the traced steps after the timed rounds
-    (``ddp.bench.step_trace``: each collective's ready, launch and completion); None if none ran."""
+    """Per configuration, per rank, its traced steps (``ddp.bench.step_trace``: each collective's
+    ready, launch and completion), run apart from the timed rounds (``trace``); None if none ran."""
 
     def round_seconds(self, index: int = 0) -> list[float]:
         """Each timed round's step time of configuration ``index``: its slowest rank's."""
@@ -177,17 +177,34 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     if isinstance(outcome, (OutOfMemory, Unsupported)):
         return NotMeasured(configs[0], outcome)
     per_round, precision = outcome
-    traces = None
-    if policy.traced_steps > 0:
-        per_rank = ranks.run(traced, configs, policy.traced_steps)
-        # Traced steps that cannot run (out of memory under the profiler) leave the timed rounds
-        # as they are: the record has no collectives.
-        if first_withdrawn(per_rank) is None:
-            traces = [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
     setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]
-    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision, traces)
+    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision)
+
+
+def communicates(setups: Sequence[StepSetup]) -> bool:
+    """Whether a built configuration's step launches any collective (its ranks' ``StepSetup``):
+    more than one rank, and a count that is not zero (unknown counts as yes)."""
+    calls = setups[0].collectives_per_step
+    return len(setups) > 1 and (calls is None or calls > 0)
+
+
+def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[list[list[dict]]] | None:
+    """``policy.traced_steps`` traced steps of each configuration on ``ranks``
+    (``ddp.bench.rank_state.traced``: each built and warmed up there unless it is, then traced, then
+    everything freed): per configuration, per rank, the step records; None when a rank could not
+    run them (out of memory under the profiler): the record then has no collectives.
+
+    ``ranks`` must time nothing afterwards: the profiler of a traced step leaves CUPTI attached to
+    the process on CUDA. ``GridMeasurer`` traces on a group of ranks of its own (its ``tracer``),
+    ``ddp run`` on its own ranks once every benchmark is timed. On CPU nothing stays attached (no
+    CUPTI; the profiler's callbacks, the recorder and its hooks are gone afterwards:
+    ``tests/test_traced_steps.py``); ``gpu-check`` times rounds before and after on a GPU."""
+    per_rank = ranks.run(traced, list(configs), policy.warmup_rounds, policy.traced_steps)
+    if first_withdrawn(per_rank) is not None:
+        return None
+    return [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
 
 
 def free(ranks) -> None:
@@ -248,11 +265,18 @@ class GridMeasurer:
     to fit together is measured one configuration at a time, each with its ``local`` twin where
     the two fit; a group that runs out of memory all the same is measured again that way, so that
     one configuration too large does not take the others with it.
+
+    With ``policy.traced_steps``, each configuration that communicates is then traced (``trace``) on
+    ``tracer``, ranks of the same size, backend and device that time nothing, one configuration at
+    a time, so that no timed round of ``ranks`` ever follows a profiler in its process; where the
+    tracer's build does not fit beside what ``ranks`` hold, ``ranks`` free theirs first. Without a
+    tracer nothing is traced here: ``trace_all`` traces every measurement once the timing is over.
     """
 
     def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
-                 stop: StopCriterion | None = None) -> None:
-        """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid."""
+                 stop: StopCriterion | None = None, tracer=None) -> None:
+        """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid;
+        ``tracer``: the ranks that run the traced steps (see the class docstring)."""
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks
@@ -260,15 +284,20 @@ class GridMeasurer:
         self.policy = policy
         self.interleave = interleave
         self.stop = stop
+        self.tracer = tracer
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotMeasured] = {}
         self._alone: set[StepConfig] = set()
         self._memory_bytes: int | None = None
 
-    def _too_large(self, config: StepConfig) -> str | None:
-        """Why ``config`` is predicted not to fit on these ranks, or None."""
+    def _memory(self) -> int:
+        """The smallest memory a rank may use (``ddp.bench.memory.device_memory_bytes``), asked once."""
         if self._memory_bytes is None:
             self._memory_bytes = min(self.ranks.run(device_memory_bytes))
-        return too_large(config, self.ranks.world_size, self._memory_bytes)
+        return self._memory_bytes
+
+    def _too_large(self, config: StepConfig) -> str | None:
+        """Why ``config`` is predicted not to fit on these ranks, or None."""
+        return too_large(config, self.ranks.world_size, self._memory())
 
     @staticmethod
     def _key(config: StepConfig) -> StepConfig:
@@ -307,7 +336,7 @@ class GridMeasurer:
         group = [c for c in self.configs if self._key(c) == self._key(config) and not self._too_large(c)]
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
-        if self._too_large(local) or not fit(members, self._memory_bytes, self.ranks.world_size).together:
+        if self._too_large(local) or not fit(members, self._memory(), self.ranks.world_size).together:
             self._alone.add(self._key(config))
             return
         result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
@@ -315,20 +344,51 @@ class GridMeasurer:
             free(self.ranks)
             self._alone.add(self._key(config))
             return
+        if self.tracer is not None:
+            self._trace(result, self.tracer)
         for index, member in enumerate(members):
             self._measured[member] = (result, index, None if index == 0 else 0)
 
     def _measure_alone(self, config: StepConfig) -> None:
         paired = self.interleave != "off" and config.strategy != FLOOR and not self._too_large(config.local_twin())
-        if paired and not fit([config, config.local_twin()], self._memory_bytes, self.ranks.world_size).together:
+        if paired and not fit([config, config.local_twin()], self._memory(), self.ranks.world_size).together:
             paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]
         result = measure(self.ranks, members, self.policy, stop=self.stop)
         if isinstance(result, NotMeasured):
             free(self.ranks)
             self._measured[config] = result
-        else:
-            self._measured[config] = (result, 0, 1 if paired else None)
+            return
+        if self.tracer is not None:
+            self._trace(result, self.tracer)
+        self._measured[config] = (result, 0, 1 if paired else None)
+
+    def _trace(self, measurement: Measurement, ranks) -> None:
+        """Give ``measurement`` the traced steps of each of its configurations that communicates, run
+        on ``ranks`` one configuration at a time; ``self.ranks`` free what they hold first where
+        the two do not fit together."""
+        if self.policy.traced_steps == 0:
+            return
+        world_size = len(measurement.setups[0])
+        traces = [[[] for _ in range(world_size)] for _ in measurement.configs]
+        for index, config in enumerate(measurement.configs):
+            if not communicates(measurement.setups[index]):
+                continue
+            if ranks is not self.ranks and not fit([*measurement.configs, config], self._memory(), world_size).together:
+                free(self.ranks)
+            traced_steps = trace(ranks, [config], self.policy)
+            if traced_steps is None:
+                return  # could not run (out of memory under the profiler): no collectives in the record
+            traces[index] = traced_steps[0]
+        measurement.traces = traces
+
+    def trace_all(self) -> None:
+        """Trace every measurement on ``self.ranks``, once nothing more is timed on them (``ddp run``)."""
+        done = set()
+        for result in self._measured.values():
+            if not isinstance(result, NotMeasured) and id(result[0]) not in done and result[0].traces is None:
+                done.add(id(result[0]))
+                self._trace(result[0], self.ranks)
 
 
 BLOCKS = 2  # forward then reversed order: the fewest blocks in which a linear drift cancels
@@ -348,7 +408,7 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions
     blocks (at least one each); the precision target and budget are not used.
 
     ``collect(config)``, a rank function, runs after the last block of each configuration in
-    ``collect_for`` (default: all), while it is still built (e.g. ``parameters_of``); returns
+    ``collect_for`` (default: all), while it is still built (e.g. ``weights_sample``); returns
     (measurement, {config: per-rank results})."""
     configs = list(configs)
     blocks = max(1, min(blocks, policy.min_rounds))

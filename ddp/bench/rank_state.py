@@ -105,22 +105,31 @@ class RankBench:
         """
 
         def build() -> list[StepSetup]:
-            kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
-            self.release(info)  # whatever is not asked for any more, before building (memory)
-            self.trainers = dict(kept)  # a copy: ``kept`` must still tell the fresh builds apart below
-            for config in configs:
-                if config not in self.trainers:
-                    self.trainers[config] = Trainer(config, info)
-            for config in configs:
-                fresh_steps = steps_to_settle(config.strategy)
-                steps = max(fresh_steps, warmup_steps) if config not in kept else warmup_steps
-                trainer = self.trainers[config]
-                for index in range(steps):
-                    counting = index == steps - 1 and config not in kept and not trainer.states_its_collectives
-                    trainer.count_collectives() if counting else trainer.step()
+            self._build(info, configs, warmup_steps)
             return [self.trainers[config].setup() for config in configs]
 
         return self._withdrawing(info, build)
+
+    def _build(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> None:
+        """Build and warm up ``configs`` (see ``prepare``), freeing every other one."""
+        kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
+        self.release(info)  # whatever is not asked for any more, before building (memory)
+        self.trainers = dict(kept)
+        for config in configs:
+            if config in kept:
+                for _ in range(warmup_steps):
+                    kept[config].step()
+                continue
+            # Built and warmed up one at a time, so that on CUDA what each holds between its steps
+            # is what the allocator gained meanwhile (``ddp.bench.trainer.own_peak_bytes`` reads it).
+            before = _allocated_bytes(info)
+            trainer = self.trainers[config] = Trainer(config, info)
+            steps = max(steps_to_settle(config.strategy), warmup_steps)
+            for index in range(steps):
+                counting = index == steps - 1 and not trainer.states_its_collectives
+                trainer.count_collectives() if counting else trainer.step()
+            if before is not None:
+                trainer.resident_bytes = _allocated_bytes(info) - before
 
     def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | Withdrawn:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
@@ -141,16 +150,23 @@ class RankBench:
 
         return self._withdrawing(info, run)
 
-    def trace(self, info: RankInfo, configs: Sequence[StepConfig], steps: int) -> list[list[dict]] | Withdrawn:
-        """``steps`` untimed steps of each configuration with each collective timed
-        (``ddp.bench.step_trace.traced_steps``), one configuration after the other; per
-        configuration the step records (none for a configuration that communicates nothing)."""
+    def trace(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, steps: int) -> list[list[dict]] | Withdrawn:
+        """``steps`` traced steps of each configuration (``ddp.bench.step_trace.traced_steps``), one
+        configuration after the other, each built and warmed up first (as ``prepare`` does) unless
+        it is built already, and everything freed afterwards; per configuration the step records
+        (none for a configuration that communicates nothing).
+
+        The traced steps may run the profiler, and on CUDA the profiler leaves CUPTI attached to
+        the process once done (Kineto tears it down only when TEARDOWN_CUPTI says so, and then
+        lazily: pytorch#144455, kineto#1264, #1554), which slows every kernel launched after it by
+        10-20% in the reports there. So this runs on ranks that time nothing afterwards
+        (``ddp.bench.measure.trace``)."""
 
         def run() -> list[list[dict]]:
-            traces = []
-            for config in configs:
-                trainer = self.trainer(config)
-                traces.append(traced_steps(trainer, steps) if trainer.communicates else [])
+            self._build(info, configs, warmup_steps)
+            traces = [traced_steps(trainer, steps) if trainer.communicates else []
+                      for trainer in (self.trainers[config] for config in configs)]
+            self.release(info)
             return traces
 
         return self._withdrawing(info, run)
@@ -218,6 +234,11 @@ class RankBench:
         return self.trainers[config]
 
 
+def _allocated_bytes(info: RankInfo) -> int | None:
+    """CUDA memory allocated on this rank's GPU; None on CPU."""
+    return torch.cuda.memory_allocated(info.device) if info.device.type == "cuda" else None
+
+
 # Entry points the parent runs on every rank (``RankGroup.run`` needs importable functions); each
 # is handed the calling rank (``on_rank``), whose ``RankBench`` it uses.
 
@@ -233,8 +254,8 @@ def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0)
 
 
 @on_rank
-def traced(rank: Rank, configs: Sequence[StepConfig], steps: int) -> list[list[dict]] | Withdrawn:
-    return rank.keep(RankBench).trace(rank.info, configs, steps)
+def traced(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int, steps: int) -> list[list[dict]] | Withdrawn:
+    return rank.keep(RankBench).trace(rank.info, configs, warmup_steps, steps)
 
 
 @on_rank

@@ -148,12 +148,25 @@ class StepTiming:
     (module docstring). Can be slightly negative on CUDA, where the two events are on different
     streams' clocks."""
     peak_memory_bytes: int | None
-    """Peak CUDA memory allocated during the step; None on CPU."""
+    """Peak CUDA memory allocated by this configuration during the step (``own_peak_bytes``: what
+    other configurations built on the rank hold is not counted); None on CPU."""
 
     @property
     def seconds(self) -> float:
         """What the timing loop reads of any timing."""
         return self.step_seconds
+
+
+def own_peak_bytes(peak_bytes: int, allocated_at_start_bytes: int, resident_bytes: int | None) -> int:
+    """The peak of one configuration's step on a rank that holds others too: the allocator's peak
+    (``max_memory_allocated``, reset at the step's start) counts every configuration resident on
+    the rank (a ``local`` twin, a group's models), so what the others held at the step's start,
+    ``allocated_at_start_bytes - resident_bytes``, is taken off. ``resident_bytes``: what this
+    configuration holds between its steps, measured when it was built (``RankBench.prepare``);
+    None counts everything (the configuration alone)."""
+    if resident_bytes is None:
+        return peak_bytes
+    return peak_bytes - max(0, allocated_at_start_bytes - resident_bytes)
 
 
 class StepObserver:
@@ -275,6 +288,10 @@ class Trainer:
             raise
         self.backward_compute_end = BackwardComputeEnd(self.cuda)
         self.counted_collectives: int | None = None  # see count_collectives
+        self.resident_bytes: int | None = None
+        """On CUDA, what this configuration keeps allocated between its steps (parameters, optimizer
+        state, the strategy's buffers, the batch), set by ``RankBench.prepare`` once built and
+        warmed up; ``own_peak_bytes`` reads it."""
 
     def setup(self) -> StepSetup:
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
@@ -342,6 +359,7 @@ class Trainer:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            allocated_at_start = torch.cuda.memory_allocated(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
         start = time.perf_counter()
         with phase("forward"), forward_autocast(self.config.precision, self.device):
@@ -362,7 +380,7 @@ class Trainer:
         step_seconds = time.perf_counter() - start
         if self.cuda:
             exposed_comm_seconds = compute_end.event.elapsed_time(synchronized) / 1000.0
-            peak = torch.cuda.max_memory_allocated(self.device)
+            peak = own_peak_bytes(torch.cuda.max_memory_allocated(self.device), allocated_at_start, self.resident_bytes)
         else:
             exposed_comm_seconds = synchronized_seconds - compute_end.seconds
             peak = None
