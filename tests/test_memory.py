@@ -22,6 +22,7 @@ from ddp.bench.memory import (
     GIB,
     Fit,
     PredictedTooLarge,
+    device_memory_bytes,
     fit,
     largest_batch,
     parameter_count,
@@ -32,12 +33,14 @@ from ddp.bench.memory import (
     usable_bytes,
 )
 from ddp.bench.memory_trace import trace_step
-from ddp.bench.options import RoundOptions
+from ddp.bench.options import RoundOptions, grid_defaults
 from ddp.bench.race import race, race_configs
-from ddp.bench.rank_state import parameters_of, release
+from ddp.bench.rank_state import release, weights_sample
 from ddp.bench.records import load_run
 from ddp.bench.state_bytes import StateMemory
-from ddp.strategies.registry import DEFAULT_CONTENDERS
+from ddp.bench.trainer import own_peak_bytes
+from ddp.launcher import Rank, RankInfo
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 from tests import synthetic
 
 XL_PARAMETERS = 1_998_235_200
@@ -56,6 +59,50 @@ def test_xl_on_one_h100_fits_alone_but_not_three_together():
     assert memory.too_large() is None
     assert memory.needed_together_bytes == pytest.approx(52 * XL_PARAMETERS, rel=0.01)
     assert memory.explain().startswith("together they need about 96.") and "71.7 GiB usable of 79.6 GiB" in memory.explain()
+
+
+@pytest.mark.parametrize(
+    ("backend", "world_size", "gpus", "local_rank", "shares"),
+    [
+        ("gloo", 2, 1, 0, 2),  # 2 gloo ranks over one GPU's CUDA tensors: half each
+        ("gloo", 2, 1, 1, 2),
+        ("gloo", 3, 2, 0, 2),  # ranks 0 and 2 on GPU 0, rank 1 alone on GPU 1
+        ("gloo", 3, 2, 1, 1),
+        ("nccl", 2, 2, 1, 1),  # NCCL: a GPU per rank
+        ("nccl", 1, 1, 0, 1),
+    ],
+)
+def test_ranks_sharing_a_gpu_are_each_given_their_share_of_it(monkeypatch, backend, world_size, gpus, local_rank, shares):
+    """The device's properties injected: on a machine without a GPU the CUDA branch runs all the same."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"total_memory": H100_BYTES}))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    rank = Rank(RankInfo(local_rank, world_size, backend, torch.device("cuda", local_rank % gpus)))
+    assert device_memory_bytes(rank) == H100_BYTES // shares
+
+
+def test_a_default_gpu_run_pairs_every_xl_step_with_its_local_twin_and_the_pairs_fit_one_h100():
+    """The headline figures (overhead over local, local's MFU, the points of MFU lost) need the twin
+    in the same rounds: the GPU grid interleaves it, and every pair of the default xl grid is
+    predicted to fit together on one 80 GB GPU at world size 1 and 2."""
+    grid = grid_defaults("nccl", "cuda")
+    assert grid.interleave == FLOOR and grid.model == "xl"
+    for world_size in (1, 2):
+        apart = [c.test_id for c in grid.configs() if c.strategy != FLOOR
+                 and not fit([c, c.local_twin()], H100_BYTES, world_size).together]
+        assert not apart, f"at world size {world_size}, measured without their twin: {apart}"
+
+
+def test_a_steps_peak_does_not_count_what_other_configurations_hold_on_the_gpu():
+    """CUDA's max_memory_allocated counts every configuration resident on the rank: local on xl at
+    batch 4 x 128 peaks at 38.2 GiB alone (the H100 evidence), and beside a bucketed twin holding
+    32.5 GiB the allocator reads 70.7 GiB. What the twin held at the step's start is taken off."""
+    own_resident, twin_resident, growth = 30.0 * GIB, 32.5 * GIB, 8.2 * GIB
+    assert own_peak_bytes(own_resident + twin_resident + growth, own_resident + twin_resident, own_resident) == own_resident + growth
+    assert own_peak_bytes(int(38.2 * GIB), int(30.0 * GIB), int(30.0 * GIB)) == int(38.2 * GIB)  # alone: as measured
+    assert own_peak_bytes(int(38.2 * GIB), int(30.0 * GIB), None) == int(38.2 * GIB)  # resident unknown: everything
+    # less allocated at the start than it held once (a cache freed since): nothing to take off
+    assert own_peak_bytes(int(38.2 * GIB), int(29.0 * GIB), int(30.0 * GIB)) == int(38.2 * GIB)
 
 
 def test_a_model_too_large_alone_is_refused_with_what_it_needs():
@@ -129,7 +176,7 @@ def test_parameters_are_counted_without_building():
 
 def test_blocks_pair_rounds_of_configurations_built_one_at_a_time(rank_group):
     configs = [StepConfig("local", "tiny", 2, 16), StepConfig("bucketed", "tiny", 2, 16, 1.0)]
-    measurement, parameters = measure_in_blocks(rank_group, configs, RoundOptions.fixed(4, 1), collect=parameters_of)
+    measurement, parameters = measure_in_blocks(rank_group, configs, RoundOptions.fixed(4, 1), collect=weights_sample)
     assert measurement.configs == configs
     assert len(measurement.rounds) == 4  # two blocks of two rounds, paired by index
     assert all(len(round_) == 2 and len(round_[0]) == rank_group.world_size for round_ in measurement.rounds)
@@ -145,6 +192,14 @@ def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_gr
     assert result.interleaving.startswith("one at a time in alternating blocks of rounds (they do not fit")
     assert result.weights_differ is None  # bucketed and torch trained alike, block by block
     assert {name: len(rounds) for name, rounds in result.record.round_seconds.items()} == {"local": 2, "bucketed": 2, "torch": 2}
+
+
+def test_the_race_tells_a_contender_that_trains_differently_from_a_sample_of_its_weights(rank_group):
+    """The ranks hand the parent each parameter's norm and evenly spaced elements, not the model
+    (``weights_sample``): enough to see that a DDP that never synchronizes trained otherwise."""
+    values = {"model": "tiny", "batch_size": 2, "seq_len": 16, "bucket_size_mb": 1.0}
+    result = race(rank_group, values, RoundOptions.fixed(2, 1), contenders=("tests.wrong_ddps:NeverSynchronizes", "bucketed"))
+    assert result.weights_differ is not None and result.weights_differ.startswith("tests.wrong_ddps:NeverSynchronizes against bucketed")
 
 
 def test_versus_refuses_a_model_too_large_before_building_it():

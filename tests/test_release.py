@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ddp.bench.config import StepConfig
 from ddp.bench.rank_state import RankBench, prepare, release, timed_round
-from ddp.launcher import Rank, on_rank
+from ddp.launcher import Rank, RankInfo, on_rank
 from ddp.strategies import STRATEGIES, DataParallel, takes_bucket_size
 
 
@@ -142,3 +142,36 @@ def test_memory_does_not_grow_across_a_grid_of_configurations(rank_group) -> Non
             assert isinstance(rank_group.run(prepare, [config], 1)[0], list)
     rank_group.run(release)
     assert rank_group.run(live_tensor_bytes) == before
+
+
+class _CudaAllocator:
+    """The CUDA calls ``RankBench.release`` makes, on a machine without a GPU: a caching allocator
+    holding, beside what configurations allocate, cuBLAS's workspace once a matmul has run, which
+    ``torch.cuda.empty_cache`` leaves and ``torch._C._cuda_clearCublasWorkspaces`` frees."""
+
+    CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+
+    def __init__(self) -> None:
+        self.workspace_bytes = 0
+
+    def matmul(self) -> None:
+        self.workspace_bytes = self.CUBLAS_WORKSPACE_BYTES
+
+    def clear_cublas_workspaces(self) -> None:
+        self.workspace_bytes = 0
+
+    def memory_allocated(self, device=None) -> int:
+        return self.workspace_bytes
+
+
+def test_cublas_workspaces_are_freed_on_release_and_not_reported_as_held(monkeypatch, capsys) -> None:
+    allocator = _CudaAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_allocated", allocator.memory_allocated)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", allocator.clear_cublas_workspaces, raising=False)
+    bench, rank = RankBench(), RankInfo(0, 2, "nccl", torch.device("cuda", 0))
+    bench.release(rank)  # before anything was built: the level it returns to
+    allocator.matmul()  # a configuration trained: cuBLAS made its workspace
+    bench.release(rank)
+    assert allocator.workspace_bytes == 0
+    assert "still holds" not in capsys.readouterr().out

@@ -307,12 +307,25 @@ def too_large(config: StepConfig, world_size: int, memory_bytes: int) -> str | N
 
 @on_rank
 def device_memory_bytes(rank: Rank) -> int:
-    """Runs on a rank: the memory this rank may use (its GPU's total, or its share of the host's
-    available memory among the ranks on this host)."""
+    """Runs on a rank: the memory this rank may use: its share of its GPU's memory among the ranks
+    of this host on that GPU, or its share of the host's available memory among the ranks on it."""
     info = rank.info
     if info.device.type == "cuda":
-        return torch.cuda.get_device_properties(info.device).total_memory
+        total = torch.cuda.get_device_properties(info.device).total_memory
+        return total // ranks_on_device(local_world_size(info.world_size), torch.cuda.device_count(), info.device.index or 0)
     return host_memory_bytes(info.world_size)
+
+
+def local_world_size(world_size: int) -> int:
+    """Ranks on this host: torchrun says how many it started here; ``RankGroup`` starts them all here."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+
+
+def ranks_on_device(local_ranks: int, device_count: int, device_index: int) -> int:
+    """How many of this host's ``local_ranks`` share GPU ``device_index``: local rank r runs on GPU
+    r mod ``device_count`` (``ddp.launcher``), so gloo's ranks over CUDA tensors share GPUs when
+    there are fewer GPUs than ranks (NCCL refuses that: one GPU per rank)."""
+    return max(1, sum(1 for r in range(local_ranks) if r % max(1, device_count) == device_index))
 
 
 def host_memory_bytes(ranks_on_host: int) -> int:
@@ -324,8 +337,7 @@ def host_memory_bytes(ranks_on_host: int) -> int:
         available = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         pass
-    # RankGroup starts every rank on this host; torchrun says how many it started here.
-    return available // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ranks_on_host)))
+    return available // local_world_size(ranks_on_host)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ needs about 3 x 35 GiB), they race one at a time in alternating blocks of rounds
 (``ddp.bench.measure.measure_in_blocks``, which states what that pairing guarantees); when even
 one does not fit alone, the race is refused before anything is built (``CannotMeasure``).
 
-After the race, every contender must hold the reference's weights: the correctness check inside
-the performance run, since a fast DDP that trains differently is no result. ``weights_differ``
+After the race, every contender must hold the reference's weights (each parameter's norm and
+evenly spaced elements, compared in the parent): the correctness check inside the performance run,
+since a fast DDP that trains differently is no result. ``weights_differ``
 says where they differ; the callers (``ddp versus``, perf_tests) assert it.
 """
 
@@ -30,7 +31,7 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import CannotMeasure, NotMeasured, free, measure, measure_in_blocks
 from ddp.bench.memory import fit_on
 from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import OutOfMemory, parameters_of
+from ddp.bench.rank_state import OutOfMemory, weights_sample
 from ddp.bench.records import RaceRecord
 from ddp.bench.summary import race_record
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
@@ -79,14 +80,14 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
     if isinstance(measurement, NotMeasured) and not isinstance(measurement.marker, OutOfMemory):
         raise CannotMeasure(measurement.reason(ranks.world_size))
     if measurement is not None and not isinstance(measurement, NotMeasured):
-        weights = {c.strategy: ranks.run(parameters_of, c)[0] for c in communicating}
+        weights = {c.strategy: ranks.run(weights_sample, c)[0] for c in communicating}
         interleaving = "built together, one step of each per round in rotating order"
     else:
         if measurement is not None:
             free(ranks)  # the estimate let them through, but they did not fit: one at a time
         why = f"they do not fit in memory together: {memory.explain()}" if measurement is None else \
             "they ran out of memory built together"
-        measurement, collected = measure_in_blocks(ranks, configs, policy, collect=parameters_of, collect_for=communicating)
+        measurement, collected = measure_in_blocks(ranks, configs, policy, collect=weights_sample, collect_for=communicating)
         if isinstance(measurement, NotMeasured):
             raise CannotMeasure(measurement.reason(ranks.world_size))
         weights = {c.strategy: collected[c][0] for c in communicating}
@@ -100,11 +101,13 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
     return RaceResult(record, None, interleaving)
 
 
-def weights_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> str | None:
-    """Where two lists of parameters differ beyond float rounding, or None."""
-    for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+def weights_difference(actual: list[tuple[float, torch.Tensor]], expected: list[tuple[float, torch.Tensor]]) -> str | None:
+    """Where two contenders' trained parameters (``ddp.bench.rank_state.weights_sample``: each
+    one's norm and evenly spaced elements) differ beyond float rounding, or None."""
+    for index, ((norm, sample), (expected_norm, expected_sample)) in enumerate(zip(actual, expected, strict=True)):
         try:
-            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(sample, expected_sample, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(norm, expected_norm, rtol=1e-4, atol=1e-5)
         except AssertionError as error:
             return f"parameter {index}: {str(error).splitlines()[0]}"
     return None
