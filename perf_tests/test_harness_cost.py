@@ -24,14 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import timed_rounds
+from ddp.bench.measure import HARNESS_RATIO_BAR, timed_rounds
 from ddp.bench.rank_state import prepare, release, timed_round
 from ddp.bench.stats import paired_ratio_ci
 from ddp.launcher import Rank, on_rank
 from ddp.model import MODEL_SIZES, build_model, random_batch
 from ddp.strategies.registry import FLOOR
 
-HARNESS_RATIO_BAR = 1.02
 PEAK_MEMORY_BAR = 0.02
 
 

@@ -31,7 +31,7 @@ def measurer(rank_group, tracing_group, grid, aim_at_decision):
     under ``--benchmark-compare``, each benchmark's traced steps on ranks of their own; the last
     models are freed when this module is done."""
     yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision,
-                       tracer=tracing_group)
+                       tracer=tracing_group, memory_bytes=grid.device_memory_bytes)
     if rank_group.started:
         rank_group.run(release)
 

@@ -7,6 +7,7 @@ that fits. The prediction itself is held to PyTorch's MemTracker in test_memory_
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from ddp.bench.config import StepConfig
 from ddp.bench.measure import GridMeasurer, NotMeasured, measure_in_blocks
 from ddp.bench.memory import (
     GIB,
+    HEADROOM,
     Fit,
     PredictedTooLarge,
     device_memory_bytes,
@@ -157,9 +159,9 @@ def test_the_line_through_two_batches_is_the_trace_at_the_batch():
 
 def test_a_grid_skips_what_is_predicted_not_to_fit_and_runs_the_next(rank_group):
     small, large = StepConfig("local", "tiny", 2, 16), StepConfig("local", "tiny", 64, 128)
-    measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off")
-    measurer._memory_bytes = predict(small, rank_group.world_size).total_bytes + 1
-    assert predict(large, rank_group.world_size).total_bytes > measurer._memory_bytes
+    memory_bytes = math.ceil(predict(small, rank_group.world_size).total_bytes / (1 - HEADROOM))  # small just fits
+    measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off", memory_bytes=memory_bytes)
+    assert predict(large, rank_group.world_size).total_bytes > usable_bytes(memory_bytes)
     skipped = measurer.measurement(large)
     assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, PredictedTooLarge)
     reason = skipped.reason(rank_group.world_size)

@@ -3,10 +3,7 @@ one-line errors of every command."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,17 +22,14 @@ from ddp.bench.options import (
     LaunchOptions,
     OptionError,
     RoundOptions,
-    add_grid_options,
-    add_launch_options,
     gpu_world_sizes,
     grid_defaults,
     grid_options,
-    launch_options,
     option,
     round_options,
 )
 from ddp.bench.parsing import parse_list
-from ddp.cli import COMMANDS, command_parser, gpu_check
+from ddp.cli import COMMANDS, command_parser
 from ddp.cli import main as ddp_main
 
 ROOT = Path(__file__).parents[1]
@@ -130,60 +124,6 @@ def test_the_pytest_header_says_which_backend_and_why():
     assert f"ddp-bench: {LaunchOptions().resolve().describe()}" in done.stdout
 
 
-def suite_parser() -> argparse.ArgumentParser:
-    """What the suites' pytest command lines may hold: the options the root conftest binds, and
-    the few of pytest's and pytest-benchmark's the plan uses."""
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    parser.add_argument("paths", nargs="+")
-    for flag in ("-q", "-rs"):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("-p", action="append")
-    parser.add_argument("--benchmark-json")
-    add_launch_options(parser.add_argument)
-    add_grid_options(parser.add_argument)
-    return parser
-
-
-def test_gpu_check_plans_valid_commands(tmp_path, capsys):
-    assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    planned = [re.fullmatch(r"# (.*) \(at most (\d+) s\)", line) for line in lines if line.startswith("#")][:-1]
-    names, limits = [m.group(1) for m in planned], [int(m.group(2)) for m in planned]
-    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
-    assert names == [part.name for part in gpu_check.parts(tmp_path)] and len(commands) == 6
-    # within 10 minutes in all: each part is ended at its limit
-    assert sum(limits) <= gpu_check.TOTAL_LIMIT_SECONDS == 600 and lines[-1] == f"# at most {sum(limits)} s in all"
-    parsed = {}
-    for name, command in zip(names, commands):
-        assert command[:2] == [sys.executable, "-m"], name
-        if command[2] == "pytest":
-            assert "-rs" in command, name  # skip reasons reach the summary
-            args = suite_parser().parse_args(command[3:])
-            assert all((ROOT / path).exists() for path in args.paths), f"{name}: {args.paths}"
-            grid_options(vars(args).get, args.backend, args.device or "cuda")  # the grid is one the suite accepts
-        else:
-            assert command[2] == "ddp"
-            args = command_parser(command[3]).parse_args(command[4:])
-        launch = launch_options(vars(args).get)
-        model = getattr(args, "model", None)  # the grid's one model, or a command's
-        parsed[name] = (launch.backend, launch.device, launch.world_size, model[0] if isinstance(model, tuple) else model)
-    assert parsed == {
-        "correctness, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, None),
-        "correctness, 1 NCCL rank": ("nccl", None, 1, None),
-        "xl steps, 1 NCCL rank": ("nccl", None, 1, "xl"),
-        "out of memory on real CUDA memory": ("nccl", None, 1, "2.7b"),
-        "profile, 1 NCCL rank": ("nccl", None, 1, "medium"),
-        "profile, 2 gloo ranks over CUDA": ("gloo", "cuda", 2, "small"),
-    }
-
-
-def test_gpu_check_summary_reads_counts_and_skip_reasons():
-    log = ("....s\nSKIPPED [4] tests/test_launcher.py:42: needs 2 ranks: no rank 1\n"
-           "======= 362 passed, 7 skipped in 173.16s =======\n")
-    assert gpu_check.outcome_of(log) == ("362 passed, 7 skipped in 173.16s", ["4 x needs 2 ranks: no rank 1"])
-    assert gpu_check.outcome_of("wrote profile\n") == ("wrote profile", [])
-
-
 def test_every_command_binds_the_shared_options_from_their_one_definition():
     """Each option a command shares with pytest or another command comes from its definition: a
     step's axes from ``ddp.bench.config.AXES``, the rest from ``ddp.bench.options``, with the same
@@ -200,7 +140,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
         "simulate": {one["model"], one["batch_size"], one["seq_len"], lists["strategy"], lists["bucket_size_mb"]},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
-        "memory": {option("--world-size"), one["model"], one["compile"],
+        "memory": {option("--world-size"), option("--device-memory"), one["model"], one["compile"],
                    *(lists[name] for name in ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm"))},
         "compare": set(), "report": set(), "gpu-check": set(), "trace": set(),
     }

@@ -28,7 +28,7 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
     configs = grid.configs()
     benchmarks = []
     try:
-        measurer = GridMeasurer(ranks, configs, policy, grid.interleave)
+        measurer = GridMeasurer(ranks, configs, policy, grid.interleave, memory_bytes=grid.device_memory_bytes)
         results = [(config, measurer.measurement(config)) for config in configs]
         free(ranks)
         records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)

@@ -29,6 +29,7 @@ from ddp.bench.parsing import (
     OptionError,
     argument_type,
     choice,
+    memory_size,
     non_negative_int,
     percent,
     positive_float,
@@ -318,6 +319,9 @@ class GridOptions:
     """float32 all-reduce sizes in MiB."""
     allreduce_world_sizes: tuple[int, ...]
     """Ranks for the all-reduce benchmark."""
+    device_memory_bytes: int | None = None
+    """The memory of one rank's device the grid fits its configurations in (``--device-memory``);
+    None: what each rank has (``ddp.bench.memory.device_memory_bytes``)."""
 
     def __post_init__(self) -> None:
         if self.interleave not in INTERLEAVE:
@@ -367,6 +371,9 @@ RUN_OPTIONS = (
     Option("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"), "float32 all-reduce sizes in MiB"),
     Option("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
            "ranks for the all-reduce benchmark"),
+    Option("--device-memory", "device_memory_bytes", memory_size,
+           "memory of one rank's device that configurations must fit in, e.g. 40GiB: what is predicted not to fit is "
+           "not built (default: each rank's share of its GPU, or of the host's available memory)"),
 )
 GRID_OPTIONS = (*AXIS_LIST_OPTIONS.values(), *ROUND_OPTIONS, *RUN_OPTIONS)
 ALL_OPTIONS = tuple(dict.fromkeys((*LAUNCH_OPTIONS, *AXIS_OPTIONS.values(), *GRID_OPTIONS)))

@@ -324,6 +324,6 @@ def oom_reason(config: StepConfig, world_size: int, marker: OutOfMemory) -> str:
     else:
         memory = f"host memory exhausted on rank {marker.rank}"
     return (
-        f"out of memory: {config.describe()}, {world_size} ranks: {memory} ({marker.message}); "
+        f"out of memory: {config.describe()}, {world_size} rank{'s' if world_size != 1 else ''}: {memory} ({marker.message}); "
         "use a smaller batch size, sequence length or model"
     )

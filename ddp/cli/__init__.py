@@ -30,7 +30,7 @@ COMMANDS = {
     "run": ("ddp.cli.run", "the benchmarked training step under torchrun, any number of nodes"),
     "simulate": ("ddp.cli.simulate", "predict step time at other world sizes from a measured run"),
     "versus": ("ddp.cli.versus", "bucketed against PyTorch's DDP, alternating on one rank group"),
-    "gpu-check": ("ddp.cli.gpu_check", "everything one GPU can check: correctness on CUDA, xl steps, out of memory, profiles"),
+    "gpu-check": ("ddp.cli.gpu_check", "every claim only a GPU can check, in 8 minutes on one H100 (--rehearse: on the CPU)"),
     "buckets": ("ddp.cli.buckets", "which bucket size for my model: a measured sweep beside the cost model's advice"),
     "memory": ("ddp.cli.memory", "will it fit? predicted peak memory per rank by category, and the largest batch that fits"),
     "trace": ("ddp.cli.trace", "read your own training's profiler trace: each NCCL collective's GPU time, exposed communication, the tail"),

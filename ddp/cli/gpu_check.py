@@ -1,159 +1,196 @@
-"""``python -m ddp gpu-check --out DIR``: everything one GPU can check, in one command.
+"""``python -m ddp gpu-check --out DIR``: every claim of the suite that only a GPU can check, in one
+command that finishes within 8 minutes on one H100; ``--rehearse`` runs the same stages on the CPU
+at ``tiny`` sizes (CI does), ``--dry-run`` prints the stages and their limits.
 
-Runs, each as its own pytest or ddp process so that one failure does not hide the others:
+The stages (``ddp.cli.gpu_stages`` says what each holds the suite to) run one after the other,
+each in a process of its own started in a session of its own (``run_stage``), with a time limit;
+past it the whole session is killed, the stage's pytest, torchrun and rank processes with it, and
+the next stage runs. Each stage writes its log, its pytest-benchmark JSON where it runs the
+benchmarks, and its outcome; ``DIR/summary.md`` is the table of stage, limit, seconds, outcome and
+figure, with the GPU, torch and CUDA named.
 
-1. the correctness suite with 2 gloo ranks over CUDA tensors on the one GPU;
-2. the correctness suite with one NCCL rank;
-3. every strategy's training step on the xl model at world size 1 with NCCL, at 256 and 2,048
-   tokens a step (batch 4, sequence 64 and 512), with peak memory: with no network, what remains is each strategy's own
-   machinery (hooks, copies, launches), the number that explains why a Python bucketed DDP can lose
-   to PyTorch's C++ reducer;
-4. the out-of-memory skip on real CUDA memory: a configuration that cannot fit, then one that
-   does, which must still run;
-5. ``ddp profile`` on CUDA at world size 1 (NCCL) and with 2 gloo ranks over CUDA.
+The limits are estimates for one H100 80GB HBM3 with torch 2.11 (``STAGES`` gives each one's
+reasoning), from the session of ``docs/gpu-first-run.md``: a process that imports torch, starts
+CUDA and a rank takes about 10 s; an xl benchmark of a few rounds about 5 s (3 xl benchmarks in
+18.6 s with start-up, q1; one in 14.6 s, q2); a correctness test 0.59 s with 2 gloo ranks over
+CUDA, 0.47 s with one NCCL rank (370 tests in 217 s and 173 s). They add up to ``TOTAL_LIMIT_SECONDS``.
 
-It needs only torch, pytest, pytest-benchmark, tabulate and matplotlib, writes pytest-benchmark JSON,
-profiles and logs into ``--out``, and ``summary.md`` with each part's outcome: what passed, what
-skipped and why (pytest's own counts and skip reasons), what failed or ran out of time.
-
-Sized to finish within 10 minutes on one H100: each part has a time limit (``Part.limit_seconds``,
-from the first H100 run at commit 3975dc7, torch 2.11: the two correctness runs took 217 s and
-173 s, an xl step benchmark about 6 s, the out-of-memory part 13 s) and the limits add up to at
-most ``TOTAL_LIMIT_SECONDS``; a part past its limit is ended and reported as timed out, and the
-next one runs. ``--dry-run`` prints the commands and their limits instead (what CI checks).
-
-The profiles run from the installed package anywhere. The other parts run the test suites,
-which live in a ddp-bench checkout, not in the package: ``--suite PATH`` (default: the current
-folder, when it holds ``correctness_tests/``, ``tests/`` and ``perf_tests/``); without one they are skipped,
-saying so in the summary.
+The stages that run the test suites need a ddp-bench checkout (``--suite``, default the current
+folder); without one they are skipped, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-import shlex
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ddp.analysis.tables import table
-from ddp.cli import UsageError
-from ddp.strategies.registry import FLOOR
+from ddp.cli import UsageError, gpu_stages
+from ddp.cli.gpu_stages import CheckFailed, Target
 
-SKIPPED = "skipped"
-
-# Every strategy on xl at the two sizes of the plain-loop figures (256 and 2,048 tokens a step),
-# 12 benchmarks of about 6 s each.
-XL_STEPS = ("--model", "xl", "--batch-sizes", "4", "--seq-lens", "64,512", "--bucket-sizes", "25",
-            "--rounds", "3", "--max-rounds", "5", "--warmup-rounds", "1", "--round-budget", "5")
-# 2.7b at 16 x 1024 tokens needs far more than any one GPU has for activations; the next
-# configuration (tiny) must still run on the same session.
-OUT_OF_MEMORY = ("--model", "2.7b", "--strategies", FLOOR, "--batch-sizes", "16", "--seq-lens", "1024",
-                 "--rounds", "1", "--max-rounds", "1", "--warmup-rounds", "0")
-
-
-SUITES = ("correctness_tests", "tests", "perf_tests")  # the folders of a checkout that the suite parts run
-
-
-TOTAL_LIMIT_SECONDS = 600
+TOTAL_LIMIT_SECONDS = 480
+SUITES = ("correctness_tests", "tests", "perf_tests")  # the folders of a checkout that the stages run
+RESULT = "result.json"  # what a stage's process writes in its folder: its outcome and figure
 
 
 @dataclass(frozen=True)
-class Part:
+class Stage:
     name: str
-    command: list[str]
+    run: Callable[[Target, Path, Path], str]
     limit_seconds: int
-    """Ended past this, and reported as timed out."""
+    """On one H100: killed whole past it."""
+    estimate: str
+    """Where the limit comes from."""
+    needs_suite: bool = True
 
 
-def parts(out: Path) -> list[Part]:
-    """The parts, in order; a pytest command runs in the suite's folder."""
-    python = sys.executable
-    pytest = [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
-    profile = [python, "-m", "ddp", "profile", "--strategies", "naive,overlap,bucketed,torch"]
-    return [
-        Part("correctness, 2 gloo ranks over CUDA",
-             [*pytest, "correctness_tests", "tests", "--backend", "gloo", "--device", "cuda", "--world-size", "2"], 240),
-        Part("correctness, 1 NCCL rank", [*pytest, "correctness_tests", "tests", "--backend", "nccl", "--world-size", "1"], 190),
-        Part("xl steps, 1 NCCL rank", [*pytest, "perf_tests/test_step.py", "--backend", "nccl", "--world-size", "1", *XL_STEPS,
-                                       "--benchmark-json", str(out / "xl_steps.json")], 85),
-        Part("out of memory on real CUDA memory", [*pytest, "perf_tests/test_step.py", "perf_tests/test_harness.py",
-                                                   "--backend", "nccl", "--world-size", "1", *OUT_OF_MEMORY], 25),
-        Part("profile, 1 NCCL rank", [*profile, "--model", "medium", "--batch-size", "2", "--seq-len", "256",
-                                      "--backend", "nccl", "--world-size", "1", "--out", str(out / "profile_nccl")], 25),
-        Part("profile, 2 gloo ranks over CUDA", [*profile, "--model", "small", "--batch-size", "2", "--seq-len", "128",
-                                                 "--backend", "gloo", "--device", "cuda", "--world-size", "2",
-                                                 "--out", str(out / "profile_gloo_cuda")], 25),
-    ]
+STAGES = (
+    Stage("harness", gpu_stages.harness, 50,
+          "start-up 10 s; a plain xl loop and the harness's, built 2 x 3 s, warmed 2 x 2 steps, 10 rounds of both at "
+          "b4 x 128 (0.25 s a step): 30 s"),
+    Stage("precision", gpu_stages.precision, 90,
+          "start-up 10 s; per precision local, bucketed, torch xl at b2 x 512 built 3 x 3 s, 29 steps (0.35 s fp32, "
+          "0.15 s tf32 and bf16): 20 + 13 + 13 s; 60 s"),
+    Stage("fit", gpu_stages.fit, 45,
+          "start-up 10 s; the largest batch of xl at seq 1024 (about 6) built 3 s, 4 steps of about 1.8 s in fp32: 25 s"),
+    Stage("oom", gpu_stages.oom, 35,
+          "start-up 10 s; the hog fills 80 GB in 1 GiB blocks (1 s), is freed; xl b2 x 128 built, 1 + 2 + 2 steps: 20 s"),
+    Stage("traced", gpu_stages.traced, 65,
+          "3 groups of ranks (2 gloo over CUDA twice, 1 NCCL): 25 s; small (128.6M) steps, 3 x 8 rounds and 3 traces "
+          "of 4 steps with their export: 10 s; ddp profile of 2 strategies at world size 1: 10 s; 45 s"),
+    Stage("compile", gpu_stages.compile_, 100,
+          "start-up 10 s; one xl block compiled, forward and backward (inductor, 16 cores): about 40 s, more than any "
+          "other stage's figure uncertain; the torch strategy's from the cache: 5 s; 2 x 5 steps: 5 s; 60 s"),
+    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 50,
+          "start-up 10 s; 44 tests (bucketed, torch and fsdp on the LM, every precision) x 0.59 s: 26 s; 36 s"),
+    Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 40,
+          "start-up 10 s; the same 44 tests, those that need 2 ranks skipped, x 0.47 s: 21 s; 31 s"),
+)
 
 
-def outcome_of(log: str) -> tuple[str, list[str]]:
-    """pytest's counts line (or the last line of another command) and its skip reasons, each once
-    with how often: ``SKIPPED [3] file:line: reason`` becomes ``3 x reason``."""
-    lines = [line for line in log.splitlines() if line.strip()]
-    counts = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", line)), None)
-    skips = [re.sub(r"^SKIPPED \[(\d+)\] \S+: ", r"\1 x ", line) for line in lines if line.startswith("SKIPPED [")]
-    return counts or (lines[-1] if lines else ""), skips
+def run_stage(command: list[str], limit_seconds: float, log: Path, cwd: Path) -> tuple[int | None, float]:
+    """Run ``command`` in a session of its own, its output into ``log``; past ``limit_seconds`` kill
+    the whole session (what it started too: pytest, torchrun, the ranks, whose process groups are
+    the session's unless they make their own). Returns (its exit status, None if it was killed;
+    seconds)."""
+    began = time.monotonic()
+    with log.open("w") as file:
+        process = subprocess.Popen(command, cwd=cwd, stdout=file, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = process.wait(timeout=limit_seconds)
+        except subprocess.TimeoutExpired:
+            code = None
+        # Whatever it left behind is ended too: a stage that returned may have left a child running.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    return code, time.monotonic() - began
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, type=Path, help="folder for JSON, profiles, logs and summary.md (new or empty)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--out", required=True, type=Path, help="folder for the stages' logs, JSON and summary.md (new or empty)")
+    parser.add_argument("--dry-run", action="store_true", help="print the stages, their limits and estimates; run nothing")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run every stage on the CPU at tiny sizes (gloo), to find a broken stage before a GPU is at hand")
     parser.add_argument("--suite", type=Path, default=Path("."),
-                        help="a ddp-bench checkout holding correctness_tests/, tests/ and perf_tests/ (default: the current folder); "
-                        "without one the parts that run them are skipped")
-
-
-def needs_suite(command: list[str]) -> bool:
-    return "pytest" in command
+                        help="a ddp-bench checkout holding correctness_tests/, tests/ and perf_tests/ (default: the current folder)")
+    parser.add_argument("--stage", choices=[stage.name for stage in STAGES], help=argparse.SUPPRESS)  # one stage, in this process
 
 
 def has_suite(folder: Path) -> bool:
     return all((folder / name).is_dir() for name in SUITES)
 
 
+def stage_main(args: argparse.Namespace) -> int:
+    """Run one stage in this process (the child ``main`` starts) and write its outcome."""
+    stage = next(s for s in STAGES if s.name == args.stage)
+    folder = args.out
+    try:
+        figure = stage.run(Target(args.rehearse), folder, args.suite.resolve())
+        outcome = "ok"
+    except CheckFailed as failed:
+        outcome, figure = "FAILED", str(failed)
+    except Exception as error:  # a stage that crashed: its traceback is in the log
+        traceback.print_exc()
+        outcome, figure = "FAILED", f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    print(f"{stage.name}: {outcome}: {figure}", flush=True)
+    (folder / RESULT).write_text(json.dumps({"outcome": outcome, "figure": figure}))
+    return 0 if outcome == "ok" else 1
+
+
+# A rehearsal runs on two CPU cores at tiny sizes: the GPU's limits do not apply; this one only
+# ends a stage that hangs.
+REHEARSAL_LIMIT_SECONDS = 300
+
+
+def plan_text() -> str:
+    lines = [f"# {stage.name}: at most {stage.limit_seconds} s on one H100 ({stage.estimate})" for stage in STAGES]
+    lines.append(f"# at most {sum(stage.limit_seconds for stage in STAGES)} s in all "
+                 f"(the budget: {TOTAL_LIMIT_SECONDS} s); left out of the correctness stages: {gpu_stages.LEFT_OUT}")
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.stage:
+        return stage_main(args)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UsageError(f"--out {args.out} exists and is not an empty folder: give a new one (nothing saved is overwritten)")
-    plan = parts(args.out.resolve())
-    suite = args.suite.resolve() if has_suite(args.suite) else None
     if args.dry_run:
-        for part in plan:
-            print(f"# {part.name} (at most {part.limit_seconds} s)\n{shlex.join(part.command)}")
-        print(f"# at most {sum(part.limit_seconds for part in plan)} s in all")
+        print(plan_text())
         return 0
-    if not torch.cuda.is_available():
-        raise UsageError("gpu-check needs a GPU, none found: run it on a machine with one (or use --dry-run)")
+    if not args.rehearse and not torch.cuda.is_available():
+        raise UsageError("gpu-check needs a GPU, none found: run it on a machine with one, or --rehearse its stages on the CPU")
+    suite = args.suite.resolve() if has_suite(args.suite) else None
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, skipped = [], []
-    for index, part in enumerate(plan, start=1):
-        if needs_suite(part.command) and suite is None:
-            rows.append([part.name, SKIPPED, "", f"no test suite in {args.suite.resolve()}: give --suite PATH to a ddp-bench checkout", ""])
-            print(f"{part.name}: {rows[-1][1]}: {rows[-1][3]}", flush=True)
+    out = args.out.resolve()
+    rows = []
+    for index, stage in enumerate(STAGES, start=1):
+        folder = out / f"{index:02d}-{stage.name}"
+        folder.mkdir()
+        limit = REHEARSAL_LIMIT_SECONDS if args.rehearse else stage.limit_seconds
+        if stage.needs_suite and suite is None:
+            rows.append([stage.name, limit, "", "skipped", f"no test suite in {args.suite.resolve()}: give --suite PATH to a checkout"])
+            print(f"{stage.name}: {rows[-1][3]}: {rows[-1][4]}", flush=True)
             continue
-        began = time.monotonic()
-        log = args.out / f"part{index}.log"
-        with log.open("w") as file:
-            try:
-                returncode = subprocess.run(part.command, cwd=suite or args.out, stdout=file, stderr=subprocess.STDOUT,
-                                            timeout=part.limit_seconds).returncode
-                status = "ok" if returncode == 0 else f"FAILED (exit {returncode})"
-            except subprocess.TimeoutExpired:  # subprocess.run has ended it
-                status = f"TIMED OUT after {part.limit_seconds} s"
-        seconds = time.monotonic() - began
-        counts, skips = outcome_of(log.read_text())
-        rows.append([part.name, status, f"{seconds:.0f}", counts, log.name])
-        skipped += [f"- {part.name}: {skip}" for skip in skips]
-        print(f"{part.name}: {status} in {seconds:.0f} s: {counts}", flush=True)
-    summary = table(rows, ["part", "outcome", "seconds", "passed, skipped, failed", "log"], "github")
-    (args.out / "summary.md").write_text(
-        f"# ddp-bench gpu-check\n\nGPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}\n\n"
-        f"{summary}\n\n## Skipped, and why\n\n" + "\n".join(skipped or ["nothing skipped"]) + "\n"
+        command = [sys.executable, "-m", "ddp", "gpu-check", "--stage", stage.name, "--out", str(folder),
+                   "--suite", str(suite or args.suite.resolve()), *(["--rehearse"] if args.rehearse else [])]
+        code, seconds = run_stage(command, limit, folder / "stage.log", cwd=suite or out)
+        result = folder / RESULT
+        if code is None:
+            outcome, figure = f"TIMED OUT after {limit} s", "killed with every process it started; see its stage.log"
+        elif result.exists():
+            outcome, figure = json.loads(result.read_text()).values()
+        else:
+            outcome, figure = f"FAILED (exit {code})", "no result written; see its stage.log"
+        rows.append([stage.name, limit, f"{seconds:.0f}", outcome, figure])
+        print(f"{stage.name}: {outcome} in {seconds:.0f} s: {figure}", flush=True)
+    write_summary(out / "summary.md", rows, args.rehearse)
+    print(f"wrote {out / 'summary.md'}")
+    ran = [row for row in rows if row[3] != "skipped"]
+    return 0 if ran and all(row[3] == "ok" for row in ran) else 1
+
+
+def write_summary(path: Path, rows: list[list], rehearse: bool) -> None:
+    if rehearse:
+        where = f"CPU rehearsal at tiny sizes (gloo), torch {torch.__version__}: timing figures reported, not asserted"
+    else:
+        where = f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    summary = table(rows, ["stage", "limit s", "seconds", "outcome", "figure"], "github")
+    path.write_text(
+        f"# ddp-bench gpu-check\n\n{where}\n\n{summary}\n\n"
+        f"Left out of the correctness stages: {gpu_stages.LEFT_OUT}.\n\n"
+        "## The limits, on one H100\n\n" + "\n".join(f"- {stage.name}: {stage.limit_seconds} s: {stage.estimate}" for stage in STAGES) + "\n"
     )
-    print(f"wrote {args.out / 'summary.md'}")
-    return 0 if all(row[1] in ("ok", SKIPPED) for row in rows) and any(row[1] == "ok" for row in rows) else 1

@@ -14,8 +14,7 @@ import torch
 from ddp.analysis.tables import table
 from ddp.bench.config import AXES, expand
 from ddp.bench.memory import GIB, HEADROOM, NoPrediction, fits, host_memory_bytes, largest_batch, predict, usable_bytes
-from ddp.bench.options import add_config_options, add_launch_options, config_values
-from ddp.bench.parsing import argument_type, memory_size
+from ddp.bench.options import add_config_options, add_launch_options, config_values, option
 from ddp.cli import UsageError
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import STRATEGIES
@@ -32,14 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults["bucket_size_mb"] = (DEFAULT_BUCKET_SIZE_MB,)  # one cap: the cap changes no strategy's memory
     add_config_options(parser.add_argument, defaults, lists=LISTS)
     add_launch_options(parser.add_argument, only=("--world-size",))  # the ranks sharded state is split among
-    parser.add_argument("--device-memory", type=argument_type(memory_size, "device_memory"), default=None,
-                        help="memory of one rank's device, e.g. 80GiB (default: this machine's GPU, else the "
-                             "host's available memory shared among the ranks)")
+    option("--device-memory").bind(parser.add_argument, None, "this machine's GPU, else the host's available memory "
+                                   "shared among the ranks")
 
 
 def device_memory(args: argparse.Namespace) -> tuple[int, str]:
-    if args.device_memory is not None:
-        return args.device_memory, "given"
+    if args.device_memory_bytes is not None:
+        return args.device_memory_bytes, "given"
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory, torch.cuda.get_device_name(0)
     return host_memory_bytes(args.world_size), f"this host's available memory shared by {args.world_size} ranks"

@@ -1,0 +1,146 @@
+"""``python -m ddp gpu-check``: the plan of stages within the 8-minute budget, the commands each
+stage would run on a GPU accepted by the suite, a stage past its limit ended with everything it
+started, and the summary's table. The stages themselves run in CI as their CPU rehearsal
+(``gpu-check --rehearse`` in ``.ci/run``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp.bench.options import add_grid_options, add_launch_options, grid_options, launch_options
+from ddp.cli import gpu_check, gpu_stages
+from ddp.cli import main as ddp_main
+from ddp.cli.gpu_stages import Target
+
+ROOT = Path(__file__).parents[1]
+H100_BYTES = 81_559 * 2**20
+
+
+def test_the_plan_names_every_stage_with_its_limit_and_adds_up_to_at_most_eight_minutes(tmp_path, capsys):
+    assert ddp_main(["gpu-check", "--out", str(tmp_path / "check"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    planned = [re.fullmatch(r"# (\S+): at most (\d+) s on one H100 \((.+)\)", line) for line in lines[:-1]]
+    assert all(planned), lines
+    assert [m.group(1) for m in planned] == [stage.name for stage in gpu_check.STAGES]
+    total = sum(int(m.group(2)) for m in planned)
+    assert total <= gpu_check.TOTAL_LIMIT_SECONDS == 480
+    assert lines[-1].startswith(f"# at most {total} s in all")
+    assert not (tmp_path / "check").exists()  # a dry run writes nothing
+
+
+def suite_parser() -> argparse.ArgumentParser:
+    """What a stage's pytest command line may hold: the options the root conftest binds, and the
+    few of pytest's and pytest-benchmark's the stages use."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("-k")
+    parser.add_argument("--benchmark-json")
+    add_launch_options(parser.add_argument)
+    add_grid_options(parser.add_argument)
+    return parser
+
+
+class _Ran(Exception):
+    """Stops a stage once it has asked for its pytest command."""
+
+
+PYTEST_STAGES = ("harness", "precision", "fit", "compile", "correctness-gloo-cuda", "correctness-nccl")
+
+
+@pytest.mark.parametrize("name", PYTEST_STAGES)
+def test_each_stage_runs_on_a_gpu_a_command_the_suite_accepts(name, monkeypatch, tmp_path):
+    """The GPU's commands are not run in CI (the rehearsal runs others): each is parsed here as the
+    suite would parse it, its grid validated, its paths present, its ranks the stage's."""
+    asked = []
+
+    def pytest_command(suite, out, stage_name, *args):
+        asked.append(args)
+        raise _Ran
+
+    monkeypatch.setattr(gpu_stages, "_pytest", pytest_command)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"total_memory": H100_BYTES}))
+    stage = next(s for s in gpu_check.STAGES if s.name == name)
+    with pytest.raises(_Ran):
+        stage.run(Target(rehearse=False), tmp_path, ROOT)
+    (args,) = asked
+    parsed = suite_parser().parse_args([a for a in args if not a.startswith("--junitxml")])
+    assert all((ROOT / path).exists() for path in parsed.paths), parsed.paths
+    launch = launch_options(vars(parsed).get)
+    assert (launch.backend, launch.device, launch.world_size) in (("nccl", None, 1), ("gloo", "cuda", 2))
+    grid = grid_options(vars(parsed).get, launch.backend, launch.device or "cuda")
+    if parsed.paths[0].startswith("perf_tests"):
+        assert grid.model == "xl", name
+
+
+def test_fit_runs_the_largest_batch_the_prediction_allows_and_the_next(monkeypatch, tmp_path):
+    asked = []
+    monkeypatch.setattr(gpu_stages, "_pytest", lambda suite, out, name, *args: (asked.append(args), (_ for _ in ()).throw(_Ran)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"total_memory": H100_BYTES}))
+    with pytest.raises(_Ran):
+        gpu_stages.fit(Target(rehearse=False), tmp_path, ROOT)
+    args = list(asked[0])
+    # xl at seq 1024 on an 80 GB GPU: batch 6 is predicted at 68.9 GiB of the 71.7 usable, 7 at 76.6
+    assert args[args.index("--batch-sizes") + 1] == "6,7" and args[args.index("--seq-lens") + 1] == "1024"
+
+
+def test_a_stage_past_its_limit_is_ended_with_every_process_it_started(tmp_path):
+    """A stage's pytest, torchrun and ranks are its children: ending only the stage would leave
+    them running (and holding the GPU) into the next stage."""
+    grandchild = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(grandchild)!r}, 'w').write(str(child.pid)); time.sleep(60)")
+    began = time.monotonic()
+    code, seconds = gpu_check.run_stage([sys.executable, "-c", script], 3, tmp_path / "stage.log", tmp_path)
+    assert code is None and seconds < 10 and time.monotonic() - began < 10
+    pid = int(grandchild.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid), "the stage's child outlived the stage"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"  # a zombie waiting for its parent's wait() is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stage_that_returns_leaves_nothing_running_either(tmp_path):
+    grandchild = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(grandchild)!r}, 'w').write(str(child.pid))")
+    code, _ = gpu_check.run_stage([sys.executable, "-c", script], 30, tmp_path / "stage.log", tmp_path)
+    assert code == 0
+    time.sleep(0.2)
+    assert not _alive(int(grandchild.read_text()))
+
+
+def test_the_summary_is_a_table_of_stage_limit_seconds_outcome_and_figure(tmp_path):
+    rows = [["harness", 50, "31", "ok", "harness / plain loop 1.004 [0.991, 1.017] over 10 rounds"],
+            ["fit", 45, "45", "TIMED OUT after 45 s", "killed with every process it started; see its stage.log"]]
+    gpu_check.write_summary(tmp_path / "summary.md", rows, rehearse=True)
+    text = (tmp_path / "summary.md").read_text()
+    assert "| stage " in text and "| harness " in text and "TIMED OUT after 45 s" in text
+    assert f"torch {torch.__version__}" in text and "Left out of the correctness stages" in text
+
+
+def test_without_a_gpu_it_says_to_rehearse_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: gpu-check would run")
+    done = subprocess.run([sys.executable, "-m", "ddp", "gpu-check", "--out", str(tmp_path / "new")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ})
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--rehearse" in done.stderr and not (tmp_path / "new").exists()
