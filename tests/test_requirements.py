@@ -86,3 +86,22 @@ def test_every_imported_package_is_declared():
     missing = imported_packages() - declared
     assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
     assert {"torch", "numpy"} <= imported_packages()  # the scan sees what it must
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib (Python 3.11 and later)")
+def test_uv_takes_each_torch_build_from_pytorchs_index_for_its_extra():
+    """uv's documented way for PyTorch: one extra per build, the extras conflicting, torch from an
+    explicit index per extra (nothing else from it), each extra asking for the declared range."""
+    import tomllib
+
+    project = tomllib.loads(PYPROJECT.read_text())
+    extras = project["project"]["optional-dependencies"]
+    indexes = {index["name"]: index for index in project["tool"]["uv"]["index"]}
+    sources = {source["extra"]: source["index"] for source in project["tool"]["uv"]["sources"]["torch"]}
+    builds = {"cpu": "https://download.pytorch.org/whl/cpu", "cu130": "https://download.pytorch.org/whl/cu130"}
+    assert {extra: indexes[sources[extra]]["url"] for extra in builds} == builds
+    assert all(indexes[sources[extra]]["explicit"] for extra in builds)
+    assert project["tool"]["uv"]["conflicts"] == [[{"extra": extra} for extra in builds]]
+    for extra in builds:
+        (declared,) = (packaging_requirements.Requirement(line) for line in extras[extra])
+        assert declared == requirement("torch"), f"the {extra} extra asks for {declared}, the project for {requirement('torch')}"
