@@ -187,13 +187,6 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision)
 
 
-def communicates(setups: Sequence[StepSetup]) -> bool:
-    """Whether a built configuration's step launches any collective (its ranks' ``StepSetup``):
-    more than one rank, and a count that is not zero (unknown counts as yes)."""
-    calls = setups[0].collectives_per_step
-    return len(setups) > 1 and (calls is None or calls > 0)
-
-
 def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[list[list[dict]]] | None:
     """``policy.traced_steps`` traced steps of each configuration on ``ranks``
     (``ddp.bench.rank_state.traced``: each built and warmed up there unless it is, then traced, then
@@ -377,7 +370,7 @@ class GridMeasurer:
         world_size = len(measurement.setups[0])
         traces = [[[] for _ in range(world_size)] for _ in measurement.configs]
         for index, config in enumerate(measurement.configs):
-            if not communicates(measurement.setups[index]):
+            if not measurement.setups[index][0].communicates:
                 continue
             if ranks is not self.ranks and not fit([*measurement.configs, config], self._memory(), world_size).together:
                 free(self.ranks)

@@ -135,6 +135,8 @@ class StepSetup:
     """Gradient bytes this rank all-reduces per step (0 for ``local``)."""
     memory: StateMemory | None = None
     """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.state_bytes``)."""
+    communicates: bool = True
+    """Whether a step launches any collective (``Trainer.communicates``): what is traced."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,7 @@ class Trainer:
             collectives_per_step=None if calls is None else int(calls),
             bytes_per_step=self.gradient_bytes if communicates else 0,
             memory=measure_memory(self),
+            communicates=self.communicates,
         )
 
     def collectives_per_step(self) -> int | None:
