@@ -37,6 +37,7 @@ from ddp.bench.rank_state import (
     first_withdrawn,
     prepare,
     release,
+    return_cached_memory,
     skip_reason,
     timed_round,
     traced,
@@ -353,6 +354,11 @@ class GridMeasurer:
             paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]
         result = measure(self.ranks, members, self.policy, stop=self.stop)
+        if isinstance(result, NotMeasured) and paired and isinstance(result.marker, OutOfMemory):
+            # Predicted to fit together, but ran out of memory: alone, as a group that does.
+            free(self.ranks)
+            paired, members = False, [config]
+            result = measure(self.ranks, members, self.policy, stop=self.stop)
         if isinstance(result, NotMeasured):
             free(self.ranks)
             self._measured[config] = result
@@ -369,6 +375,8 @@ class GridMeasurer:
             return
         world_size = len(measurement.setups[0])
         traces = [[[] for _ in range(world_size)] for _ in measurement.configs]
+        if ranks is not self.ranks:
+            self.ranks.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
         for index, config in enumerate(measurement.configs):
             if not measurement.setups[index][0].communicates:
                 continue

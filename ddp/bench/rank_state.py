@@ -5,8 +5,8 @@ worker, or the process torchrun started) and handed to the entry points below, h
 the all-reduce benchmark's buffers; ``release`` frees them. Building another set of configurations
 frees the old one first (an xl model and its AdamW state take 32 GB), and a released
 configuration leaves nothing alive (``Trainer.close``): every configuration gets the memory it
-would get alone. On CUDA, ``release`` checks that the allocator is back where it was before the
-first build and says what is left otherwise.
+would get alone. On CUDA, ``release`` checks that the device got back what the configurations it
+dropped held, and says what is left otherwise.
 
 **Out of memory** is not an error here: a rank that runs out frees what it held and returns an
 ``OutOfMemory`` marker, so the caller decides (perf_tests skip with its ``reason``). It is freed
@@ -94,8 +94,6 @@ class RankBench:
     trainers: dict[StepConfig, Trainer] = field(default_factory=dict)
     allreduce_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     """float32 buffers of the all-reduce benchmark, by element count."""
-    empty_allocated_bytes: int | None = None
-    """CUDA memory allocated when this rank held nothing: what ``release`` returns to."""
 
     def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | Withdrawn:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
@@ -182,11 +180,14 @@ class RankBench:
         try:
             return work()
         except CannotRun as error:
-            message = str(error)
+            message, failure = str(error), None
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
             failure = self._failure(info, error)
+        # Freed here, once the except block has let go of the traceback: its frames hold the
+        # failed step's tensors, which nothing could free while it was handled.
+        if failure is not None:
             return self.out_of_memory(info, failure)
         self.release(info)
         return Unsupported(info.rank, message)
@@ -214,7 +215,14 @@ class RankBench:
         )
 
     def release(self, info: RankInfo) -> None:
-        """Drop every trainer and buffer kept on this rank and return the memory to the device."""
+        """Drop every trainer and buffer kept on this rank and return the memory to the device. On
+        CUDA, say so where a user sees it when the device did not get back what they held: what
+        each trainer had allocated once built (``resident_bytes``) and the buffers' bytes. Memory
+        that something else holds (a configuration kept for the next build, a test's own model) is
+        none of its business."""
+        dropped = sum(trainer.resident_bytes or 0 for trainer in self.trainers.values())
+        dropped += sum(buffer.numel() * buffer.element_size() for buffer in self.allreduce_buffers.values())
+        before = _allocated_bytes(info)
         for trainer in self.trainers.values():
             trainer.close()
         self.trainers = {}
@@ -224,21 +232,15 @@ class RankBench:
             # cuBLAS keeps a workspace per handle and stream (32 MiB each on Hopper by its default
             # CUBLAS_WORKSPACE_CONFIG) in the caching allocator, where empty_cache() does not reach
             # it: only this call frees it (what PyTorch's own tests call between tests). Absent from
-            # CPU builds. Without it every release after a matmul would report 32 MiB still held.
+            # CPU builds. A build's first matmul makes it, so it counts in that build's resident bytes.
             clear_cublas_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
             if clear_cublas_workspaces is not None:
                 clear_cublas_workspaces()
             torch.cuda.empty_cache()
-            allocated = torch.cuda.memory_allocated()
-            if self.empty_allocated_bytes is None:
-                self.empty_allocated_bytes = allocated
-            elif allocated > self.empty_allocated_bytes:
-                # Not an error: the next build may still fit. Said where a user will see it.
-                print(
-                    f"ddp-bench: rank {info.rank} still holds {(allocated - self.empty_allocated_bytes) / 2**20:.1f} "
-                    "MiB of CUDA memory after releasing every configuration",
-                    flush=True,
-                )
+            held = dropped - (before - _allocated_bytes(info))
+            if held > 2**20:  # not an error: the next build may still fit
+                print(f"ddp-bench: rank {info.rank} still holds {held / 2**20:.1f} MiB of CUDA memory of the "
+                      "configurations it released", flush=True)
 
     def trainer(self, config: StepConfig) -> Trainer:
         if config not in self.trainers:
@@ -273,6 +275,14 @@ def traced(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int, steps: 
 @on_rank
 def release(rank: Rank) -> None:
     rank.keep(RankBench).release(rank.info)
+
+
+@on_rank
+def return_cached_memory(rank: Rank) -> None:
+    """Hand the CUDA caching allocator's free blocks back to the device (a step's transient peak
+    stays cached otherwise), so that another process on the same GPU may use them; nothing on CPU."""
+    if rank.info.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @on_rank

@@ -111,7 +111,7 @@ class CollectiveTiming:
 
 @dataclass(frozen=True)
 class CollectiveTrace:
-    """Each collective of a step, timed in untimed traced steps after the timed rounds
+    """Each collective of a step, timed in untimed traced steps on ranks that time nothing
     (``ddp.bench.step_trace``), on the rank whose traced steps were slowest."""
 
     rank: int
@@ -251,7 +251,7 @@ class StepRecord:
     category and moment of the step; None where the model's step could not be traced."""
     collectives: CollectiveTrace | None = None
     """Each collective of the step with its ready, launch and completion times and its share of the
-    exposed communication, from traced steps after the timed rounds; None where none ran (no
+    exposed communication, from traced steps on ranks that time nothing; None where none ran (no
     communication, ``--traced-steps 0``)."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION

@@ -1,8 +1,9 @@
 """Steps recorded collective by collective, on a rank: when each phase ran, when backward's
 computation ended, and each collective's ready, launch and completion, on the ``time.perf_counter``
 clock. ``ddp profile`` records its steps here (``ddp.bench.profiling``), and so do the untimed
-*traced steps* every benchmark runs after its timed rounds (``traced_steps``, their number
-``RoundOptions.traced_steps``), so that a timed step never carries a recorder.
+*traced steps* of every benchmark (``traced_steps``, their number ``RoundOptions.traced_steps``),
+run on ranks that time nothing afterwards (``ddp.bench.measure.trace``), so that a timed step never
+carries a recorder nor follows a profiler in its process.
 
 Where the collectives' times come from (a step's ``comm_source``):
 
@@ -98,7 +99,7 @@ def traced_steps(trainer: Trainer, steps: int) -> list[dict]:
     """``steps`` recorded steps, each started by every rank at once, with each collective's times
     from the best source (module docstring): the strategy's records where it keeps them
     (``Strategy.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``
-    training steps, whatever the source: contenders raced side by side must train alike."""
+    training steps, whatever the source."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
     if not nccl and getattr(trainer.model, "records_collectives", False):
         return [recorded_step(trainer, together=True) for _ in range(steps)]

@@ -4,7 +4,7 @@ at ``tiny`` sizes (CI does), ``--dry-run`` prints the stages and their limits.
 
 The stages (``ddp.cli.gpu_stages`` says what each holds the suite to) run one after the other,
 each in a process of its own started in a session of its own (``run_stage``), with a time limit;
-past it the whole session is killed, the stage's pytest, torchrun and rank processes with it, and
+past it the whole process group is killed, the stage's pytest and rank processes with it, and
 the next stage runs. Each stage writes its log, its pytest-benchmark JSON where it runs the
 benchmarks, and its outcome; ``DIR/summary.md`` is the table of stage, limit, seconds, outcome and
 figure, with the GPU, torch and CUDA named.
@@ -56,34 +56,38 @@ class Stage:
 
 
 STAGES = (
-    Stage("harness", gpu_stages.harness, 50,
+    Stage("harness", gpu_stages.harness, 45,
           "start-up 10 s; a plain xl loop and the harness's, built 2 x 3 s, warmed 2 x 2 steps, 10 rounds of both at "
           "b4 x 128 (0.25 s a step): 30 s"),
-    Stage("precision", gpu_stages.precision, 90,
-          "start-up 10 s; per precision local, bucketed, torch xl at b2 x 512 built 3 x 3 s, 29 steps (0.35 s fp32, "
-          "0.15 s tf32 and bf16): 20 + 13 + 13 s; 60 s"),
-    Stage("fit", gpu_stages.fit, 45,
-          "start-up 10 s; the largest batch of xl at seq 1024 (about 6) built 3 s, 4 steps of about 1.8 s in fp32: 25 s"),
-    Stage("oom", gpu_stages.oom, 35,
-          "start-up 10 s; the hog fills 80 GB in 1 GiB blocks (1 s), is freed; xl b2 x 128 built, 1 + 2 + 2 steps: 20 s"),
-    Stage("traced", gpu_stages.traced, 65,
-          "3 groups of ranks (2 gloo over CUDA twice, 1 NCCL): 25 s; small (128.6M) steps, 3 x 8 rounds and 3 traces "
+    Stage("precision", gpu_stages.precision, 105,
+          "start-up 10 s; xl's step predicted on fake tensors for fp32 (tf32's is the same) and bf16 at seq 512, "
+          "about 10 s of CPU each; per precision local, bucketed, torch at b2 x 512 built 3 x 3 s, 29 steps (0.35 s "
+          "fp32, 0.15 s tf32 and bf16): 20 + 13 + 13 s; 80 s"),
+    Stage("fit", gpu_stages.fit, 65,
+          "2 start-ups, 20 s; xl predicted at seq 1024 twice (the stage's largest batch, the grid's refusal), 13 s "
+          "each; the largest batch (about 6) built 3 s, 4 steps of about 1.8 s in fp32: 55 s"),
+    Stage("oom", gpu_stages.oom, 40,
+          "start-up 10 s; xl predicted at seq 128, 10 s; the hog fills 80 GB in 1 GiB blocks (1 s) and is freed; xl "
+          "b2 x 128 built, 1 + 2 + 2 steps: 30 s"),
+    Stage("traced", gpu_stages.traced, 60,
+          "3 groups of ranks (2 gloo over CUDA twice, 1 NCCL): 25 s; small (128.6M) steps, 3 x 12 rounds and 3 traces "
           "of 4 steps with their export: 10 s; ddp profile of 2 strategies at world size 1: 10 s; 45 s"),
-    Stage("compile", gpu_stages.compile_, 100,
-          "start-up 10 s; one xl block compiled, forward and backward (inductor, 16 cores): about 40 s, more than any "
-          "other stage's figure uncertain; the torch strategy's from the cache: 5 s; 2 x 5 steps: 5 s; 60 s"),
-    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 50,
+    Stage("compile", gpu_stages.compile_, 85,
+          "start-up 10 s; xl predicted at seq 128, 10 s; one xl block compiled, forward and backward (inductor, 16 "
+          "cores): about 40 s, more than any other figure uncertain; the torch strategy's from the cache: 5 s; 2 x 5 "
+          "steps: 5 s; 70 s"),
+    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 45,
           "start-up 10 s; 44 tests (bucketed, torch and fsdp on the LM, every precision) x 0.59 s: 26 s; 36 s"),
-    Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 40,
+    Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 35,
           "start-up 10 s; the same 44 tests, those that need 2 ranks skipped, x 0.47 s: 21 s; 31 s"),
 )
 
 
 def run_stage(command: list[str], limit_seconds: float, log: Path, cwd: Path) -> tuple[int | None, float]:
-    """Run ``command`` in a session of its own, its output into ``log``; past ``limit_seconds`` kill
-    the whole session (what it started too: pytest, torchrun, the ranks, whose process groups are
-    the session's unless they make their own). Returns (its exit status, None if it was killed;
-    seconds)."""
+    """Run ``command`` in a session of its own, its output into ``log``; past ``limit_seconds``, or
+    once it returns, kill its whole process group (what it started: pytest and the rank processes,
+    which stay in it; torchrun would start its workers in sessions of their own, and no stage runs
+    it). Returns (its exit status, None if it was killed; seconds)."""
     began = time.monotonic()
     with log.open("w") as file:
         process = subprocess.Popen(command, cwd=cwd, stdout=file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -97,7 +101,23 @@ def run_stage(command: list[str], limit_seconds: float, log: Path, cwd: Path) ->
         except ProcessLookupError:
             pass
         process.wait()
+        # The next stage starts once none is left (a killed rank's GPU memory goes back when it is gone).
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            time.sleep(0.05)
     return code, time.monotonic() - began
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` is left, a zombie not counted."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":  # after the command's ")": state, ppid, pgrp
+            return True
+    return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

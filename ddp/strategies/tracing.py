@@ -3,7 +3,7 @@ recorded only on request.
 
 Strategies launch every collective through ``launch_all_reduce``, passing their
 ``collective_recorder`` (``ddp.strategies.base.Strategy``): None, except in the untimed steps a
-tool records (``ddp profile``, and the traced steps after a benchmark's timed rounds), when it is a
+tool records (``ddp profile``, and a benchmark's traced steps), when it is a
 ``CollectiveRecorder`` that stamps the launch and, from the work's future, the completion, on the
 same ``time.perf_counter`` clock as the caller's own phases. A strategy that launches a collective
 later than its data was ready (buckets go out in order; ``naive`` waits for backward to end) passes
