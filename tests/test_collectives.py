@@ -180,6 +180,17 @@ def test_the_profilers_collectives_pair_c10ds_calls_with_gloos_work_in_order():
     assert [c["label"] for c in unplanned["collectives"]] == ["broadcast0", "allreduce1", "allreduce2"]
 
 
+def test_gloo_over_cuda_pairs_each_call_with_its_work_once_though_kineto_mirrors_it_on_the_gpu():
+    """With CUDA activity Kineto repeats every annotation, gloo's work included, on the GPU's
+    timeline ("gpu_user_annotation"): as an H200 wrote it for PyTorch's DDP on gloo over CUDA
+    tensors (18 c10d all-reduces, 36 gloo:all_reduce, half of them on the GPU), which left every
+    step unpaired and without collectives. Only the CPU's ranges pair."""
+    mirrored = [{**e, "cat": "gpu_user_annotation", "tid": 7} for e in PROFILED_EVENTS if e["name"].startswith("gloo:")]
+    (step,) = cpu_steps_from_trace(PROFILED_EVENTS + mirrored, [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
+    assert not step["unpaired"]
+    assert [c["label"] for c in step["collectives"]] == ["broadcast0", "bucket0", "bucket1"]
+
+
 def test_collectives_the_profiler_cannot_pair_are_none_rather_than_wrong():
     (step,) = cpu_steps_from_trace(PROFILED_EVENTS[:-1], [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
     assert step["unpaired"] and step["collectives"] == []

@@ -53,8 +53,12 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
     offset = trace_offset_us(events, steps)
 
     def spans(prefix: str) -> list[tuple[float, float, str]]:
+        # The CPU's ranges only: with CUDA activity Kineto mirrors every annotation (gloo's work
+        # among them) on the GPU's timeline as "gpu_user_annotation", which would count each twice
+        # (seen with gloo over CUDA tensors on an H200, torch 2.11).
         return sorted(((e["ts"] - offset) / 1e6, (e["ts"] + e.get("dur", 0) - offset) / 1e6, e["name"])
-                      for e in events if e.get("ph") == "X" and _is_collective(e.get("name", ""), prefix))
+                      for e in events if e.get("ph") == "X" and e.get("cat") in _CPU_RANGE_CATEGORIES
+                      and _is_collective(e.get("name", ""), prefix))
 
     calls, executions = spans("c10d::"), spans("gloo:")
     paired = len(calls) == len(executions)

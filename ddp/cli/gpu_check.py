@@ -9,11 +9,12 @@ the next stage runs. Each stage writes its log, its pytest-benchmark JSON where 
 benchmarks, and its outcome; ``DIR/summary.md`` is the table of stage, limit, seconds, outcome and
 figure, with the GPU, torch and CUDA named.
 
-The limits are estimates for one H100 80GB HBM3 with torch 2.11 (``STAGES`` gives each one's
-reasoning), from the session of ``docs/gpu-first-run.md``: a process that imports torch, starts
-CUDA and a rank takes about 10 s; an xl benchmark of a few rounds about 5 s (3 xl benchmarks in
-18.6 s with start-up, q1; one in 14.6 s, q2); a correctness test 0.59 s with 2 gloo ranks over
-CUDA, 0.47 s with one NCCL rank (370 tests in 217 s and 173 s). They add up to ``TOTAL_LIMIT_SECONDS``.
+The limits are for one H100 80GB HBM3 or H200 with torch 2.11 (``STAGES`` gives each one's
+reasoning): estimates from the session of ``docs/gpu-first-run.md`` (a process that imports torch,
+starts CUDA and a rank takes about 10 s; an xl benchmark of a few rounds about 5 s; a correctness
+test 0.59 s with 2 gloo ranks over CUDA, 0.47 s with one NCCL rank; xl's step predicted on fake
+tensors about 10 s of CPU), held to what each stage took on an H200 on 2026-11-26
+(``docs/gpu-check-h200.md``), with a third or more to spare. They add up to ``TOTAL_LIMIT_SECONDS``.
 
 The stages that run the test suites need a ddp-bench checkout (``--suite``, default the current
 folder); without one they are skipped, saying so.
@@ -56,30 +57,31 @@ class Stage:
 
 
 STAGES = (
-    Stage("harness", gpu_stages.harness, 45,
-          "start-up 10 s; a plain xl loop and the harness's, built 2 x 3 s, warmed 2 x 2 steps, 10 rounds of both at "
-          "b4 x 128 (0.25 s a step): 30 s"),
-    Stage("precision", gpu_stages.precision, 105,
-          "start-up 10 s; xl's step predicted on fake tensors for fp32 (tf32's is the same) and bf16 at seq 512, "
-          "about 10 s of CPU each; per precision local, bucketed, torch at b2 x 512 built 3 x 3 s, 29 steps (0.35 s "
-          "fp32, 0.15 s tf32 and bf16): 20 + 13 + 13 s; 80 s"),
-    Stage("fit", gpu_stages.fit, 65,
-          "2 start-ups, 20 s; xl predicted at seq 1024 twice (the stage's largest batch, the grid's refusal), 13 s "
-          "each; the largest batch (about 6) built 3 s, 4 steps of about 1.8 s in fp32: 55 s"),
-    Stage("oom", gpu_stages.oom, 40,
-          "start-up 10 s; xl predicted at seq 128, 10 s; the hog fills 80 GB in 1 GiB blocks (1 s) and is freed; xl "
-          "b2 x 128 built, 1 + 2 + 2 steps: 30 s"),
-    Stage("traced", gpu_stages.traced, 60,
-          "3 groups of ranks (2 gloo over CUDA twice, 1 NCCL): 25 s; small (128.6M) steps, 3 x 12 rounds and 3 traces "
-          "of 4 steps with their export: 10 s; ddp profile of 2 strategies at world size 1: 10 s; 45 s"),
-    Stage("compile", gpu_stages.compile_, 85,
-          "start-up 10 s; xl predicted at seq 128, 10 s; one xl block compiled, forward and backward (inductor, 16 "
-          "cores): about 40 s, more than any other figure uncertain; the torch strategy's from the cache: 5 s; 2 x 5 "
-          "steps: 5 s; 70 s"),
-    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 45,
-          "start-up 10 s; 44 tests (bucketed, torch and fsdp on the LM, every precision) x 0.59 s: 26 s; 36 s"),
+    Stage("harness", gpu_stages.harness, 40,
+          "24 s on an H200 (2026-11-26); estimated: start-up 10 s, a plain xl loop and the harness's built and "
+          "warmed, 10 rounds of both at b4 x 128 (0.25 s a step): 30 s"),
+    Stage("precision", gpu_stages.precision, 90,
+          "65 s on an H200; estimated: start-up 10 s, xl's step predicted for fp32 (tf32's is the same) and bf16 "
+          "at seq 512, about 10 s of CPU each, per precision local, bucketed, torch at b2 x 512 built and 29 steps: "
+          "80 s"),
+    Stage("fit", gpu_stages.fit, 75,
+          "57 s on an H200 at its largest batch of 13 (an H100's is 6, half the steps); estimated: 2 start-ups, xl "
+          "predicted at seq 1024 twice, the largest batch built, 4 steps: 55 s"),
+    Stage("oom", gpu_stages.oom, 35,
+          "23 s on an H200; estimated: start-up 10 s, xl predicted at seq 128 (10 s), the hog fills the GPU in "
+          "1 GiB blocks and is freed, xl b2 x 128 built and 5 steps: 30 s"),
+    Stage("traced", gpu_stages.traced, 90,
+          "70 s on an H200; estimated: 3 groups of ranks (2 gloo over CUDA twice, 1 NCCL), 25 s; small (128.6M) "
+          "steps, 3 x 12 rounds and 3 traces of 4 steps with their export; ddp profile of 2 strategies at world "
+          "size 1: 45 s"),
+    Stage("compile", gpu_stages.compile_, 70,
+          "43 s on an H200; estimated: start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
+          "backward, the torch strategy's from the cache, 2 x 5 steps: 70 s"),
+    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 40,
+          "30 s on an H200; estimated: start-up 10 s, 44 tests (bucketed, torch and fsdp on the LM, every "
+          "precision) x 0.59 s: 36 s"),
     Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 35,
-          "start-up 10 s; the same 44 tests, those that need 2 ranks skipped, x 0.47 s: 21 s; 31 s"),
+          "24 s on an H200; estimated: start-up 10 s, the same 44 tests x 0.47 s: 31 s"),
 )
 
 
@@ -212,5 +214,5 @@ def write_summary(path: Path, rows: list[list], rehearse: bool) -> None:
     path.write_text(
         f"# ddp-bench gpu-check\n\n{where}\n\n{summary}\n\n"
         f"Left out of the correctness stages: {gpu_stages.LEFT_OUT}.\n\n"
-        "## The limits, on one H100\n\n" + "\n".join(f"- {stage.name}: {stage.limit_seconds} s: {stage.estimate}" for stage in STAGES) + "\n"
+        "## The limits\n\n" + "\n".join(f"- {stage.name}: {stage.limit_seconds} s: {stage.estimate}" for stage in STAGES) + "\n"
     )
