@@ -401,8 +401,9 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
                                 budget_seconds=None, traced_steps=TRACED_STEPS),
             # Each strategy with its local twin, as on CPU: the paired overhead, local_mfu and
             # mfu_lost_points are the suite's headline figures. xl and its twin fit one 80 GB GPU
-            # together at the default shapes (predicted 60-68 GiB of 71.7 usable); where a pair does
-            # not, GridMeasurer measures the strategy alone, saying so by the missing overhead.
+            # together at the default shapes (predicted 60-68 GiB of an H100's 71.3 usable; on an
+            # H200 torch's step peaked at 45.5 GiB of its own beside its twin, 44.7 predicted); a
+            # pair that does not is measured alone, saying so by the missing overhead.
             session_budget_seconds=1800.0, interleave=FLOOR,
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
             # NCCL needs a GPU per rank; gloo ranks can share one
