@@ -16,9 +16,12 @@ from ddp.bench.parsing import percent
 from ddp.bench.stats import (
     Verdict,
     clear_of_threshold,
+    group_count,
+    groups_to_decide,
     machine_adjusted_ratio_ci,
     median_ci,
     median_ci_coverage,
+    median_interval,
     paired_ci,
     paired_difference_ci,
     paired_ratio_ci,
@@ -331,3 +334,38 @@ def test_percent_refuses_and_says_what_to_write(text):
 def test_bad_input_says_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_two_level_interval_of_groups_that_disagree_by_hand():
+    # Two groups of ranks, each steady (no spread within), 21% apart: 1.0 s and 1.21 s. Treated as
+    # one group, the interval of the median is (1.0, 1.21), the order statistics. Two levels: the
+    # groups' log medians (0 and ln 1.21 = 2 ln 1.1) are moved from their mean (ln 1.1) by
+    # sqrt(2) - 1 of their distance, to ln 1.1 -+ sqrt(2) ln 1.1; a resample draws two groups with
+    # replacement: both the first (1/4), both the second (1/4), or one of each (1/2, median
+    # between). The 2.5% and 97.5% points are the two extremes: (1.1^(1 - sqrt 2), 1.1^(1 + sqrt 2)).
+    rounds, groups = [1.0] * 20 + [1.21] * 20, [0] * 20 + [1] * 20
+    assert median_ci(rounds) == (1.0, 1.21)
+    low, high = median_interval(rounds, groups)
+    assert low == pytest.approx(1.1 ** (1 - math.sqrt(2))) and high == pytest.approx(1.1 ** (1 + math.sqrt(2)))
+    assert low < 1.0 and high > 1.21  # wider than the same rounds as one group
+    assert median_interval(rounds, [0] * 40) == median_ci(rounds)  # one group: the one-level interval
+
+
+def test_groups_that_agree_keep_about_the_one_level_interval():
+    generator = np.random.default_rng(7)
+    rounds = list(np.exp(generator.normal(0.0, 0.05, 400)))
+    one_low, one_high = median_ci(rounds)
+    low, high = median_interval(rounds, [0] * 200 + [1] * 200)
+    assert 0.7 < (high - low) / (one_high - one_low) < 1.6
+    # the ratio of two such runs: within a few % of 1 either way
+    other = list(np.exp(generator.normal(0.0, 0.05, 400)))
+    point, low, high = ratio_of_medians_ci(other, rounds, new_groups=[0] * 200 + [1] * 200, old_groups=[0] * 200 + [1] * 200)
+    assert low < 1 < high and high - low < 0.06
+
+
+def test_the_groups_that_would_decide_by_hand():
+    # x1.15 [0.95, 1.35] from 2 groups: the variance must fall by (0.15 x 1.96 / (2.8016 x 0.20))^2 = 0.2755,
+    # so 2 / 0.2755 = 7.3 groups: 8
+    assert groups_to_decide(1.15, 0.95, 1.35, 2) == 8
+    assert groups_to_decide(1.15, 1.05, 1.25, 2) is None  # decided already
+    assert group_count(None) == 1 and group_count([0, 0, 1, 1, 2]) == 3

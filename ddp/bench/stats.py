@@ -25,6 +25,19 @@ Methods:
   of a step into a part that scales with the processor and a part that does not, as in Amdahl's
   law (G. Amdahl, AFIPS 1967); the interval is a percentile bootstrap of the rounds of each run
   resampled as (step, twin) pairs.
+* Rounds spread over groups of ranks (``groups``: the group each round ran in, fresh processes
+  per group): a two-level bootstrap, groups drawn with replacement and then rounds within each
+  drawn group (Davison and Hinkley, *Bootstrap Methods and their Application*, 1997, section 3.8,
+  "hierarchical data"; the cases bootstrap of Field and Welsh, JRSS B 69, 2007). Rounds of one
+  process share what differs from one process to the next (where its threads landed, gloo's
+  sockets, the allocator's layout), so a one-level bootstrap over them describes that process,
+  not the code; the group level puts the spread between processes into the interval. Drawing G
+  groups from G underestimates the between-group variance by (G - 1) / G (Davison and Hinkley,
+  eq. 3.16's adjustment), so each group's rounds are first moved away from the groups' mean by
+  sqrt(G / (G - 1)) in log time: the resampled run medians then vary as independent runs would,
+  in expectation. ``median_interval``, ``ratio_of_medians_ci``, ``paired_ratio_ci`` and
+  ``machine_adjusted_ratio_ci`` take the groups; with one group (or none given) they are the
+  one-level bootstraps above.
 * ``verdict``: a ratio against a relative threshold t, by asv's ``--factor`` rule: beyond 1 + t
   and significant (its interval above 1) is ``Verdict.SLOWER``, the only verdict a regression
   gate fails on; within [1 - t, 1 + t] is ``UNCHANGED``; beyond a threshold but within noise is
@@ -132,6 +145,76 @@ def _check_resamples(resamples: int) -> None:
         raise ValueError(f"resamples must be a positive whole number such as {DEFAULT_RESAMPLES}, got {resamples!r}")
 
 
+Groups = Sequence[int] | None
+"""Per round, the group of ranks it ran in (any labels; None: one group)."""
+
+
+def group_count(groups: Groups) -> int:
+    """How many groups of ranks the rounds came from (1 when not given)."""
+    return 1 if groups is None or len(groups) == 0 else len(set(groups))
+
+
+def _group_slots(groups: Groups, n: int) -> np.ndarray | None:
+    """Each round's group as 0 .. G - 1, or None for fewer than two groups."""
+    if groups is None:
+        return None
+    labels = np.asarray(groups)
+    if labels.shape != (n,):
+        raise ValueError(f"groups must give one group per round: {labels.size} groups for {n} rounds")
+    _, slots = np.unique(labels, return_inverse=True)
+    return slots if slots.max() >= 1 else None
+
+
+def _spread_groups(values: np.ndarray, slots: np.ndarray | None) -> np.ndarray:
+    """``values`` (positive) with each group's median moved away from the mean of the groups'
+    medians by sqrt(G / (G - 1)) in log time: drawing G groups from G then varies the medians as
+    much as G independent groups would (module docstring)."""
+    if slots is None:
+        return values
+    count = int(slots.max()) + 1
+    logs = np.log(values)
+    medians = np.array([np.median(logs[slots == k]) for k in range(count)])
+    widen = math.sqrt(count / (count - 1)) - 1.0
+    return np.exp(logs + widen * (medians[slots] - medians.mean()))
+
+
+def _resampled_rows(slots: np.ndarray | None, n: int, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """(resamples, n) indices of rounds: one level (rounds with replacement) without groups; with
+    groups, two: each group's place is taken by a group drawn with replacement, and its rounds by
+    rounds drawn with replacement from the drawn group (as many as the place held)."""
+    if slots is None:
+        return rng.integers(0, n, size=(resamples, n))
+    count = int(slots.max()) + 1
+    members = np.argsort(slots, kind="stable")
+    sizes = np.bincount(slots, minlength=count)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    drawn = rng.integers(0, count, size=(resamples, count))[:, slots]  # (resamples, n): each round's drawn group
+    within = (rng.random((resamples, n)) * sizes[drawn]).astype(np.int64)
+    return members[starts[drawn] + within]
+
+
+def median_interval(samples: Sequence[float], groups: Groups = None, confidence: float = 0.95,
+                    resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """The (low, high) interval of the median of ``samples``: ``median_ci`` for rounds of one
+    group, the two-level bootstrap (module docstring) for rounds of several."""
+    array = _samples(samples, "samples", positive=groups is not None)
+    slots = _group_slots(groups, array.size)
+    if slots is None:
+        return median_ci(array, confidence)
+    _check_confidence(confidence)
+    _check_resamples(resamples)
+    spread = _spread_groups(array, slots)
+    rows = _resampled_rows(slots, array.size, np.random.default_rng(seed), resamples)
+    return _percentile_interval(np.median(spread[rows], axis=-1), confidence)
+
+
+def relative_interval_half_width(samples: Sequence[float], groups: Groups = None, confidence: float = 0.95) -> float:
+    """``relative_half_width`` of ``median_interval``: the precision a record reports."""
+    array = _samples(samples, "samples")
+    low, high = median_interval(array, groups, confidence)
+    return (high - low) / 2 / float(np.median(array))
+
+
 def paired_ci(
     a: Sequence[float],
     b: Sequence[float],
@@ -178,15 +261,20 @@ def paired_ratio_ci(
 
 def _two_runs_ci(
     new: tuple[np.ndarray, ...], old: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray],
-    confidence: float, resamples: int, seed: int,
+    confidence: float, resamples: int, seed: int, new_groups: Groups = None, old_groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high): percentile bootstrap of ``statistic(*new, *old)`` over two unpaired runs,
-    each resampled on its own; the arrays of one run (a step and its twin) are resampled as rows
-    together. ``statistic`` reduces over the last axis, as ``paired_ci``'s does."""
+    each resampled on its own, at two levels where its rounds came from several groups; the
+    arrays of one run (a step and its twin) are resampled as rows together. ``statistic`` reduces
+    over the last axis, as ``paired_ci``'s does. The point is the statistic of the rounds as
+    measured."""
     rng = np.random.default_rng(seed)
-    new_rows = rng.integers(0, new[0].size, size=(resamples, new[0].size))
-    old_rows = rng.integers(0, old[0].size, size=(resamples, old[0].size))
-    boot = statistic(*(a[new_rows] for a in new), *(a[old_rows] for a in old))
+    new_slots, old_slots = _group_slots(new_groups, new[0].size), _group_slots(old_groups, old[0].size)
+    new_rows = _resampled_rows(new_slots, new[0].size, rng, resamples)
+    old_rows = _resampled_rows(old_slots, old[0].size, rng, resamples)
+    new_spread = tuple(_spread_groups(a, new_slots) for a in new)
+    old_spread = tuple(_spread_groups(a, old_slots) for a in old)
+    boot = statistic(*(a[new_rows] for a in new_spread), *(a[old_rows] for a in old_spread))
     return (float(statistic(*new, *old)), *_percentile_interval(boot, confidence))
 
 
@@ -196,14 +284,17 @@ def ratio_of_medians_ci(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    new_groups: Groups = None,
+    old_groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high) of median(new) / median(old) for two unpaired runs (e.g. two saved runs
-    from different days), each resampled on its own; the lengths may differ. Same seed, same interval."""
+    from different days), each resampled on its own (at two levels where ``*_groups`` give several
+    groups of ranks); the lengths may differ. Same seed, same interval."""
     _check_confidence(confidence)
     _check_resamples(resamples)
     new_array, old_array = _samples(new, "new", positive=True), _samples(old, "old", positive=True)
     return _two_runs_ci((new_array,), (old_array,), lambda n, o: np.median(n, axis=-1) / np.median(o, axis=-1),
-                        confidence, resamples, seed)
+                        confidence, resamples, seed, new_groups, old_groups)
 
 
 def machine_adjusted_ratio_ci(
@@ -214,11 +305,14 @@ def machine_adjusted_ratio_ci(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    new_groups: Groups = None,
+    old_groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high) of (median(new_step) / median(old_step)) / (f L + 1 - f), where L is
     median(new_local) / median(old_local) and f = median(old_local) / median(old_step) within
     [0, 1]: the step's ratio with the machine's change taken out of its compute share only (module
-    docstring). Each run's rounds are resampled as (step, local) pairs. Same seed, same interval."""
+    docstring). Each run's rounds are resampled as (step, local) pairs, at two levels where
+``*_groups`` give several groups of ranks. Same seed, same interval."""
     _check_confidence(confidence)
     _check_resamples(resamples)
     new_s, new_l, old_s, old_l = (_samples(values, name, positive=True) for values, name in
@@ -232,7 +326,7 @@ def machine_adjusted_ratio_ci(
         machine = np.median(new_l, axis=-1) / np.median(old_l, axis=-1)
         return np.median(new_s, axis=-1) / np.median(old_s, axis=-1) / (share * machine + 1.0 - share)
 
-    return _two_runs_ci((new_s, new_l), (old_s, old_l), statistic, confidence, resamples, seed)
+    return _two_runs_ci((new_s, new_l), (old_s, old_l), statistic, confidence, resamples, seed, new_groups, old_groups)
 
 
 class Verdict(str, Enum):
@@ -305,11 +399,31 @@ def rounds_to_decide(point: float, low: float, high: float, old_rounds: int, new
         raise ValueError(f"rounds must be at least 1 in each run, got {old_rounds} old and {new_rounds} new")
     if low > 1 or high < 1 or point == 1:
         return None
-    half = point - low if point > 1 else high - point
-    shrink = (abs(point - 1) * 1.96 / ((1.96 + DECIDING_ODDS_Z) * half)) ** 2  # the variance must fall by this factor
+    shrink = _variance_shrink(point, low, high)
     variance = shrink * (1 / old_rounds + 1 / new_rounds)
     both = math.ceil(2 / variance)
     slack = variance - 1 / old_rounds
     if slack > 0 and (new_alone := max(new_rounds + 1, math.ceil(1 / slack))) <= 2 * both:
         return RoundsToDecide(new_alone, both_runs=False)
     return RoundsToDecide(both, both_runs=True)
+
+
+def _variance_shrink(point: float, low: float, high: float) -> float:
+    """The variance of the ratio needed for |point - 1| to be (1.96 + 0.84)
+    standard errors, as a fraction of its variance now (read off the interval's half-width towards 1)."""
+    half = point - low if point > 1 else high - point
+    return (abs(point - 1) * 1.96 / ((1.96 + DECIDING_ODDS_Z) * half)) ** 2
+
+
+def groups_to_decide(point: float, low: float, high: float, groups: int) -> int | None:
+    """For a ratio beyond 1 whose 95% interval reaches across 1, from runs whose rounds were spread
+    over ``groups`` groups of ranks (the fewer of the two runs'): about how many groups in each
+    run, both taken again with as many rounds per group, would make it significant four times in
+    five if the ratio held. A run's variance is then between / G + within / (G n): G' groups of n
+    rounds scale both parts by G / G'. None as for ``rounds_to_decide``."""
+    _check_ratio(point, low, high)
+    if groups < 1:
+        raise ValueError(f"groups must be at least 1, got {groups}")
+    if low > 1 or high < 1 or point == 1:
+        return None
+    return max(groups + 1, math.ceil(groups / _variance_shrink(point, low, high)))
