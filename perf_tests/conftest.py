@@ -123,6 +123,19 @@ def extra_rank_groups(pytestconfig: pytest.Config):
 
 
 @pytest.fixture(scope="session")
+def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
+    """The groups of ranks beside the session's own that every benchmark's rounds are spread over
+    (``--rank-groups``, ``ddp.bench.measure.measure_in_groups``): each of the session's size,
+    backend and device, started apart on first use, closed at the end of the session."""
+    resolved = launch(pytestconfig)
+    groups = [RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
+              for _ in range(grid.rank_groups - 1)]
+    yield groups
+    for group in groups:
+        group.close()
+
+
+@pytest.fixture(scope="session")
 def tracing_group(pytestconfig: pytest.Config):
     """Ranks of the session's size, backend and device that run every benchmark's traced steps and
     time nothing (``ddp.bench.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI

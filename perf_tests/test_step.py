@@ -5,7 +5,9 @@ What shares a round is ``--interleave`` (``ddp.bench.measure.GridMeasurer``): by
 strategy with a ``local`` twin, so that its overhead is paired over rounds (alone where the two do
 not fit in memory together); ``group`` runs every strategy of one group (model, batch, sequence
 length, options) in the same rounds (measured when its first test runs); ``off`` each alone. A
-round's time is the slowest rank's step. Rounds are added until every median's 95% interval is
+round's time is the slowest rank's step. The rounds are spread over ``--rank-groups`` groups of
+ranks started apart (``more_rank_groups``), so that their intervals hold from one run to the next
+(``ddp.bench.measure.measure_in_groups``). Rounds are added until every median's 95% interval is
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
 comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
 the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``. Each
@@ -26,14 +28,15 @@ from ddp.strategies.registry import traits
 
 
 @pytest.fixture(scope="module")
-def measurer(rank_group, tracing_group, grid, aim_at_decision):
-    """Measures the grid a group at a time, with rounds aimed at the comparison with a saved run
-    under ``--benchmark-compare``, each benchmark's traced steps on ranks of their own; the last
-    models are freed when this module is done."""
+def measurer(rank_group, more_rank_groups, tracing_group, grid, aim_at_decision):
+    """Measures the grid a group at a time, its rounds spread over ``--rank-groups`` groups of
+    ranks, aimed at the comparison with a saved run under ``--benchmark-compare``, each
+    benchmark's traced steps on ranks of their own; the last models are freed when this module is done."""
     yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision,
-                       tracer=tracing_group, memory_bytes=grid.device_memory_bytes)
-    if rank_group.started:
-        rank_group.run(release)
+                       tracer=tracing_group, memory_bytes=grid.device_memory_bytes, more_groups=more_rank_groups)
+    for group in [rank_group, *more_rank_groups]:
+        if group.started:
+            group.run(release)
 
 
 def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_rounds, record_precision) -> None:

@@ -41,10 +41,14 @@ def _setup(config: StepConfig, rank: int, num_parameters: int, bucket_sizes: lis
 def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float] = 0.0, local_rounds: list[float] | None = None,
          backend: str = "gloo", device: str = "cpu", world_size: int = 2, num_parameters: int = 655_360,
          bucket_sizes: list[int] | None = None, memory: list[StateMemory] | None = None,
-         peak_bytes: int | None = None, traces: list[list[dict]] | None = None) -> StepRecord:
+         peak_bytes: int | None = None, traces: list[list[dict]] | None = None,
+         groups: int | list[int] = 2) -> StepRecord:
     """A step record of ``config`` with these rounds (seconds, the slowest rank's), each with
     ``exposed`` seconds of exposed communication; paired with ``local_rounds`` when given;
-    ``traces``: each rank's traced steps (``ddp.bench.step_trace``)."""
+    ``traces``: each rank's traced steps (``ddp.bench.step_trace``); ``groups``: each round's group
+    of ranks, or their number (the rounds in that many blocks in order, as the suite spreads them)."""
+    if isinstance(groups, int):
+        groups = [index * groups // len(rounds) for index in range(len(rounds))]
     exposed = exposed if isinstance(exposed, list) else [exposed] * len(rounds)
     configs = [config] + ([config.local_twin()] if local_rounds is not None else [])
     per_config = [rounds] + ([local_rounds] if local_rounds is not None else [])
@@ -57,7 +61,7 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
     setups = [[_setup(c, rank, num_parameters, bucket_sizes, None if memory is None else memory[rank])
                for rank in range(world_size)] for c in configs]
     traced = None if traces is None else [traces] + [[[] for _ in range(world_size)]] * (len(configs) - 1)
-    measurement = Measurement(configs, setups, timings, 0.0, ROUNDS.target_precision, traced)
+    measurement = Measurement(configs, setups, timings, 0.0, ROUNDS.target_precision, traced, round_groups=list(groups))
     return step_record(measurement, backend, device, 0, 1 if local_rounds is not None else None)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from ddp.analysis.compare import AimAtDecision
 from ddp.bench.config import StepConfig
-from ddp.bench.measure import measure
+from ddp.bench.measure import measure, measure_in_groups
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import prepare, timed_round
 from ddp.bench.records import Run, run_from_data
@@ -53,10 +53,15 @@ class SyntheticRanks:
         return [[Timing(self.step_seconds * step), Timing(self.local_seconds * local)]]
 
 
+def groups(step_seconds: float, local_seconds: float, seed: int, spread: float = 0.03) -> list[SyntheticRanks]:
+    """Two groups of ranks, as the suite spreads a benchmark's rounds over."""
+    return [SyntheticRanks(step_seconds, local_seconds, seed + 100 * index, spread) for index in range(2)]
+
+
 def saved_run(step_seconds: float, local_seconds: float, rounds: int, seed: int) -> Run:
-    ranks = SyntheticRanks(step_seconds, local_seconds, seed)
-    measured = measure(ranks, [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
-    return run_from_data(Path("old.json"), run([step("slowed", measured.round_seconds(0), measured.round_seconds(1))]))
+    measured = measure_in_groups(groups(step_seconds, local_seconds, seed), [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
+    return run_from_data(Path("old.json"), run([step("slowed", measured.round_seconds(0), measured.round_seconds(1),
+                                                      groups=measured.round_groups)]))
 
 
 def name(config: StepConfig) -> str:
@@ -70,12 +75,13 @@ POLICY = RoundOptions(min_rounds=5, max_rounds=400, warmup_rounds=0, target_prec
 def test_rounds_stop_once_the_comparison_is_settled(slowdown, verdict):
     old = saved_run(0.03, 0.01, 40, seed=1)
     criterion = AimAtDecision(old, 0.10, name)
-    ranks = SyntheticRanks(0.03 * slowdown, 0.01, seed=2)
-    measured = measure(ranks, [STEP, LOCAL], POLICY, stop=criterion)
+    measured = measure_in_groups(groups(0.03 * slowdown, 0.01, seed=2), [STEP, LOCAL], POLICY, stop=criterion)
     outcome = criterion.outcomes[name(STEP)]
-    # a precision target of 0.01% is never reached: what stopped the rounds is the settled comparison
-    assert outcome.settled and outcome.decision.verdict == verdict
+    # a precision target of 0.01% is never reached: what stopped the last group's rounds is the
+    # settled comparison, judged with the first group's (which ran its share: half the maximum)
+    assert outcome.settled and outcome.decision.verdict == verdict and outcome.decision.groups == (2, 2)
     assert len(measured.rounds) == outcome.rounds < POLICY.max_rounds
+    assert measured.round_groups == [0] * (POLICY.max_rounds // 2) + [1] * (outcome.rounds - POLICY.max_rounds // 2)
     # never on a snapshot: at least MIN_SECONDS of rounds (5 s at 40 ms a round: 125 rounds)
     spent = sum(sum(measured.round_seconds(i)) for i in range(2))
     assert spent >= AimAtDecision.MIN_SECONDS and outcome.rounds >= AimAtDecision.MIN_ROUNDS
@@ -84,10 +90,20 @@ def test_rounds_stop_once_the_comparison_is_settled(slowdown, verdict):
 def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold():
     old = saved_run(0.03, 0.01, 40, seed=1)
     criterion = AimAtDecision(old, 0.10, name)
-    ranks = SyntheticRanks(0.03 * 1.10, 0.01, seed=3, spread=0.01)  # exactly at the threshold: never settles
+    ranks = groups(0.03 * 1.10, 0.01, seed=3, spread=0.01)  # exactly at the threshold: never settles
     policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
-    measured = measure(ranks, [STEP, LOCAL], policy, stop=criterion)
-    assert len(measured.rounds) == 60  # the precision target (+-50%) alone would have stopped at 5
+    measured = measure_in_groups(ranks, [STEP, LOCAL], policy, stop=criterion)
+    assert len(measured.rounds) == 3 + 30  # the first group's precision target (+-50%) stops it at its 3; the last aims
+
+
+def test_rounds_of_one_group_never_settle_on_a_slowdown():
+    old = saved_run(0.03, 0.01, 40, seed=1)
+    criterion = AimAtDecision(old, 0.10, name)
+    policy = RoundOptions(min_rounds=5, max_rounds=300, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
+    measured = measure(SyntheticRanks(0.03 * 1.25, 0.01, seed=2), [STEP, LOCAL], policy, stop=criterion)
+    outcome = criterion.outcomes[name(STEP)]
+    assert len(measured.rounds) == 300 and not outcome.settled  # to the budget: one group cannot call it
+    assert outcome.decision.verdict == "not resolved" and "one group of ranks" in outcome.decision.why
     assert not criterion.outcomes[name(STEP)].settled
 
 

@@ -11,16 +11,16 @@ import pytest
 from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
 from ddp.bench.config import StepConfig
 from ddp.bench.records import load_run
-from ddp.bench.stats import Verdict, rounds_to_decide
+from ddp.bench.stats import Verdict, groups_to_decide, rounds_to_decide
 from ddp.cli import main as ddp_main
 from tests import synthetic
 
 
-def step(name: str, rounds: list[float], local: list[float] | None = None) -> dict:
+def step(name: str, rounds: list[float], local: list[float] | None = None, groups: int | list[int] = 2) -> dict:
     """A step benchmark of strategy ``name`` (not checked: a saved run may name any) with these rounds,
-    paired with ``local``'s when given."""
+    paired with ``local``'s when given, spread over ``groups`` groups of ranks (in blocks) or as given."""
     record = synthetic.step(StepConfig.from_dict({"strategy": name, "model": "mini", "batch_size": 4, "seq_len": 64}), rounds,
-                            local_rounds=local)
+                            local_rounds=local, groups=groups)
     return synthetic.step_benchmark(record)
 
 
@@ -56,8 +56,8 @@ def test_same_code_passes_and_a_15_percent_slowdown_fails_naming_it(files, capsy
 
 def test_a_slowdown_beyond_the_threshold_but_within_noise_is_open_and_says_how_many_rounds_decide(files, capsys):
     # 30% slower on average, but rounds spread by 40%: x1.12 [0.96, 1.55] over 20 rounds each
-    old = files("old.json", run([step("naive", noisy(0.3, 20, 1, spread=0.4))]))
-    new = files("new.json", run([step("naive", noisy(0.39, 20, 2, spread=0.4))]))
+    old = files("old.json", run([step("naive", noisy(0.3, 20, 1, spread=0.4), groups=1)]))
+    new = files("new.json", run([step("naive", noisy(0.39, 20, 2, spread=0.4), groups=1)]))
     (row,) = compare(load_run(old), load_run(new), 0.10)
     assert row.verdict == "not resolved" and row.ratio > 1.10 and row.ratio_ci95[0] < 1 < row.ratio_ci95[1]
     assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0  # within noise: not failed
@@ -258,17 +258,21 @@ def test_unchanged_paired_runs_pass(files, seed):
     assert not failed([row]) and row.verdict == "unchanged"
 
 
+HALVES = [0] * 20 + [1] * 20  # 40 rounds in two groups of ranks
+
+
 def test_settled_only_once_more_rounds_cannot_change_the_decision():
     old_step, old_local = paired_rounds(0.0345, 0.009, 40, 1)
     new_step, new_local = paired_rounds(0.0448, 0.0108, 40, 2, local_own=0.25)
-    open_pairing = decide(old_step, new_step, 0.10, old_local, new_local)
+    open_pairing = decide(old_step, new_step, 0.10, old_local, new_local, old_groups=HALVES, new_groups=HALVES)
     assert open_pairing.verdict == "slower" and not settled(open_pairing)  # local moved: could still be the machine
-    resolved = decide(paired_rounds(0.03, 0.01, 40, 1)[0], paired_rounds(0.036, 0.01, 40, 2)[0], 0.10)
+    resolved = decide(paired_rounds(0.03, 0.01, 40, 1)[0], paired_rounds(0.036, 0.01, 40, 2)[0], 0.10,
+                      old_groups=HALVES, new_groups=HALVES)
     assert resolved.verdict == "slower" and resolved.basis == "raw" and settled(resolved)  # no pairing: raw decides
-    unclear = decide(noisy(0.3, 40, 1, 0.5), noisy(0.36, 40, 2, 0.5), 0.10)
+    unclear = decide(noisy(0.3, 40, 1, 0.5), noisy(0.36, 40, 2, 0.5), 0.10, old_groups=HALVES, new_groups=HALVES)
     assert unclear.ratio.point > 1.10 and unclear.ratio.low < 1 < unclear.ratio.high  # beyond, within noise
     assert unclear.verdict == "not resolved" and not settled(unclear)
-    near_the_edge = decide(noisy(0.3, 40, 1, 0.05), noisy(0.33, 40, 2, 0.05), 0.10)
+    near_the_edge = decide(noisy(0.3, 40, 1, 0.05), noisy(0.33, 40, 2, 0.05), 0.10, old_groups=HALVES, new_groups=HALVES)
     assert near_the_edge.ratio.low < 1.10 < near_the_edge.ratio.high and not settled(near_the_edge)  # decided, not settled
 
 
@@ -333,3 +337,24 @@ def test_a_step_that_moved_less_than_a_slower_machine_is_not_blamed(files):
     paired = row.decision.paired
     assert row.decision.raw.verdict == "slower" and paired.low < 0.97 and paired.high <= 1.03
     assert row.verdict == "machine slower" and not failed([row]) and settled(row.decision)
+
+
+def test_runs_whose_groups_disagree_are_not_called_slower_and_the_line_asks_for_groups(files, capsys):
+    # 15% slower, but each run's two groups of ranks 10% apart: from one run to the next the step
+    # moves by as much, which an interval over the rounds as one group cannot show
+    old_rounds = noisy(0.30, 30, 1, 0.05) + noisy(0.33, 30, 2, 0.05)
+    new_rounds = noisy(0.345 * 1.1, 30, 3, 0.05) + noisy(0.345, 30, 4, 0.05)
+    one = decide(old_rounds, new_rounds, 0.10, old_groups=[0] * 60, new_groups=[0] * 60)
+    assert one.ratio.low > 1 and one.verdict == "not resolved" and "one group of ranks" in one.why  # refused
+    old = files("old.json", run([step("naive", old_rounds, groups=2)]))
+    new = files("new.json", run([step("naive", new_rounds, groups=2)]))
+    (row,) = compare(load_run(old), load_run(new), 0.10)
+    assert row.decision.groups == (2, 2) and row.ratio > 1.10 and row.ratio_ci95[0] < 1 < row.ratio_ci95[1]
+    assert row.verdict == "not resolved" and ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("OPEN:")]
+    needed = groups_to_decide(row.ratio, *row.ratio_ci95, 2)
+    assert needed > 2 and f"about {needed} groups in each run, both taken again (--rank-groups {needed})" in line
+    # the same rounds, both groups alike: called slower
+    old = files("old2.json", run([step("naive", noisy(0.30, 60, 1, 0.02), groups=2)]))
+    new = files("new2.json", run([step("naive", noisy(0.345, 60, 3, 0.02), groups=2)]))
+    assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 1

@@ -139,7 +139,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, lists["bucket_size_mb"], lists["strategy"]},
         "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
         "simulate": {one["model"], one["batch_size"], one["seq_len"], lists["strategy"], lists["bucket_size_mb"]},
-        "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag != "--allreduce-world-sizes")},
+        "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag not in ("--allreduce-world-sizes", "--rank-groups"))},
         "memory": {option("--world-size"), option("--device-memory"), one["model"], one["compile"],
                    *(lists[name] for name in ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm"))},
         "compare": set(), "report": set(), "gpu-check": set(), "trace": set(),

@@ -71,6 +71,7 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
         assert list(extra) == list(STEP_EXTRA_INFO)
         assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["config"]["model"] == "tiny"
         assert len(extra["rank_step_seconds"]) == 2
+        assert extra["round_groups"] == [0] * len(extra["round_seconds"])  # the torchrun job is one group of ranks
         assert 0 <= extra["exposed_comm_seconds"] <= bench["stats"]["max"]
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
     buckets = {b["extra_info"]["config"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}

@@ -75,6 +75,7 @@ as much as the code: ``machine_differences`` names what differs, and the report 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ddp.analysis.figures import machine_differences
@@ -83,8 +84,11 @@ from ddp.analysis.tables import table as render
 from ddp.bench.records import Run
 from ddp.bench.stats import (
     MAX_ROUNDS,
+    Groups,
     Verdict,
     clear_of_threshold,
+    group_count,
+    groups_to_decide,
     machine_adjusted_ratio_ci,
     ratio_of_medians_ci,
     rounds_to_decide,
@@ -134,13 +138,16 @@ class Ratio:
         return cls(point, low, high, judged, clear_of_threshold(low, high, threshold) and judged is not Verdict.NOT_RESOLVED)
 
     @classmethod
-    def of(cls, new: list[float], old: list[float], threshold: float) -> Ratio:
-        return cls.judged(*ratio_of_medians_ci(new, old), threshold, min(len(new), len(old)))
+    def of(cls, new: list[float], old: list[float], threshold: float, new_groups: Groups = None,
+           old_groups: Groups = None) -> Ratio:
+        interval = ratio_of_medians_ci(new, old, new_groups=new_groups, old_groups=old_groups)
+        return cls.judged(*interval, threshold, min(len(new), len(old)))
 
     @classmethod
     def adjusted(cls, new: list[float], new_local: list[float], old: list[float], old_local: list[float],
-                 threshold: float) -> Ratio:
-        return cls.judged(*machine_adjusted_ratio_ci(new, new_local, old, old_local), threshold, min(len(new), len(old)))
+                 threshold: float, new_groups: Groups = None, old_groups: Groups = None) -> Ratio:
+        interval = machine_adjusted_ratio_ci(new, new_local, old, old_local, new_groups=new_groups, old_groups=old_groups)
+        return cls.judged(*interval, threshold, min(len(new), len(old)))
 
     def __str__(self) -> str:
         return f"x{self.point:.2f} [{self.low:.2f}, {self.high:.2f}]"
@@ -163,6 +170,8 @@ class Decision:
     adjusted: Ratio | None = None
     """The raw ratio with the machine's change taken out of the step's compute share only
     (``ddp.bench.stats.machine_adjusted_ratio_ci``), where ``local`` got faster (its interval below 1)."""
+    groups: tuple[int, int] = (1, 1)
+    """Groups of ranks the old and the new run's rounds came from (``ddp.bench.stats.group_count``)."""
 
     @property
     def ratio(self) -> Ratio:
@@ -170,12 +179,31 @@ class Decision:
         return {PAIRED: self.paired, ADJUSTED: self.adjusted}.get(self.basis) or self.raw
 
 
+ONE_GROUP = "one group of ranks"
+
+
 def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, old_local: list[float] | None = None,
-           new_local: list[float] | None = None, reference: bool = False) -> Decision:
+           new_local: list[float] | None = None, reference: bool = False, old_groups: Groups = None,
+           new_groups: Groups = None) -> Decision:
     """Judge one benchmark from its rounds in the two runs (and its ``local`` twin's, where both runs
-    paired them): the rules of the module docstring. ``reference``: the benchmark is ``local``, the
-    machine's reference, never gated."""
-    raw = Ratio.of(new_rounds, old_rounds, threshold)
+    paired them), each round's group of ranks given where the rounds were spread over several: the
+    rules of the module docstring. ``reference``: the benchmark is ``local``, the machine's
+    reference, never gated. A slowdown is called only from runs of two or more groups each: from
+    one group the spread between runs is unmeasured, and the verdict is *not resolved*."""
+    decision = _decide(old_rounds, new_rounds, threshold, old_local, new_local, reference, old_groups, new_groups)
+    counts = (group_count(old_groups), group_count(new_groups))
+    decision = dataclasses.replace(decision, groups=counts)
+    if decision.verdict == str(Verdict.SLOWER) and min(counts) < 2:
+        which = "the old run's" if counts[0] < 2 else "the new run's"
+        return dataclasses.replace(
+            decision, verdict=str(Verdict.NOT_RESOLVED),
+            why=f"{which} rounds come from {ONE_GROUP}: the spread between runs is not measured, so no slowdown is "
+                f"called from them ({decision.why})")
+    return decision
+
+
+def _decide(old_rounds, new_rounds, threshold, old_local, new_local, reference, old_groups, new_groups) -> Decision:
+    raw = Ratio.of(new_rounds, old_rounds, threshold, new_groups, old_groups)
     if reference:
         if raw.verdict in (Verdict.SLOWER, Verdict.FASTER):
             return Decision(f"{MACHINE} {raw.verdict}", MACHINE_REFERENCE, "local is the machine's reference", raw)
@@ -184,12 +212,13 @@ def decide(old_rounds: list[float], new_rounds: list[float], threshold: float, o
     if not paired_both:
         return Decision(str(raw.verdict), RAW, "no rounds paired with local in both runs", raw)
     paired = Ratio.of([s / f for s, f in zip(new_rounds, new_local)], [s / f for s, f in zip(old_rounds, old_local)],
-                      threshold)
-    local = Ratio.of(new_local, old_local, threshold)
+                      threshold, new_groups, old_groups)
+    local = Ratio.of(new_local, old_local, threshold, new_groups, old_groups)
     # Only where the machine resolved faster, and by enough that the bias it gives step / local (at
     # most 1 / L - 1, as the step's compute share goes to 0) could alone carry it past 1 + t.
     machine_faster = local.high < 1.0 and local.low * (1 + threshold) < 1.0
-    adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold) if machine_faster else None
+    adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold, new_groups,
+                              old_groups) if machine_faster else None
 
     def decision(verdict_: Verdict | str, basis: str, why: str) -> Decision:
         return Decision(str(verdict_), basis, why, raw, paired, local, adjusted)
@@ -246,10 +275,23 @@ def what_would_decide(name: str, decision: Decision, old_rounds: int, new_rounds
     if min(old_rounds, new_rounds) < MIN_ROUNDS_TO_JUDGE:
         return (f"{head}: a run has fewer than {MIN_ROUNDS_TO_JUDGE} rounds ({old_rounds} old, {new_rounds} new), "
                 f"too few to judge; take the runs again with {_rounds_flags(MIN_ROUNDS_TO_JUDGE)} or more")
+    old_groups, new_groups = decision.groups
+    if ratio.verdict is Verdict.SLOWER and min(decision.groups) < 2:
+        which = " and ".join(run for run, count in (("old", old_groups), ("new", new_groups)) if count < 2)
+        return (f"{head}: slower by its rounds, but the {which} run's rounds come from {ONE_GROUP}, whose spread from "
+                "one run to the next is not measured; take it again under pytest with --rank-groups 2 or more "
+                "(a torchrun run is one group)")
     moved = decision.reference is not None and decision.reference.verdict in (Verdict.SLOWER, Verdict.FASTER)
     if ratio.verdict is not Verdict.NOT_RESOLVED:  # the adjusted ratio did not confirm a paired slowdown
         return (f"{head}: local moved {decision.reference} between the runs and the step's slowdown may be the "
                 "machine's; take both runs again on a quiet machine")
+    if min(decision.groups) >= 2:
+        groups = groups_to_decide(ratio.point, ratio.low, ratio.high, min(decision.groups))
+        if groups is not None:
+            quiet = f"; local moved {decision.reference}, so a quiet machine may decide it sooner" if moved else ""
+            return (f"{head} is beyond the threshold but within the spread of {old_groups} and {new_groups} groups of "
+                    f"ranks; about {groups} groups in each run, both taken again (--rank-groups {groups}), would decide "
+                    f"it four times in five{quiet}")
     needed = rounds_to_decide(ratio.point, ratio.low, ratio.high, old_rounds, new_rounds)
     if needed is None:
         return f"{head}: its interval disagrees with its ratio, too few rounds to judge; take both runs again with more rounds"
@@ -300,8 +342,9 @@ class AimAtDecision:
         self.outcomes: dict[str, AimedRounds] = {}
         self._next_check = 0
         self._last_rounds = 0
+        self._last_configs: list | None = None
 
-    def __call__(self, configs, seconds: list[list[float]]) -> bool | None:
+    def __call__(self, configs, seconds: list[list[float]], groups: list[int] | None = None) -> bool | None:
         strategies = [c.strategy for c in configs]
         judged = []
         for index, config in enumerate(configs):
@@ -313,9 +356,9 @@ class AimAtDecision:
         if not judged:
             return None  # nothing saved to compare with: the precision target decides
         rounds = len(seconds[0])
-        if rounds <= self._last_rounds:  # the next measurement's rounds began
+        if rounds <= self._last_rounds or list(configs) != self._last_configs:  # the next measurement's rounds began
             self._next_check = 0
-        self._last_rounds = rounds
+        self._last_rounds, self._last_configs = rounds, list(configs)
         if rounds < self._next_check:
             return False
         self._next_check = rounds + 1 if rounds < self.EVERY_ROUND_UNTIL else int(rounds * self.GROWTH) + 1
@@ -325,7 +368,8 @@ class AimAtDecision:
         done = True
         for name, old, new_rounds, new_local in judged:
             decision = decide(old.round_seconds, new_rounds, self.threshold,
-                              getattr(old.record, "local_round_seconds", None), new_local)
+                              getattr(old.record, "local_round_seconds", None), new_local,
+                              old_groups=getattr(old.record, "round_groups", None), new_groups=groups)
             self.outcomes[name] = AimedRounds(rounds, decision, long_enough and settled(decision))
             done = done and self.outcomes[name].settled
         return done
@@ -372,7 +416,8 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
             continue
         judged = decide(a.round_seconds, b.round_seconds, threshold, getattr(a.record, "local_round_seconds", None),
                         getattr(b.record, "local_round_seconds", None),
-                        reference=getattr(a.record, "strategy", None) == FLOOR)
+                        reference=getattr(a.record, "strategy", None) == FLOOR,
+                        old_groups=getattr(a.record, "round_groups", None), new_groups=getattr(b.record, "round_groups", None))
         chosen = judged.ratio
         rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, chosen.point, (chosen.low, chosen.high),
                                         judged.verdict, judged.basis, judged.why, judged,

@@ -16,13 +16,34 @@ aims its rounds at that comparison instead: given a ``StopCriterion`` (pytest's
 criterion says the comparison is settled, or the budget is spent; the precision target then only
 applies to configurations the criterion has nothing to compare with.
 
+**Rounds spread over groups of ranks** (``measure_in_groups``): rounds of one process share
+everything a process decides when it starts (where its threads land, gloo's sockets, the
+allocator's layout), and on this project's 2-core machine a step's median moved by 20% and more
+from one pytest run to the next while each run's interval was +-3-6% wide: an interval over one
+process's rounds describes that process, not the code. So a measurement's rounds are split among
+two or more groups of ranks started independently, one block of rounds after the other (each
+group builds and warms up its own models; the budget, the minimum and maximum rounds are shared
+among the groups, so the rounds in all are as many as one group would run), and every round keeps
+its group (``Measurement.round_groups``). The intervals over such rounds are two-level bootstraps,
+groups and then rounds (``ddp.bench.stats``), so the spread between processes is in them, and the
+regression gate judges with them (``ddp.analysis.compare``). pyperf spawns 20 worker processes
+per benchmark for the same reason (psf/pyperf#136), asv runs each in several (``processes``).
+On CUDA every group is a set of processes on the same GPUs with CUDA contexts of their own: a
+group's models are freed and its cached blocks handed back before the next group builds where the
+two would not fit together (``ddp.bench.memory.fit``); NCCL creates one communicator per group, as
+for any two jobs sharing GPUs.
+
 ``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
-``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks.
+``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks
+(then the job is the only group: its rounds say one group, and the gate will not call a
+slowdown from them alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +63,7 @@ from ddp.bench.rank_state import (
     timed_round,
     traced,
 )
-from ddp.bench.stats import relative_half_width
+from ddp.bench.stats import relative_half_width, relative_interval_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
 from ddp.strategies.registry import FLOOR
@@ -67,6 +88,8 @@ class Measurement:
     traces: list[list[list[dict]]] | None = None
     """Per configuration, per rank, its traced steps (``ddp.bench.step_trace``: each collective's
     ready, launch and completion), run apart from the timed rounds (``trace``); None if none ran."""
+    round_groups: list[int] | None = None
+    """Per timed round, the group of ranks it ran in (``measure_in_groups``); None: one group."""
 
     def round_seconds(self, index: int = 0) -> list[float]:
         """Each timed round's step time of configuration ``index``: its slowest rank's."""
@@ -108,10 +131,11 @@ class CannotMeasure(Exception):
     configuration this machine cannot run; the message is one line saying which and what to do."""
 
 
-StopCriterion = Callable[[Sequence[StepConfig], list[list[float]]], "bool | None"]
-"""``criterion(configs, seconds)``, ``seconds`` holding per configuration its round times so far
-(slowest rank): True once the rounds have answered what they are measured for, False to go on,
-None when it has nothing to judge (the precision target then decides)."""
+StopCriterion = Callable[[Sequence[StepConfig], list[list[float]], "list[int] | None"], "bool | None"]
+"""``criterion(configs, seconds, groups)``, ``seconds`` holding per configuration its round times
+so far (slowest rank), ``groups`` each round's group of ranks (None: one group): True once the
+rounds have answered what they are measured for, False to go on, None when it has nothing to
+judge (the precision target then decides)."""
 
 
 def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1,
@@ -163,19 +187,26 @@ def _worst_precision(rounds: list[list]) -> float:
 
 
 def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
-            stop: StopCriterion | None = None) -> Measurement | NotMeasured:
+            stop: StopCriterion | None = None, before: tuple[list[list[float]], list[int]] | None = None,
+            group: int = 0) -> Measurement | NotMeasured:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
     ``stop`` (if given) says the rounds are settled. The configurations stay built on the ranks
-    afterwards (``release`` frees them)."""
+    afterwards (``release`` frees them). ``before``: per configuration the round times other groups
+    of ranks measured, and their groups, which ``stop`` judges with these rounds (of ``group``)."""
     configs = list(configs)
-    setups = ranks.run(prepare, configs, policy.warmup_rounds)
+    # A measurement's setups are its first group's: the others' training state is not counted
+    # (an untimed step under MemTracker on CPU, seconds a configuration).
+    setups = ranks.run(prepare, configs, policy.warmup_rounds, group == 0)
     marker = first_withdrawn(setups)
     if marker is not None:
         return NotMeasured(configs[0], marker)
 
+    seconds_before, groups_before = before or ([[] for _ in configs], [])
+
     def settled(rounds: list[list]) -> bool | None:
-        return stop(configs, config_round_seconds(rounds))
+        seconds = [earlier + now for earlier, now in zip(seconds_before, config_round_seconds(rounds))]
+        return stop(configs, seconds, groups_before + [group] * len(rounds))
 
     outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks,
                            settled=None if stop is None else settled)
@@ -185,7 +216,58 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
     setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]
-    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision)
+    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision,
+                       round_groups=[group] * len(rounds))
+
+
+def group_share(policy: RoundOptions, groups: int) -> RoundOptions:
+    """One group's share of a measurement's rounds spread over ``groups``: the minimum, maximum and
+    budget divided among them, and the precision target widened by sqrt(groups), so that the
+    rounds of all groups together reach about the target one group would (the interval of a
+    median narrows as the square root of its rounds)."""
+    if groups == 1:
+        return policy
+    min_rounds = math.ceil(policy.min_rounds / groups)
+    budget = policy.budget_seconds
+    return dataclasses.replace(
+        policy, min_rounds=min_rounds, max_rounds=max(min_rounds, policy.max_rounds // groups),
+        budget_seconds=None if budget is None else budget / groups,
+        target_precision=min(1.0, policy.target_precision * math.sqrt(groups)),
+    )
+
+
+def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
+                      stop: StopCriterion | None = None, keep_built: bool = True) -> Measurement | NotMeasured:
+    """``measure`` with the rounds spread over ``groups`` of ranks, a block on each in turn
+    (module docstring), each block's round policy ``group_share``; ``stop`` judges the last
+    group's rounds together with the others' (the earlier blocks stop on their precision target
+    or budget). ``keep_built``: each group keeps its configurations built once its block is done
+    (False where the next group's build would not fit beside them: they are freed and, on CUDA,
+    the cached blocks handed back). Every group keeps the last block's configurations built."""
+    configs = list(configs)
+    if len(groups) == 1:
+        return measure(groups[0], configs, policy, benchmarks, stop)
+    share = group_share(policy, len(groups))
+    blocks: list[Measurement] = []
+    for index, ranks in enumerate(groups):
+        seconds = [[s for block in blocks for s in block.round_seconds(c)] for c in range(len(configs))]
+        labels = [g for block in blocks for g in block.round_groups]
+        last = index == len(groups) - 1
+        result = measure(ranks, configs, share, benchmarks, stop if last else None, (seconds, labels), index)
+        if isinstance(result, NotMeasured):
+            for earlier in groups[:index + 1]:
+                free(earlier)
+            return result
+        blocks.append(result)
+        if not last and not keep_built:
+            free(ranks)
+            ranks.run(return_cached_memory)
+    merged = Measurement(configs, blocks[0].setups, [round_ for block in blocks for round_ in block.rounds],
+                         float("inf"), policy.target_precision, round_groups=[g for block in blocks for g in block.round_groups])
+    if len(merged.rounds) > 1:
+        merged.reached_precision = max(relative_interval_half_width(merged.round_seconds(c), merged.round_groups)
+                                       for c in range(len(configs)))
+    return merged
 
 
 def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[list[list[dict]]] | None:
@@ -264,6 +346,9 @@ class GridMeasurer:
     the two fit; a group that runs out of memory all the same is measured again that way, so that
     one configuration too large does not take the others with it.
 
+    With more than one group of ranks (``groups``), each measurement's rounds are spread over all
+    of them (``measure_in_groups``), ``ranks`` first.
+
     With ``policy.traced_steps``, each configuration that communicates is then traced (``trace``) on
     ``tracer``, ranks of the same size, backend and device that time nothing, one configuration at
     a time, so that no timed round of ``ranks`` ever follows a profiler in its process; where the
@@ -272,13 +357,17 @@ class GridMeasurer:
     """
 
     def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
-                 stop: StopCriterion | None = None, tracer=None, memory_bytes: int | None = None) -> None:
+                 stop: StopCriterion | None = None, tracer=None, memory_bytes: int | None = None,
+                 more_groups: Sequence = ()) -> None:
         """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid;
         ``tracer``: the ranks that run the traced steps (see the class docstring); ``memory_bytes``:
-        the memory of a rank's device to fit configurations in (None: what the ranks have)."""
+        the memory of a rank's device to fit configurations in (None: what the ranks have);
+        ``more_groups``: groups of ranks like ``ranks``, started apart, that share every
+        measurement's rounds with it."""
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks
+        self.groups = [ranks, *more_groups]
         self.configs = list(configs)
         self.policy = policy
         self.interleave = interleave
@@ -297,6 +386,16 @@ class GridMeasurer:
     def _too_large(self, config: StepConfig) -> str | None:
         """Why ``config`` is predicted not to fit on these ranks, or None."""
         return too_large(config, self.ranks.world_size, self._memory())
+
+    def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotMeasured:
+        """``members`` measured on every group of ranks; each group keeps them built where the
+        groups' builds fit in a device's memory together (one process per rank and group)."""
+        together = fit(members * len(self.groups), self._memory(), self.ranks.world_size).together
+        return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together)
+
+    def _free(self) -> None:
+        for ranks in self.groups:
+            free(ranks)
 
     @staticmethod
     def _key(config: StepConfig) -> StepConfig:
@@ -326,9 +425,11 @@ class GridMeasurer:
         if not pairs:
             return  # nothing measured beside it: measured alone
         rounds = [[round_[twin]] for measurement, _, twin in pairs for round_ in measurement.rounds]
+        labels = [g for measurement, _, _ in pairs for g in measurement.round_groups or [0] * len(measurement.rounds)]
         setups = [pairs[0][0].setups[pairs[0][2]]]
         seconds = [max(t.seconds for t in round_[0]) for round_ in rounds]
-        measurement = Measurement([local], setups, rounds, relative_half_width(seconds), self.policy.target_precision)
+        measurement = Measurement([local], setups, rounds, relative_interval_half_width(seconds, labels),
+                                  self.policy.target_precision, round_groups=labels)
         self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
@@ -338,9 +439,9 @@ class GridMeasurer:
         if self._too_large(local) or not fit(members, self._memory(), self.ranks.world_size).together:
             self._alone.add(self._key(config))
             return
-        result = measure(self.ranks, members, self.policy, benchmarks=len(group), stop=self.stop)
+        result = self._timed(members, benchmarks=len(group))
         if isinstance(result, NotMeasured):
-            free(self.ranks)
+            self._free()
             self._alone.add(self._key(config))
             return
         if self.tracer is not None:
@@ -353,14 +454,14 @@ class GridMeasurer:
         if paired and not fit([config, config.local_twin()], self._memory(), self.ranks.world_size).together:
             paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]
-        result = measure(self.ranks, members, self.policy, stop=self.stop)
+        result = self._timed(members)
         if isinstance(result, NotMeasured) and paired and isinstance(result.marker, OutOfMemory):
             # Predicted to fit together, but ran out of memory: alone, as a group that does.
-            free(self.ranks)
+            self._free()
             paired, members = False, [config]
-            result = measure(self.ranks, members, self.policy, stop=self.stop)
+            result = self._timed(members)
         if isinstance(result, NotMeasured):
-            free(self.ranks)
+            self._free()
             self._measured[config] = result
             return
         if self.tracer is not None:
@@ -376,12 +477,14 @@ class GridMeasurer:
         world_size = len(measurement.setups[0])
         traces = [[[] for _ in range(world_size)] for _ in measurement.configs]
         if ranks is not self.ranks:
-            self.ranks.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
+            for group in self.groups:
+                group.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
         for index, config in enumerate(measurement.configs):
             if not measurement.setups[index][0].communicates:
                 continue
-            if ranks is not self.ranks and not fit([*measurement.configs, config], self._memory(), world_size).together:
-                free(self.ranks)
+            held = measurement.configs * len(self.groups)
+            if ranks is not self.ranks and not fit([*held, config], self._memory(), world_size).together:
+                self._free()
             traced_steps = trace(ranks, [config], self.policy)
             if traced_steps is None:
                 return  # could not run (out of memory under the profiler): no collectives in the record

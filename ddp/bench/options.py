@@ -51,6 +51,10 @@ MIN_BENCHMARK_BUDGET_SECONDS = 3.0
 MAX_BENCHMARK_BUDGET_SECONDS = 120.0
 
 
+# Groups of ranks a measurement's rounds are spread over: the fewest that measure the spread
+# between processes (docs/regression-gate.md has what more of them buy).
+RANK_GROUPS = 2
+
 # ------------------------------------------------------------------------------------ options
 
 
@@ -322,8 +326,15 @@ class GridOptions:
     device_memory_bytes: int | None = None
     """The memory of one rank's device the grid fits its configurations in (``--device-memory``);
     None: what each rank has (``ddp.bench.memory.device_memory_bytes``)."""
+    rank_groups: int = RANK_GROUPS
+    """Groups of ranks, each started apart (fresh processes), that every measurement's rounds are
+    spread over (``ddp.bench.measure.measure_in_groups``): 2 or more measure the spread from one
+    run to the next, which the regression gate needs to call a slowdown; 1 saves a start-up and a
+    build per configuration. A torchrun run (``ddp run``) is one group."""
 
     def __post_init__(self) -> None:
+        if self.rank_groups < 1:
+            raise OptionError(f"--rank-groups must be at least 1, got {self.rank_groups}")
         if self.interleave not in INTERLEAVE:
             raise OptionError(f"--interleave takes one of {', '.join(INTERLEAVE)}, got {self.interleave!r}")
         self.configs()  # every configuration is one the suite can build (checked in the parent)
@@ -371,6 +382,9 @@ RUN_OPTIONS = (
     Option("--allreduce-sizes-mb", "allreduce_sizes_mb", lambda t: positive_floats(t, "sizes in MiB"), "float32 all-reduce sizes in MiB"),
     Option("--allreduce-world-sizes", "allreduce_world_sizes", lambda t: positive_ints(t, "world sizes"),
            "ranks for the all-reduce benchmark"),
+    Option("--rank-groups", "rank_groups", positive_int,
+           "groups of ranks, each started apart, that every benchmark's rounds are spread over: 2 or more measure "
+           "how much a run differs from the next, which the regression gate needs to call a slowdown"),
     Option("--device-memory", "device_memory_bytes", memory_size,
            "memory of one rank's device that configurations must fit in, e.g. 40GiB: what is predicted not to fit is "
            "not built (default: each rank's share of its GPU, or of the host's available memory)"),

@@ -95,7 +95,8 @@ class RankBench:
     allreduce_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     """float32 buffers of the all-reduce benchmark, by element count."""
 
-    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> list[StepSetup] | Withdrawn:
+    def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int,
+                count_memory: bool = True) -> list[StepSetup] | Withdrawn:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
         twin of the next strategy of the same group is the same) and run
         ``warmup_steps`` untimed steps of each.
@@ -104,12 +105,13 @@ class RankBench:
         (``ddp.strategies.registry.steps_to_settle``): ``bucketed`` re-plans its buckets after its
         first step, and PyTorch's DDP reduces everything in one bucket in its first step, rebuilds
         its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
-        third; a user's class may do the same.
+        third; a user's class may do the same. ``count_memory``: each setup's training state
+        counted (``Trainer.setup``), once per build.
         """
 
         def build() -> list[StepSetup]:
             self._build(info, configs, warmup_steps)
-            return [self.trainers[config].setup() for config in configs]
+            return [self.trainers[config].setup(count_memory) for config in configs]
 
         return self._withdrawing(info, build)
 
@@ -258,8 +260,9 @@ def _allocated_bytes(info: RankInfo) -> int | None:
 
 
 @on_rank
-def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1) -> list[StepSetup] | Withdrawn:
-    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps)
+def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1,
+            count_memory: bool = True) -> list[StepSetup] | Withdrawn:
+    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps, count_memory)
 
 
 @on_rank

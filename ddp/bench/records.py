@@ -221,6 +221,12 @@ class StepRecord:
     (None with a single round, which has no interval)."""
     local_round_seconds: list[float] | None = None
     """``local``'s step time in the same rounds, interleaved (None when not paired)."""
+    round_groups: list[int] | None = None
+    """Per round, the group of ranks (fresh processes) it ran in, 0 to groups - 1
+    (``ddp.bench.measure.measure_in_groups``): the intervals of ``step_seconds``, of the
+    comparison with another run and ``reached_precision`` are two-level bootstraps over them
+    (``ddp.bench.stats``). All 0: one group (a torchrun run, ``--rank-groups 1``), from which the
+    regression gate calls no slowdown; None in files saved before groups were recorded (read as one)."""
     overhead_seconds: float | None = None
     """Median over rounds of (step - local step) in the same round: what synchronizing costs."""
     overhead_seconds_ci95: list[float] | None = None

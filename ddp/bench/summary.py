@@ -12,7 +12,14 @@ import numpy as np
 from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.memory import predict_or_none
 from ddp.bench.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
-from ddp.bench.stats import median_ci, paired_ci, paired_difference_ci, paired_ratio_ci, relative_half_width
+from ddp.bench.stats import (
+    median_ci,
+    median_interval,
+    paired_ci,
+    paired_difference_ci,
+    paired_ratio_ci,
+    relative_interval_half_width,
+)
 from ddp.bench.traces import collective_exposure, comm_source, tail_of
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
@@ -77,6 +84,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
     setups = measurement.setups[index]
     setup = setups[0]
     rounds = measurement.round_seconds(index)
+    groups = measurement.round_groups or [0] * len(rounds)
     exposed = measurement.exposed_comm_seconds(index)
     step = statistics.median(rounds)
     fractions = [e / s for e, s in zip(exposed, rounds) if s > 0]
@@ -111,13 +119,14 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         num_parameters=setup.num_parameters, num_parameter_tensors=setup.num_parameter_tensors,
         num_buckets=None if sizes is None else len(sizes), bucket_sizes_bytes=sizes,
         collectives_per_step=setup.collectives_per_step, bytes_per_step=setup.bytes_per_step,
-        step_seconds=step, step_seconds_ci95=list(median_ci(rounds)), round_seconds=rounds,
+        step_seconds=step, step_seconds_ci95=list(median_interval(rounds, groups)), round_seconds=rounds,
+        round_groups=groups,
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
         exposed_comm_seconds=statistics.median(exposed), exposed_comm_fraction=statistics.median(fractions),
         exposed_comm_fraction_ci95=list(median_ci(fractions)),
         tokens_per_second=world_size * config.batch_size * config.seq_len / step,
         target_precision=measurement.target_precision,
-        reached_precision=relative_half_width(rounds) if len(rounds) > 1 else None,
+        reached_precision=relative_interval_half_width(rounds, groups) if len(rounds) > 1 else None,
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
         predicted_memory=predict_or_none(config, world_size),

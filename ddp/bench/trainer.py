@@ -290,13 +290,20 @@ class Trainer:
             raise
         self.backward_compute_end = BackwardComputeEnd(self.cuda)
         self.counted_collectives: int | None = None  # see count_collectives
+        self.memory: StateMemory | None = None
+        """The training state ``setup`` counted, kept for the next ``setup``."""
         self.resident_bytes: int | None = None
         """On CUDA, what this configuration keeps allocated between its steps (parameters, optimizer
         state, the strategy's buffers, the batch), set by ``RankBench.prepare`` once built and
         warmed up; ``own_peak_bytes`` reads it."""
 
-    def setup(self) -> StepSetup:
+    def setup(self, count_memory: bool = True) -> StepSetup:
+        """What this configuration is, for the record; ``count_memory``: its training state counted
+        (``ddp.bench.state_bytes.measure_memory``: an untimed step, under MemTracker on CPU) once
+        per build, the same count after (sizes do not change from step to step), or None."""
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
+        if count_memory and self.memory is None:
+            self.memory = measure_memory(self)
         calls = self.collectives_per_step()
         communicates = calls is None or calls > 0
         return StepSetup(
@@ -306,7 +313,7 @@ class Trainer:
             bucket_sizes_bytes=list(sizes) if sizes is not None else None,
             collectives_per_step=None if calls is None else int(calls),
             bytes_per_step=self.gradient_bytes if communicates else 0,
-            memory=measure_memory(self),
+            memory=self.memory if count_memory else None,
             communicates=self.communicates,
         )
 

@@ -80,6 +80,12 @@ class Target:
         return ["--backend", "gloo", "--device", "cpu", "--world-size", "1"] if self.rehearse else \
             ["--backend", "nccl", "--world-size", "1"]
 
+    def one_group(self) -> list[str]:
+        """The stages time one configuration's GPU path, not a comparison between runs: one group of
+        ranks (``--rank-groups 1``), so that a second group's builds do not double a stage's time
+        (its limit is one group's) and its CUDA context does not take what the fit boundary needs."""
+        return ["--rank-groups", "1"]
+
     def two_ranks_on_one_gpu(self) -> list[str]:
         """Launch options of 2 gloo ranks over CUDA tensors on the one GPU (CPU tensors in a rehearsal)."""
         return ["--backend", "gloo", "--device", "cpu" if self.rehearse else "cuda", "--world-size", "2"]
@@ -138,7 +144,7 @@ def _ms(seconds: float) -> str:
 
 def harness(target: Target, out: Path, suite: Path) -> str:
     json_path = out / "harness.json"
-    code, _ = _pytest(suite, out, "harness", "perf_tests/test_harness_cost.py", *target.one_rank(), "--model", target.model,
+    code, _ = _pytest(suite, out, "harness", "perf_tests/test_harness_cost.py", *target.one_rank(), *target.one_group(), "--model", target.model,
                       "--batch-sizes", "2" if target.rehearse else "4", "--seq-lens", "32" if target.rehearse else "128",
                       "--rounds", "10", "--max-rounds", "10", "--warmup-rounds", "2", "--benchmark-json", str(json_path))
     target.check(code == 0, f"perf_tests/test_harness_cost.py exited {code}")
@@ -154,7 +160,7 @@ def harness(target: Target, out: Path, suite: Path) -> str:
 def precision(target: Target, out: Path, suite: Path) -> str:
     json_path = out / "precision.json"
     bucket = "0.1" if target.rehearse else "25"
-    code, _ = _pytest(suite, out, "precision", "perf_tests/test_step.py", *target.one_rank(), "--model", target.model,
+    code, _ = _pytest(suite, out, "precision", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(), "--model", target.model,
                       "--strategies", f"{FLOOR},bucketed,torch", "--batch-sizes", "2", "--seq-lens", "32" if target.rehearse else "512",
                       "--bucket-sizes", bucket, "--precision", "fp32,tf32,bf16", "--interleave", FLOOR, "--rounds", "5",
                       "--max-rounds", "5", "--warmup-rounds", "1", "--traced-steps", "0", "--benchmark-json", str(json_path))
@@ -189,7 +195,7 @@ def fit(target: Target, out: Path, suite: Path) -> str:
     batch = largest_batch(config, 1, memory_bytes)
     target.check(batch >= 1, f"not even batch 1 of {config.describe()} is predicted to fit in {_gib(memory_bytes)}")
     json_path = out / "fit.json"
-    code, junit = _pytest(suite, out, "fit", "perf_tests/test_step.py", *target.one_rank(), "--model", target.model,
+    code, junit = _pytest(suite, out, "fit", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(), "--model", target.model,
                           "--strategies", FLOOR, "--batch-sizes", f"{batch},{batch + 1}", "--seq-lens", str(seq_len),
                           "--interleave", "off", "--rounds", "2", "--max-rounds", "2", "--warmup-rounds", "1",
                           "--traced-steps", "0", "--device-memory", f"{memory_bytes}B", "--benchmark-json", str(json_path))
@@ -315,7 +321,7 @@ def one_nccl_rank_launches_no_kernel(target: Target, out: Path) -> str:
 
 def compile_(target: Target, out: Path, suite: Path) -> str:
     json_path = out / "compile.json"
-    code, junit = _pytest(suite, out, "compile", "perf_tests/test_step.py", *target.one_rank(), "--model", target.model,
+    code, junit = _pytest(suite, out, "compile", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(), "--model", target.model,
                           "--strategies", "bucketed,torch", "--bucket-sizes", "0.1" if target.rehearse else "25",
                           "--batch-sizes", "2", "--seq-lens", "32" if target.rehearse else "128", "--compile", "on",
                           "--interleave", "off", "--rounds", "3", "--max-rounds", "3", "--warmup-rounds", "1",

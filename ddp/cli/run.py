@@ -23,6 +23,7 @@ report and simulate read a multi-node run like a local one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from ddp.launcher import TorchrunRank
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # the ranks are torchrun's: only the backend is chosen here (auto = nccl when every local rank has a GPU)
     add_launch_options(parser.add_argument, only=("--backend",))
-    add_grid_options(parser.add_argument, skip=("--allreduce-world-sizes",))
+    add_grid_options(parser.add_argument, skip=("--allreduce-world-sizes", "--rank-groups"))
     parser.add_argument("--json", type=Path, default=None, help="write pytest-benchmark JSON here (rank 0)")
 
 
@@ -57,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
     # Rank placement is per node: every local rank needs its own GPU. Validated on every rank
     # before any joins the group.
     resolved = LaunchOptions(backend=args.backend, world_size=placed.local_world_size).resolve()
-    grid = grid_options(vars(args).get, resolved.backend, resolved.device, skip=("--allreduce-world-sizes",))
+    grid = grid_options(vars(args).get, resolved.backend, resolved.device, skip=("--allreduce-world-sizes", "--rank-groups"))
+    grid = dataclasses.replace(grid, rank_groups=1)  # the job is the one group of ranks: its records say so
     if placed.rank == 0 and args.json is not None and args.json.exists():  # rank 0 writes it: rank 0 checks
         raise UsageError(f"--json {args.json} exists: give a new path (nothing saved is overwritten)")
     rank = placed.join(resolved.backend, resolved.device)

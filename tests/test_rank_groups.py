@@ -1,0 +1,97 @@
+"""A benchmark's rounds spread over groups of ranks started apart (``ddp.bench.measure.measure_in_groups``):
+how the rounds are divided and labelled, what each group keeps built, and, on real ranks, that the
+record carries each round's group and an interval over both."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from ddp.bench.config import StepConfig
+from ddp.bench.measure import GridMeasurer, group_share, measure_in_groups
+from ddp.bench.options import RoundOptions
+from ddp.bench.rank_state import prepare, release, timed_round
+from ddp.bench.stats import median_ci, median_interval
+from ddp.bench.summary import step_record
+from ddp.launcher import Rank, RankGroup, on_rank
+
+STEP = StepConfig("bucketed", "tiny", batch_size=2, seq_len=16, bucket_size_mb=1.0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    step_seconds: float
+    exposed_comm_seconds: float = 0.0
+    peak_memory_bytes: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.step_seconds
+
+
+class Recording:
+    """A group of one rank whose every step takes ``seconds``; ``calls`` logs what ran on it, in
+    order, into a log the groups share."""
+
+    world_size = 1
+
+    def __init__(self, name: str, seconds: float, log: list) -> None:
+        self.name, self.seconds, self.log = name, seconds, log
+
+    def run(self, fn, *args):
+        self.log.append((self.name, fn.__name__))
+        if fn is timed_round:
+            return [[Timing(self.seconds) for _ in args[0]]]
+        return [[None for _ in args[0]] if fn is prepare else None]
+
+
+def test_rounds_are_divided_among_the_groups_and_keep_their_group():
+    log: list = []
+    groups = [Recording("a", 0.01, log), Recording("b", 0.02, log)]
+    measured = measure_in_groups(groups, [STEP], RoundOptions.fixed(10, 0))
+    assert measured.round_groups == [0] * 5 + [1] * 5
+    assert measured.round_seconds(0) == [0.01] * 5 + [0.02] * 5
+    assert [name for name, fn in log if fn == "timed_round"] == ["a"] * 5 + ["b"] * 5  # a block each, in turn
+    assert ("a", "release") not in log  # kept built: the next strategy of its group reuses its local twin
+    # the interval over them is two-level: wider than the rounds as one group
+    low, high = median_interval(measured.round_seconds(0), measured.round_groups)
+    assert low < 0.01 and high > 0.02 and median_ci(measured.round_seconds(0)) == (0.01, 0.02)
+
+
+def test_a_group_frees_its_build_before_the_next_builds_where_both_would_not_fit():
+    log: list = []
+    groups = [Recording("a", 0.01, log), Recording("b", 0.01, log)]
+    measure_in_groups(groups, [STEP], RoundOptions.fixed(4, 0), keep_built=False)
+    first_b = log.index(("b", "prepare"))
+    assert log.index(("a", "release")) < log.index(("a", "return_cached_memory")) < first_b
+
+
+def test_each_group_gets_its_share_of_the_budget_and_the_rounds():
+    policy = RoundOptions(min_rounds=5, max_rounds=2000, warmup_rounds=1, target_precision=0.02, budget_seconds=100.0)
+    share = group_share(policy, 2)
+    assert (share.min_rounds, share.max_rounds, share.budget_seconds, share.warmup_rounds) == (3, 1000, 50.0, 1)
+    assert share.target_precision == pytest.approx(0.02 * 2**0.5)  # both groups together: about the target
+    assert group_share(policy, 1) is policy
+
+
+@on_rank
+def process_id(rank: Rank) -> int:
+    return os.getpid()
+
+
+def test_the_rounds_of_a_grid_come_from_two_groups_of_processes(rank_group):
+    other = RankGroup(rank_group.world_size, rank_group.backend, rank_group.device, rank_group.timeout_seconds)
+    try:
+        measurer = GridMeasurer(rank_group, [STEP], RoundOptions.fixed(6, 1), "local", more_groups=[other])
+        measurement, index, local_index = measurer.measurement(STEP)
+        assert measurement.round_groups == [0, 0, 0, 1, 1, 1]
+        assert set(rank_group.run(process_id)).isdisjoint(other.run(process_id))  # fresh processes
+        record = step_record(measurement, rank_group.backend, "cpu", index, local_index)
+        assert record.round_groups == [0, 0, 0, 1, 1, 1] and len(record.local_round_seconds) == 6
+        low, high = record.step_seconds_ci95
+        assert [low, high] == list(median_interval(record.round_seconds, record.round_groups))
+    finally:
+        rank_group.run(release)
+        other.close()
