@@ -104,18 +104,19 @@ def record_rounds(benchmark, request: pytest.FixtureRequest):
 def extra_rank_groups(pytestconfig: pytest.Config):
     """Rank groups of other sizes than the session's, each started once, all closed at the end.
 
-    Call it with a world size; it skips, saying what to do, where the hardware cannot run it.
+    Call it with a world size (and which of the groups of that size, from 0); it skips, saying
+    what to do, where the hardware cannot run it.
     """
     resolved = launch(pytestconfig)
-    groups: dict[int, RankGroup] = {}
+    groups: dict[tuple[int, int], RankGroup] = {}
 
-    def group_of(world_size: int) -> RankGroup:
+    def group_of(world_size: int, index: int = 0) -> RankGroup:
         reason = unavailable_reason(resolved.backend, world_size, resolved.device)
         if reason:
             pytest.skip(reason)
-        if world_size not in groups:
-            groups[world_size] = RankGroup(world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
-        return groups[world_size]
+        if (world_size, index) not in groups:
+            groups[world_size, index] = RankGroup(world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
+        return groups[world_size, index]
 
     yield group_of
     for group in groups.values():
@@ -147,11 +148,14 @@ def tracing_group(pytestconfig: pytest.Config):
 
 
 @pytest.fixture
-def allreduce_group(request: pytest.FixtureRequest, allreduce_world_size: int, extra_rank_groups) -> RankGroup:
-    """The session's rank group when the sizes match (no second spawn), else one of the extras."""
+def allreduce_groups(request: pytest.FixtureRequest, allreduce_world_size: int, extra_rank_groups,
+                     grid: GridOptions) -> list[RankGroup]:
+    """The ``--rank-groups`` groups of ranks an all-reduce world size's rounds are spread over: the
+    session's own and ``more_rank_groups`` when the sizes match (no other spawn), else extras of
+    that size."""
     if allreduce_world_size == launch(request.config).world_size:
-        return request.getfixturevalue("rank_group")
-    return extra_rank_groups(allreduce_world_size)
+        return [request.getfixturevalue("rank_group"), *request.getfixturevalue("more_rank_groups")]
+    return [extra_rank_groups(allreduce_world_size, index) for index in range(grid.rank_groups)]
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 Each round times one checked all-reduce of every size on every rank, each after a barrier, in
 rotating order; a size's time is the slowest rank's own time, rounds go through the one timing
-loop (``ddp.bench.measure``), and every round counts wrong elements, which must be 0. All sizes of
-one world size are measured together when its first test runs. Formulas: ddp/bench/allreduce.py.
+loop (``ddp.bench.measure``), spread over ``--rank-groups`` groups of ranks as a step's are, and
+every round counts wrong elements, which must be 0. All sizes of one world size are measured
+together when its first test runs. Formulas: ddp/bench/allreduce.py.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ def allreduce_records(grid) -> dict:
     return {}
 
 
-def test_allreduce(benchmark, allreduce_group, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records,
+def test_allreduce(benchmark, allreduce_groups, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records,
                    record_rounds) -> None:
-    group = allreduce_group
+    group, *more = allreduce_groups
     benchmark.group = allreduce_group_name(group.backend, group.world_size)
     if allreduce_world_size not in allreduce_records:
-        records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options())
+        records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options(),
+                                      more_groups=more)
         allreduce_records[allreduce_world_size] = dict(zip(grid.allreduce_sizes_mb, records))
     record = allreduce_records[allreduce_world_size][allreduce_size_mb]
     record_rounds(record.round_seconds, record)

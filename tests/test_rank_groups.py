@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ddp.bench.allreduce import AllReduceTiming, measure_all_reduces
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import GridMeasurer, group_share, measure_in_groups
 from ddp.bench.options import RoundOptions
@@ -95,3 +96,24 @@ def test_the_rounds_of_a_grid_come_from_two_groups_of_processes(rank_group):
     finally:
         rank_group.run(release)
         other.close()
+
+
+class AllReducing:
+    """A group of two ranks whose every all-reduce takes ``seconds`` (the slower rank's)."""
+
+    backend, world_size = "gloo", 2
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, fn, *args):
+        if fn.__name__ == "timed_all_reduces":
+            return [[AllReduceTiming(rank, self.seconds * (1 + rank), 0) for _ in args[0]] for rank in range(2)]
+        return [None, None]
+
+
+def test_all_reduce_rounds_are_spread_over_the_groups_too():
+    (record,) = measure_all_reduces(AllReducing(0.01), [4096], RoundOptions.fixed(6, 1), more_groups=[AllReducing(0.03)])
+    assert record.round_groups == [0, 0, 0, 1, 1, 1]
+    assert record.round_seconds == [0.02] * 3 + [0.06] * 3  # each round's slowest rank
+    assert record.seconds_ci95 == list(median_interval(record.round_seconds, record.round_groups))

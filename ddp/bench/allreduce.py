@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ddp.bench.measure import timed_rounds
+from ddp.bench.measure import group_share, timed_rounds
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import RankBench, release
 from ddp.bench.records import AllReduceRecord
-from ddp.bench.stats import median_ci
+from ddp.bench.stats import median_interval
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
@@ -100,16 +101,25 @@ def timed_all_reduces(rank: Rank, sizes_bytes: list[int], round_index: int = 0) 
     return [timings[index] for index in range(len(sizes_bytes))]
 
 
-def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions) -> list[AllReduceRecord]:
+def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, more_groups: Sequence = ()) -> list[AllReduceRecord]:
     """Time all-reduces of every size on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``) through
     the one timing loop, every size in every round, so that each size's rounds are spread over the
-    whole measurement rather than a few seconds of its own; raises if any element held a wrong sum."""
-    try:
-        warmup = [ranks.run(timed_all_reduces, sizes_bytes, index) for index in range(policy.warmup_rounds)]
-        rounds, _ = timed_rounds(lambda index: ranks.run(timed_all_reduces, sizes_bytes, index), policy,
-                                 budget_scale=len(sizes_bytes))
-    finally:
-        ranks.run(release)
+    whole measurement rather than a few seconds of its own; with ``more_groups`` (groups of ranks
+    of the same size, started apart), a block of rounds on each group in turn, each round keeping
+    its group, as a step's (``ddp.bench.measure.measure_in_groups``). Raises if any element held a
+    wrong sum."""
+    groups = [ranks, *more_groups]
+    share = group_share(policy, len(groups))
+    warmup, rounds, labels = [], [], []
+    for group_index, group in enumerate(groups):
+        try:
+            warmup += [group.run(timed_all_reduces, sizes_bytes, index) for index in range(share.warmup_rounds)]
+            block, _ = timed_rounds(lambda index, group=group: group.run(timed_all_reduces, sizes_bytes, index), share,
+                                    budget_scale=len(sizes_bytes))
+        finally:
+            group.run(release)
+        rounds += block
+        labels += [group_index] * len(block)
     records = []
     for index, size_bytes in enumerate(sizes_bytes):
         wrong = sum(per_rank[index].wrong for round_ in [*warmup, *rounds] for per_rank in round_)
@@ -120,9 +130,9 @@ def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions) -> 
         world_size = len(rounds[0])
         records.append(AllReduceRecord(
             backend=ranks.backend, world_size=world_size, size_bytes=size_bytes, seconds=seconds,
-            seconds_ci95=list(median_ci(round_seconds)), round_seconds=round_seconds,
+            seconds_ci95=list(median_interval(round_seconds, labels)), round_seconds=round_seconds,
             algbw_gbps=algbw_gbps(size_bytes, seconds), busbw_gbps=busbw_gbps(size_bytes, seconds, world_size),
-            wrong=wrong,
+            wrong=wrong, round_groups=labels,
         ))
     return records
 

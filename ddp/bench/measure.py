@@ -243,7 +243,7 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
     group's rounds together with the others' (the earlier blocks stop on their precision target
     or budget). ``keep_built``: each group keeps its configurations built once its block is done
     (False where the next group's build would not fit beside them: they are freed and, on CUDA,
-    the cached blocks handed back). Every group keeps the last block's configurations built."""
+    the cached blocks handed back); the last group keeps them built, as ``measure`` does."""
     configs = list(configs)
     if len(groups) == 1:
         return measure(groups[0], configs, policy, benchmarks, stop)

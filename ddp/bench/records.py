@@ -305,6 +305,8 @@ class AllReduceRecord:
     busbw_gbps: float
     wrong: int
     """Elements that held a wrong sum afterwards, over every round (must be 0)."""
+    round_groups: list[int] | None = None
+    """Per round, the group of ranks it ran in, as ``StepRecord.round_groups``."""
     kind: str = "allreduce"
     schema_version: int = SCHEMA_VERSION
 
