@@ -3,13 +3,16 @@ it cries wolf on unchanged code (docs/regression-gate.md holds the tables and th
 
     python perf_tests/power_study.py --models tiny,mini --pairs 10 --out power-study
 
+Every run spreads its rounds over the suite's groups of ranks (``--rank-groups``) and runs no traced
+steps (the gate reads none).
+
 For each model, runs of ``pytest perf_tests/test_step.py --strategies local,<slowed class>``
 (examples/slowed.py, a ``bucketed`` that can wait a share of its median step in a chosen place),
 each a fresh pytest process as a user's run is, saved with ``--benchmark-save``:
 
 - ``pairs + 1`` unchanged runs u_0 .. u_N; the unchanged pairs are (u_i, u_i+1);
-- for every case (a place and a fraction), one slowed run s_i per unchanged run u_i (i < N),
-  compared with it: the slowed pair (u_i, s_i). Unchanged runs are reused by every case, and the
+- for every case (a place and a fraction), one slowed run s_i per unchanged run u_i (i < N, and
+  i a multiple of ``--slowed-every``), compared with it: the slowed pair (u_i, s_i). Unchanged runs are reused by every case, and the
   runs are ordered u_0, s_0 of every case, u_1, ... (every model's i-th before any model's next)
   so that the machine's drift falls on all cases and models alike.
 
@@ -46,9 +49,10 @@ sys.path.insert(0, str(ROOT))
 
 from tabulate import tabulate  # noqa: E402
 
-from ddp.analysis.compare import DEFAULT_THRESHOLD, compare, settled  # noqa: E402
+from ddp.analysis.compare import DEFAULT_THRESHOLD, Decision, _decide, compare, settled  # noqa: E402
 from ddp.bench.parsing import percent_type  # noqa: E402
 from ddp.bench.records import load_run  # noqa: E402
+from ddp.bench.stats import groups_to_decide  # noqa: E402
 from examples.slowed import PLACES  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"
@@ -84,6 +88,10 @@ class Pair:
     raw_ratio: float
     rounds: int
     run_seconds: float
+    groups: int = 1
+    """Groups of ranks of the new run (``round_groups``)."""
+    groups_to_decide: int | None = None
+    """Where not resolved among groups: about how many groups in each run would decide it."""
 
 
 def parse_cases(text: str) -> list[Case]:
@@ -108,8 +116,9 @@ class Runner:
         batch, seq = DEFAULT_SHAPES.get(model, (2, 32))
         self.grid = ["--model", model, "--batch-sizes", str(args.batch_size or batch),
                      "--seq-lens", str(args.seq_len or seq), "--strategies", f"local,{SLOWED}", "--bucket-sizes", "1",
-                     "--warmup-rounds", str(WARMUP_ROUNDS)]
-        for flag, value in (("--rounds", args.rounds), ("--max-rounds", args.max_rounds), ("--round-budget", args.round_budget)):
+                     "--warmup-rounds", str(WARMUP_ROUNDS), "--traced-steps", "0"]  # the gate reads no traced step
+        for flag, value in (("--rounds", args.rounds), ("--max-rounds", args.max_rounds), ("--round-budget", args.round_budget),
+                            ("--rank-groups", args.rank_groups)):
             if value is not None:  # else the suite's default, as a user's run has it
                 self.grid += [flag, str(value)]
 
@@ -149,15 +158,32 @@ class Runner:
         """The pair judged at the run's threshold and at every ``--also-judge-at``."""
         pairs = []
         for threshold in [self.args.fail_slower, *self.args.also_judge_at]:
-            rows = compare(load_run(self.saved[old]), load_run(self.saved[new]), threshold)
+            old_run, new_run = load_run(self.saved[old]), load_run(self.saved[new])
+            rows = compare(old_run, new_run, threshold)
             (row,) = [r for r in rows if SLOWED in r.name]
             decision = row.decision
-            new_run = load_run(self.saved[new]).by_name()[row.name]
-            pairs.append(Pair(self.model, case_label, index, threshold, row.verdict, row.basis, row.why,
-                              decision is not None and settled(decision),
+            if self.args.as_one_group:
+                decision = one_group_decision(old_run.by_name()[row.name], new_run.by_name()[row.name], threshold)
+            verdict = decision.verdict if decision else row.verdict
+            new_run = new_run.by_name()[row.name]
+            ratio = decision.ratio if decision else None
+            needed = None
+            if verdict == "not resolved" and decision is not None and min(decision.groups) >= 2:
+                needed = groups_to_decide(ratio.point, ratio.low, ratio.high, min(decision.groups))
+            pairs.append(Pair(self.model, case_label, index, threshold, verdict, decision.basis if decision else row.basis,
+                              decision.why if decision else row.why, decision is not None and settled(decision),
                               decision.raw.point if decision else float("nan"),
-                              len(new_run.round_seconds or []), self.seconds[new]))
+                              len(new_run.round_seconds or []), self.seconds[new],
+                              decision.groups[1] if decision else 1, needed))
         return pairs
+
+
+def one_group_decision(old, new, threshold: float) -> Decision:
+    """``--as-one-group``: the pair judged as the gate judged before rounds were spread over groups
+    of ranks: each run's rounds as one group, and a slowdown called from them (the gate's rules
+    without its refusal, ``ddp.analysis.compare.decide``)."""
+    return _decide(old.round_seconds, new.round_seconds, threshold, old.record.local_round_seconds,
+                   new.record.local_round_seconds, False, None, None)
 
 
 def study(args: argparse.Namespace, began: float) -> list[Pair]:
@@ -172,7 +198,7 @@ def study(args: argparse.Namespace, began: float) -> list[Pair]:
             if i:
                 pairs.extend(runner.judge(f"u{i - 1}", f"u{i}", "unchanged", i))
                 write_report(args, pairs, began)
-            if i == args.pairs:
+            if i == args.pairs or i % args.slowed_every:
                 continue
             for case in args.cases:
                 take(f"s{i}_{case.key}", case, f"u{i}")
@@ -195,9 +221,12 @@ def table(pairs: list[Pair], threshold: float) -> str:
         rows.append([model, case, len(group), f"{count('slower')}/{len(group)} {meaning}", count("machine slower"),
                      count("unchanged"), count("not resolved"), sum(p.settled for p in group),
                      f"x{statistics.median(p.raw_ratio for p in group):.3f}", statistics.median(p.rounds for p in group),
+                     statistics.median(p.groups for p in group),
+                     ", ".join(str(p.groups_to_decide) for p in group if p.groups_to_decide) or "",
                      f"{statistics.median(p.run_seconds for p in group):.0f}"])
     headers = ["model", "case", "pairs", f"slower (gate at {threshold:.0%})", "machine slower", "unchanged",
-               "not resolved", "settled", "median raw new/old", "median rounds", "median run (s)"]
+               "not resolved", "settled", "median raw new/old", "median rounds", "groups", "groups to decide the open",
+               "median run (s)"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -223,6 +252,14 @@ def main() -> int:
     parser.add_argument("--also-judge-at", default=[], metavar="PERCENT,...",
                         type=lambda t: [percent_type("--also-judge-at")(x) for x in t.split(",")],
                         help="judge the same pairs at these thresholds too, e.g. 5%% (aimed rounds aim at --fail-slower)")
+    parser.add_argument("--slowed-every", type=int, default=1, metavar="K",
+                        help="slowed runs after every K-th unchanged run only (default 1: pairs slowed pairs per case; "
+                             "K: about pairs / K), so that many unchanged pairs cost fewer runs")
+    parser.add_argument("--rank-groups", type=int, default=None,
+                        help="groups of ranks every run spreads its rounds over (default: the suite's)")
+    parser.add_argument("--as-one-group", action="store_true",
+                        help="with --rejudge: judge the pairs as the gate did before groups of ranks (each run's rounds "
+                             "as one group, a slowdown called from them), for a before / after on the same runs")
     parser.add_argument("--aimed", action="store_true",
                         help="take every run after the first with --benchmark-compare, its rounds aimed at the decision")
     parser.add_argument("--batch-size", type=int, default=None)
