@@ -247,7 +247,8 @@ def precision_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(f"{len(missed)} did not reach their target within the round budget:")
         for name, (r, t) in sorted(missed.items(), key=lambda item: -item[1][0]):
             terminalreporter.write_line(f"  {name}: +-{r:.1%} (target +-{t:.1%})")
-        terminalreporter.write_line("raise --round-budget or --max-rounds, or run on a quieter machine")
+        terminalreporter.write_line("raise --round-budget or --max-rounds, or run on a quieter machine; where a benchmark's "
+                                    "groups of ranks disagree (its interval is two-level), more --rank-groups narrow it")
 
 
 def aimed_summary(terminalreporter, config: pytest.Config) -> None:

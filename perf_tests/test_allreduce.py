@@ -15,6 +15,7 @@ import pytest
 
 from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
 from ddp.bench.benchmark_json import allreduce_group_name
+from perf_tests.conftest import launch
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +25,15 @@ def allreduce_records(grid) -> dict:
 
 
 def test_allreduce(benchmark, allreduce_groups, allreduce_world_size: int, allreduce_size_mb: float, grid, allreduce_records,
-                   record_rounds) -> None:
+                   record_rounds, request) -> None:
     group, *more = allreduce_groups
     benchmark.group = allreduce_group_name(group.backend, group.world_size)
     if allreduce_world_size not in allreduce_records:
         records = measure_all_reduces(group, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], grid.round_options(),
                                       more_groups=more)
+        if allreduce_world_size != launch(request.config).world_size:
+            for extra in allreduce_groups:  # done with: their processes would sit idle through the step benchmarks
+                extra.close()
         allreduce_records[allreduce_world_size] = dict(zip(grid.allreduce_sizes_mb, records))
     record = allreduce_records[allreduce_world_size][allreduce_size_mb]
     record_rounds(record.round_seconds, record)

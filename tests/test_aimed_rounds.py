@@ -112,3 +112,15 @@ def test_without_a_saved_benchmark_the_precision_target_decides():
     policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
     measured = measure(SyntheticRanks(0.03, 0.01, seed=4), [STEP, LOCAL], policy, stop=criterion)
     assert len(measured.rounds) == 5 and criterion.outcomes == {}
+
+
+def test_the_decision_is_checked_from_the_first_round_of_the_next_measurement():
+    # Checks thin out as the rounds grow (every fifth's growth); a new measurement starts them
+    # afresh even where its first aimed round comes after as many rounds as the last one ended on.
+    old = saved_run(0.03, 0.01, 40, seed=1)
+    criterion = AimAtDecision(old, 0.10, name)
+    seconds = [[0.03] * 300, [0.01] * 300]
+    criterion([STEP, LOCAL], seconds, [0] * 150 + [1] * 150)  # checked at 300 rounds: next check at 361
+    other = StepConfig("slowed", "mini", batch_size=4, seq_len=64, seed=1)
+    criterion([other, other.local_twin()], [[0.03] * 301, [0.01] * 301], [0] * 150 + [1] * 151)
+    assert criterion._next_check == int(301 * AimAtDecision.GROWTH) + 1  # checked now, not skipped to 361

@@ -11,7 +11,7 @@ import pytest
 from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
 from ddp.bench.config import StepConfig
 from ddp.bench.records import load_run
-from ddp.bench.stats import Verdict, groups_to_decide, rounds_to_decide
+from ddp.bench.stats import Verdict, groups_to_decide
 from ddp.cli import main as ddp_main
 from tests import synthetic
 
@@ -54,32 +54,31 @@ def test_same_code_passes_and_a_15_percent_slowdown_fails_naming_it(files, capsy
     assert "FAIL: 1 benchmark(s) slower by more than 10%: test_step[bucketed-b4-s64]" in out
 
 
-def test_a_slowdown_beyond_the_threshold_but_within_noise_is_open_and_says_how_many_rounds_decide(files, capsys):
-    # 30% slower on average, but rounds spread by 40%: x1.12 [0.96, 1.55] over 20 rounds each
-    old = files("old.json", run([step("naive", noisy(0.3, 20, 1, spread=0.4), groups=1)]))
-    new = files("new.json", run([step("naive", noisy(0.39, 20, 2, spread=0.4), groups=1)]))
+def test_a_slowdown_beyond_the_threshold_but_within_noise_is_open_and_says_how_many_groups_decide(files, capsys):
+    # 30% slower on average, but rounds spread by 40%: x1.1 [0.9, 1.5] over 20 rounds of 2 groups each
+    old = files("old.json", run([step("naive", noisy(0.3, 20, 1, spread=0.4))]))
+    new = files("new.json", run([step("naive", noisy(0.39, 20, 2, spread=0.4))]))
     (row,) = compare(load_run(old), load_run(new), 0.10)
     assert row.verdict == "not resolved" and row.ratio > 1.10 and row.ratio_ci95[0] < 1 < row.ratio_ci95[1]
     assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0  # within noise: not failed
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("OPEN:")]
-    assert line.startswith("OPEN: test_step[naive-b4-s64] (raw x1.12 [0.96, 1.55]) is beyond the threshold but within noise")
-    needed = rounds_to_decide(row.ratio, *row.ratio_ci95, 20, 20)
-    assert needed.both_runs and f"about {needed.rounds} rounds in each run, both taken again (--rounds {needed.rounds})" in line
+    assert line.startswith("OPEN: test_step[naive-b4-s64] (raw x1.")
+    assert "is beyond the threshold but within the spread of 2 and 2 groups of ranks" in line
+    needed = groups_to_decide(row.ratio, *row.ratio_ci95, 2)
+    assert f"about {needed} groups in each run, as many rounds each, both taken again (--rank-groups {needed} and " \
+           f"{needed / 2:.3g} times the rounds" in line
 
 
-def open_decision(point: float, low: float, high: float) -> Decision:
-    return Decision("not resolved", "raw", "", Ratio(point, low, high, Verdict.NOT_RESOLVED, clear=False))
+def open_decision(point: float, low: float, high: float, groups: tuple[int, int] = (2, 2)) -> Decision:
+    return Decision("not resolved", "raw", "", Ratio(point, low, high, Verdict.NOT_RESOLVED, clear=False), groups=groups)
 
 
-def test_the_open_line_names_the_cheaper_way_and_the_cap_it_needs():
-    # a long old run: more rounds in the new run alone are cheaper (by hand in tests/test_stats.py)
+def test_the_open_line_asks_for_groups_where_a_run_has_one():
     line = what_would_decide("b", open_decision(1.15, 0.95, 1.35), old_rounds=100, new_rounds=20)
-    assert "about 154 rounds in the new run (it has 20; --rounds 154) would decide it four times in five" in line
-    # an effect far smaller than the noise: beyond the default cap on rounds, which the line raises
-    needed = rounds_to_decide(1.101, 0.30, 2.00, 20, 20)
-    assert needed.rounds > 2000
-    line = what_would_decide("b", open_decision(1.101, 0.30, 2.00), 20, 20)
-    assert f"(--rounds {needed.rounds} --max-rounds {needed.rounds})" in line
+    assert "about 8 groups in each run, as many rounds each, both taken again (--rank-groups 8 and 4 times" in line
+    for groups, which in (((1, 2), "old"), ((2, 1), "new"), ((1, 1), "old and new")):
+        line = what_would_decide("b", open_decision(1.15, 0.95, 1.35, groups), old_rounds=100, new_rounds=20)
+        assert f"the {which} run's rounds come from one group of ranks" in line and "--rank-groups 2 or more" in line
 
 
 def test_fewer_rounds_than_a_bootstrap_needs_are_never_judged_slower(files, capsys):

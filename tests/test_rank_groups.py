@@ -12,6 +12,7 @@ import pytest
 from ddp.bench.allreduce import AllReduceTiming, measure_all_reduces
 from ddp.bench.config import StepConfig
 from ddp.bench.measure import GridMeasurer, group_share, measure_in_groups
+from ddp.bench.memory import fit
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import prepare, release, timed_round
 from ddp.bench.stats import median_ci, median_interval
@@ -74,7 +75,23 @@ def test_each_group_gets_its_share_of_the_budget_and_the_rounds():
     share = group_share(policy, 2)
     assert (share.min_rounds, share.max_rounds, share.budget_seconds, share.warmup_rounds) == (3, 1000, 50.0, 1)
     assert share.target_precision == pytest.approx(0.02 * 2**0.5)  # both groups together: about the target
+    assert group_share(policy, 2, 1).min_rounds == 2  # the shares add up to the whole: 3 + 2
     assert group_share(policy, 1) is policy
+
+
+def test_exactly_the_rounds_asked_for_however_they_divide():
+    log: list = []
+    measured = measure_in_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(5, 0))
+    assert measured.round_groups == [0, 0, 0, 1, 1]
+    log.clear()
+    one = measure_in_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(1, 0))
+    assert one.round_groups == [0] and all(name == "a" for name, _ in log)  # a share of no rounds is not run
+
+
+def test_two_groups_builds_count_twice_in_memory():
+    config = StepConfig("bucketed", "mini", batch_size=4, seq_len=64, bucket_size_mb=1.0)
+    one, two = fit([config], 2**40, 2), fit([config, config], 2**40, 2)
+    assert two.needed_together_bytes > one.needed_together_bytes
 
 
 @on_rank

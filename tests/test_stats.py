@@ -27,7 +27,6 @@ from ddp.bench.stats import (
     paired_ratio_ci,
     ratio_of_medians_ci,
     relative_half_width,
-    rounds_to_decide,
     verdict,
 )
 
@@ -258,33 +257,32 @@ def test_clear_of_threshold(low, high, clear):
     assert clear_of_threshold(low, high, 0.10) is clear
 
 
-def test_rounds_to_decide_by_hand():
+def test_groups_to_decide_by_hand():
     # x1.15 [0.95, 1.35]: the standard error is 0.20 / 1.96 and must fall to 0.15 / (1.96 + 0.84),
-    # the variance by (0.15 * 1.96 / (2.8016 * 0.20))^2 = 0.27531.
-    # 20 and 20 rounds: the old run alone is too wide (0.27531 * 0.1 < 1 / 20); both again, 2 / 0.027531.
-    assert rounds_to_decide(1.15, 0.95, 1.35, old_rounds=20, new_rounds=20) == (73, True)
-    # 100 old rounds: the new run alone needs 1 / (0.27531 * 0.06 - 0.01) = 153.4 rounds, cheaper than 2 x 122.
-    assert rounds_to_decide(1.15, 0.95, 1.35, old_rounds=100, new_rounds=20) == (154, False)
-    # Faster, on the other side, alike.
-    assert rounds_to_decide(0.85, 0.65, 1.05, 20, 20) == (73, True)
-    # Never fewer rounds than the new run has.
-    assert rounds_to_decide(1.15, 0.999, 1.30, old_rounds=10_000, new_rounds=500).rounds > 500
+    # the variance to (0.15 * 1.96 / (2.8016 * 0.20))^2 = 0.27531 of what it is: 2 groups of each
+    # run become 2 / 0.27531 = 7.3, so 8.
+    assert groups_to_decide(1.15, 0.95, 1.35, 2) == 8
+    # Faster, on the other side, alike; from 3 groups, 3 / 0.27531 = 10.9.
+    assert groups_to_decide(0.85, 0.65, 1.05, 3) == 11
+    # Just across 1: (0.15 * 1.96 / (2.8016 * 0.151))^2 = 0.48298, 4 / 0.48298 = 8.3. An interval
+    # across 1 is at least |point - 1| wide towards it, so at least 2 / (1 + 0.84 / 1.96)^2 = 0.98 times the groups.
+    assert groups_to_decide(1.15, 0.999, 1.30, 4) == 9
 
 
-@pytest.mark.parametrize("point, low, high, old_rounds, new_rounds, message", [
-    (float("nan"), 0.9, 1.3, 20, 20, "finite"),
-    (1.1, 0.9, float("inf"), 20, 20, "finite"),
-    (1.1, 1.3, 0.9, 20, 20, "low <= high"),
-    (1.1, 0.9, 1.3, 0, 20, "at least 1"),
+@pytest.mark.parametrize("point, low, high, groups, message", [
+    (float("nan"), 0.9, 1.3, 2, "finite"),
+    (1.1, 0.9, float("inf"), 2, "finite"),
+    (1.1, 1.3, 0.9, 2, "low <= high"),
+    (1.1, 0.9, 1.3, 0, "at least 1"),
 ])
-def test_rounds_to_decide_refuses_what_is_not_a_ratio(point, low, high, old_rounds, new_rounds, message):
+def test_groups_to_decide_refuses_what_is_not_a_ratio(point, low, high, groups, message):
     with pytest.raises(ValueError, match=message):
-        rounds_to_decide(point, low, high, old_rounds, new_rounds)
+        groups_to_decide(point, low, high, groups)
 
 
 @pytest.mark.parametrize("point, low, high", [(1.15, 1.01, 1.30), (1.0, 0.9, 1.1), (1.2, 0.5, 0.9)])
 def test_nothing_to_decide_where_the_interval_does_not_reach_across_1(point, low, high):
-    assert rounds_to_decide(point, low, high, 20, 20) is None
+    assert groups_to_decide(point, low, high, 2) is None
 
 
 def test_verdict_values_are_the_words_a_report_prints():
@@ -363,9 +361,5 @@ def test_groups_that_agree_keep_about_the_one_level_interval():
     assert low < 1 < high and high - low < 0.06
 
 
-def test_the_groups_that_would_decide_by_hand():
-    # x1.15 [0.95, 1.35] from 2 groups: the variance must fall by (0.15 x 1.96 / (2.8016 x 0.20))^2 = 0.2755,
-    # so 2 / 0.2755 = 7.3 groups: 8
-    assert groups_to_decide(1.15, 0.95, 1.35, 2) == 8
-    assert groups_to_decide(1.15, 1.05, 1.25, 2) is None  # decided already
-    assert group_count(None) == 1 and group_count([0, 0, 1, 1, 2]) == 3
+def test_group_count():
+    assert group_count(None) == 1 and group_count([0, 0, 0]) == 1 and group_count([0, 0, 1, 1, 2]) == 3

@@ -7,8 +7,8 @@ over the two runs' rounds (``ddp.bench.stats.ratio_of_medians_ci``), and a verdi
 by asv's ``--factor`` rule (``ddp.bench.stats.verdict``): **a benchmark is slower when its ratio is
 beyond 1 + t and significant** (its 95% interval lies above 1); *unchanged* when the ratio is
 within [1 - t, 1 + t]; *faster* symmetrically; *not resolved* when the ratio is beyond a threshold
-but within noise (the interval reaches across 1), and then the gate says about how many rounds
-would decide it (``ddp.bench.stats.rounds_to_decide``). The gate fails only on *slower*: a 15%
+but within noise (the interval reaches across 1), and then the gate says about how many groups of ranks
+would decide it (``ddp.bench.stats.groups_to_decide``). The gate fails only on *slower*: a 15%
 slowdown fails a 10% gate as soon as the rounds tell it from noise, and a ratio within noise does
 not (the false-alarm rate that remains is measured: docs/regression-gate.md). No verdict but
 *not resolved* is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds in a run.
@@ -16,6 +16,14 @@ pytest-benchmark's own ``--benchmark-compare-fail=median:10%`` reads the medians
 can fail it. ``gate`` is that gate, once: ``ddp compare`` and pytest's ``--ddp-fail-slower``
 (perf_tests/conftest.py) print and judge through it (exit status 1 on a slowdown, 0 otherwise),
 and ``table`` is the one comparison table, in the terminal and in the report.
+
+**Groups of ranks.** A run's rounds are spread over groups of ranks started apart
+(``ddp.bench.measure.measure_in_groups``, ``round_groups`` in the record), and every ratio's
+interval is a two-level bootstrap over them (``ddp.bench.stats``): what differs from one process
+to the next, and so from one run to the next, is in the interval. A run of one group (``ddp run``
+under torchrun, ``--rank-groups 1``, a file saved before groups were recorded) measures none of
+that: no slowdown is called from it (*not resolved*, saying to take it again with two groups or
+more), and the gate warns when the old run is such a baseline.
 
 **Drift between runs, and a basis a regression cannot hide behind.** Two runs are taken minutes
 or days apart, and a machine's speed drifts by more than 10% over that on a shared host (measured
@@ -91,7 +99,6 @@ from ddp.bench.stats import (
     groups_to_decide,
     machine_adjusted_ratio_ci,
     ratio_of_medians_ci,
-    rounds_to_decide,
     verdict,
 )
 from ddp.strategies.registry import FLOOR
@@ -276,29 +283,25 @@ def what_would_decide(name: str, decision: Decision, old_rounds: int, new_rounds
         return (f"{head}: a run has fewer than {MIN_ROUNDS_TO_JUDGE} rounds ({old_rounds} old, {new_rounds} new), "
                 f"too few to judge; take the runs again with {_rounds_flags(MIN_ROUNDS_TO_JUDGE)} or more")
     old_groups, new_groups = decision.groups
-    if ratio.verdict is Verdict.SLOWER and min(decision.groups) < 2:
+    if min(decision.groups) < 2:  # more rounds would not let a slowdown be called: more groups would
         which = " and ".join(run for run, count in (("old", old_groups), ("new", new_groups)) if count < 2)
-        return (f"{head}: slower by its rounds, but the {which} run's rounds come from {ONE_GROUP}, whose spread from "
-                "one run to the next is not measured; take it again under pytest with --rank-groups 2 or more "
+        state = "slower by its rounds" if ratio.verdict is Verdict.SLOWER else "beyond the threshold but within noise"
+        return (f"{head}: {state}, but the {which} run's rounds come from {ONE_GROUP}, whose spread from one run "
+                "to the next is not measured; take it again under pytest with --rank-groups 2 or more "
                 "(a torchrun run is one group)")
     moved = decision.reference is not None and decision.reference.verdict in (Verdict.SLOWER, Verdict.FASTER)
     if ratio.verdict is not Verdict.NOT_RESOLVED:  # the adjusted ratio did not confirm a paired slowdown
         return (f"{head}: local moved {decision.reference} between the runs and the step's slowdown may be the "
                 "machine's; take both runs again on a quiet machine")
-    if min(decision.groups) >= 2:
-        groups = groups_to_decide(ratio.point, ratio.low, ratio.high, min(decision.groups))
-        if groups is not None:
-            quiet = f"; local moved {decision.reference}, so a quiet machine may decide it sooner" if moved else ""
-            return (f"{head} is beyond the threshold but within the spread of {old_groups} and {new_groups} groups of "
-                    f"ranks; about {groups} groups in each run, both taken again (--rank-groups {groups}), would decide "
-                    f"it four times in five{quiet}")
-    needed = rounds_to_decide(ratio.point, ratio.low, ratio.high, old_rounds, new_rounds)
-    if needed is None:
+    groups = groups_to_decide(ratio.point, ratio.low, ratio.high, min(decision.groups))
+    if groups is None:
         return f"{head}: its interval disagrees with its ratio, too few rounds to judge; take both runs again with more rounds"
-    how = (f"about {needed.rounds} rounds in each run, both taken again ({_rounds_flags(needed.rounds)})" if needed.both_runs
-           else f"about {needed.rounds} rounds in the new run (it has {new_rounds}; {_rounds_flags(needed.rounds)})")
+    scale = groups / min(decision.groups)
     quiet = f"; local moved {decision.reference}, so a quiet machine may decide it sooner" if moved else ""
-    return f"{head} is beyond the threshold but within noise; {how} would decide it four times in five{quiet}"
+    return (f"{head} is beyond the threshold but within the spread of {old_groups} and {new_groups} groups of ranks; "
+            f"about {groups} groups in each run, as many rounds each, both taken again (--rank-groups {groups} and "
+            f"{scale:.3g} times the rounds: --session-budget or --round-budget, and --rounds), would decide it four "
+            f"times in five{quiet}")
 
 
 @dataclass
@@ -484,6 +487,12 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
         warnings.append(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "
                         "machine as much as the code")
     rows = compare(old, new, threshold)
+    one_group = [r.name for r in rows if r.decision is not None and r.decision.groups[0] < 2
+                 and r.basis != MACHINE_REFERENCE]
+    if one_group:
+        warnings.append(f"WARNING: {len(one_group)} benchmark(s) of the old run were measured in {ONE_GROUP} (saved "
+                        "before rounds were spread over groups, with --rank-groups 1, or by ddp run under torchrun): "
+                        "no slowdown is called from them; save a new baseline under pytest with --rank-groups 2 or more")
     lines = [table(rows)]
     lines += machine_notes(rows)
     slower = failed(rows)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddp.bench.measure import group_share, timed_rounds
+from ddp.bench.measure import active_groups, group_share, timed_rounds
 from ddp.bench.options import RoundOptions
 from ddp.bench.rank_state import RankBench, release
 from ddp.bench.records import AllReduceRecord
@@ -108,10 +108,10 @@ def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, mor
     of the same size, started apart), a block of rounds on each group in turn, each round keeping
     its group, as a step's (``ddp.bench.measure.measure_in_groups``). Raises if any element held a
     wrong sum."""
-    groups = [ranks, *more_groups]
-    share = group_share(policy, len(groups))
+    groups = active_groups([ranks, *more_groups], policy)
     warmup, rounds, labels = [], [], []
     for group_index, group in enumerate(groups):
+        share = group_share(policy, len(groups), group_index)
         try:
             warmup += [group.run(timed_all_reduces, sizes_bytes, index) for index in range(share.warmup_rounds)]
             block, _ = timed_rounds(lambda index, group=group: group.run(timed_all_reduces, sizes_bytes, index), share,

@@ -14,7 +14,9 @@ steady ones fewer, and each record says the precision it reached. A run compared
 aims its rounds at that comparison instead: given a ``StopCriterion`` (pytest's
 ``--benchmark-compare`` gives ``ddp.analysis.compare.AimAtDecision``), rounds are added until the
 criterion says the comparison is settled, or the budget is spent; the precision target then only
-applies to configurations the criterion has nothing to compare with.
+applies to configurations the criterion has nothing to compare with. With rounds spread over
+groups of ranks (below), only the last group's rounds are aimed, judged together with the earlier
+groups' (which stop on their precision target or share of the budget).
 
 **Rounds spread over groups of ranks** (``measure_in_groups``): rounds of one process share
 everything a process decides when it starts (where its threads land, gloo's sockets, the
@@ -220,20 +222,31 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
                        round_groups=[group] * len(rounds))
 
 
-def group_share(policy: RoundOptions, groups: int) -> RoundOptions:
-    """One group's share of a measurement's rounds spread over ``groups``: the minimum, maximum and
-    budget divided among them, and the precision target widened by sqrt(groups), so that the
-    rounds of all groups together reach about the target one group would (the interval of a
-    median narrows as the square root of its rounds)."""
+def group_share(policy: RoundOptions, groups: int, index: int = 0) -> RoundOptions:
+    """Group ``index``'s share of a measurement's rounds spread over ``groups``: the minimum and
+    maximum rounds divided among them (the first groups take one more where they do not divide,
+    so the shares add up to the whole), the budget divided, and the precision target widened by
+    sqrt(groups), so that the rounds of all groups together reach about the precision one group's
+    would (the interval of a median narrows as the square root of its rounds). A share of no
+    rounds (fewer maximum rounds than groups) is not run (``active_groups``)."""
     if groups == 1:
         return policy
-    min_rounds = math.ceil(policy.min_rounds / groups)
+
+    def part(total: int) -> int:
+        return total // groups + (index < total % groups)
+
+    max_rounds = part(policy.max_rounds)
     budget = policy.budget_seconds
     return dataclasses.replace(
-        policy, min_rounds=min_rounds, max_rounds=max(min_rounds, policy.max_rounds // groups),
+        policy, min_rounds=min(part(policy.min_rounds), max_rounds), max_rounds=max_rounds,
         budget_seconds=None if budget is None else budget / groups,
         target_precision=min(1.0, policy.target_precision * math.sqrt(groups)),
     )
+
+
+def active_groups(groups: Sequence, policy: RoundOptions) -> list:
+    """The groups that get rounds: all of them, or as many as ``policy.max_rounds`` where it is smaller."""
+    return list(groups)[:max(1, min(len(groups), policy.max_rounds))]
 
 
 def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
@@ -245,22 +258,26 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
     (False where the next group's build would not fit beside them: they are freed and, on CUDA,
     the cached blocks handed back); the last group keeps them built, as ``measure`` does."""
     configs = list(configs)
+    groups = active_groups(groups, policy)
     if len(groups) == 1:
         return measure(groups[0], configs, policy, benchmarks, stop)
-    share = group_share(policy, len(groups))
     blocks: list[Measurement] = []
     for index, ranks in enumerate(groups):
         seconds = [[s for block in blocks for s in block.round_seconds(c)] for c in range(len(configs))]
         labels = [g for block in blocks for g in block.round_groups]
         last = index == len(groups) - 1
+        share = group_share(policy, len(groups), index)
         result = measure(ranks, configs, share, benchmarks, stop if last else None, (seconds, labels), index)
         if isinstance(result, NotMeasured):
             for earlier in groups[:index + 1]:
                 free(earlier)
             return result
         blocks.append(result)
-        if not last and not keep_built:
-            free(ranks)
+        if not last:
+            if not keep_built:
+                free(ranks)
+            # On CUDA the block's transient peak stays in the caching allocator otherwise, out of
+            # the next group's reach (another process); nothing on CPU.
             ranks.run(return_cached_memory)
     merged = Measurement(configs, blocks[0].setups, [round_ for block in blocks for round_ in block.rounds],
                          float("inf"), policy.target_precision, round_groups=[g for block in blocks for g in block.round_groups])
@@ -391,6 +408,10 @@ class GridMeasurer:
         """``members`` measured on every group of ranks; each group keeps them built where the
         groups' builds fit in a device's memory together (one process per rank and group)."""
         together = fit(members * len(self.groups), self._memory(), self.ranks.world_size).together
+        if not together:  # what the last group kept of the previous measurement would be in the way
+            self._free()
+            for ranks in self.groups:
+                ranks.run(return_cached_memory)
         return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together)
 
     def _free(self) -> None:

@@ -381,7 +381,8 @@ class Fit:
 
 def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int) -> Fit:
     """Whether ``configs`` on ``world_size`` ranks fit together (every kept state, plus the largest
-    step's own needs) and alone (each one's predicted peak). Without a prediction for one of them
+    step's own needs) and alone (each one's predicted peak). A configuration listed twice counts
+    twice (built by two groups of ranks on the same devices). Without a prediction for one of them
     (``predict_or_none``) they are taken to fit: they are built, and an out-of-memory rank says so."""
     usable = usable_bytes(memory_bytes)
     predictions = {c: predict_or_none(c, world_size) for c in configs}
@@ -389,7 +390,7 @@ def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int) -> Fi
         return Fit(True, dict.fromkeys(configs, True), 0, dict.fromkeys(configs, 0), memory_bytes)
     alone = {c: p.total_bytes for c, p in predictions.items()}
     kept = {c: kept_bytes(c, world_size) for c in configs}
-    together = sum(kept.values()) + max(alone[c] - kept[c] for c in configs)
+    together = sum(kept[c] for c in configs) + max(alone[c] - kept[c] for c in configs)
     return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes)
 
 

@@ -28,20 +28,24 @@ Methods:
 * Rounds spread over groups of ranks (``groups``: the group each round ran in, fresh processes
   per group): a two-level bootstrap, groups drawn with replacement and then rounds within each
   drawn group (Davison and Hinkley, *Bootstrap Methods and their Application*, 1997, section 3.8,
-  "hierarchical data"; the cases bootstrap of Field and Welsh, JRSS B 69, 2007). Rounds of one
-  process share what differs from one process to the next (where its threads landed, gloo's
-  sockets, the allocator's layout), so a one-level bootstrap over them describes that process,
-  not the code; the group level puts the spread between processes into the interval. Drawing G
-  groups from G underestimates the between-group variance by (G - 1) / G (Davison and Hinkley,
-  eq. 3.16's adjustment), so each group's rounds are first moved away from the groups' mean by
-  sqrt(G / (G - 1)) in log time: the resampled run medians then vary as independent runs would,
-  in expectation. ``median_interval``, ``ratio_of_medians_ci``, ``paired_ratio_ci`` and
+  hierarchical data). Rounds of one process share what differs from one process to the next
+  (where its threads landed, gloo's sockets, the allocator's layout), so a one-level bootstrap
+  over them describes that process, not the code; the group level puts the spread between
+  processes into the interval. Drawing G groups from G understates the variance between them by
+  a factor (G - 1) / G, as the plain bootstrap of a mean does, so each group's rounds are first
+  moved away from the mean of the groups' log medians by sqrt(G / (G - 1)). The rounds drawn
+  within each group add the spread within groups a second time (it is in the groups' medians
+  already): where the groups agree the interval is up to sqrt(2) wider than one level's. That is
+  kept on purpose: two groups measure the spread between processes with one degree of freedom,
+  and the percentile interval of so few groups is short in its tails; the power study
+  (``perf_tests/power_study.py``) measures the false alarms that remain. ``median_interval``,
+  ``paired_ci`` (and the paired ratio and difference), ``ratio_of_medians_ci`` and
   ``machine_adjusted_ratio_ci`` take the groups; with one group (or none given) they are the
   one-level bootstraps above.
 * ``verdict``: a ratio against a relative threshold t, by asv's ``--factor`` rule: beyond 1 + t
   and significant (its interval above 1) is ``Verdict.SLOWER``, the only verdict a regression
   gate fails on; within [1 - t, 1 + t] is ``UNCHANGED``; beyond a threshold but within noise is
-  ``NOT_RESOLVED``, which means "measure more rounds" (``rounds_to_decide`` says about how many),
+  ``NOT_RESOLVED``, which means "measure more" (``groups_to_decide`` says about how many groups),
   not "failed". ``clear_of_threshold`` says when rounds aimed at a decision may stop.
 """
 
@@ -50,7 +54,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import NamedTuple
 
 import numpy as np
 
@@ -222,12 +225,15 @@ def paired_ci(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high): percentile bootstrap of a statistic of paired rounds (a_i, b_i).
 
-    Rounds are resampled as pairs, so what a_i and b_i share cancels. ``statistic(a, b)`` reduces
-    over the last axis: it gets 1-D arrays for the point estimate and (resamples, n) arrays for the
-    bootstrap, e.g. ``lambda a, b: np.median(a - b, axis=-1)``. Same seed, same interval.
+    Rounds are resampled as pairs, so what a_i and b_i share cancels; at two levels where
+    ``groups`` gives several groups of ranks (the module docstring; a and b, times, each spread by
+    their groups). ``statistic(a, b)`` reduces over the last axis: it gets 1-D arrays for the point
+    estimate and (resamples, n) arrays for the bootstrap, e.g. ``lambda a, b: np.median(a - b,
+    axis=-1)``. Same seed, same interval.
     """
     _check_confidence(confidence)
     _check_resamples(resamples)
@@ -235,8 +241,10 @@ def paired_ci(
     if a_array.size != b_array.size:
         raise ValueError(f"paired rounds need as many a as b: {a_array.size} != {b_array.size}")
     point = float(statistic(a_array, b_array))
-    rows = np.random.default_rng(seed).integers(0, a_array.size, size=(resamples, a_array.size))
-    boot = np.asarray(statistic(a_array[rows], b_array[rows]), dtype=np.float64)
+    slots = _group_slots(groups, a_array.size)
+    rows = _resampled_rows(slots, a_array.size, np.random.default_rng(seed), resamples)
+    a_spread, b_spread = _spread_groups(a_array, slots), _spread_groups(b_array, slots)
+    boot = np.asarray(statistic(a_spread[rows], b_spread[rows]), dtype=np.float64)
     if boot.shape != (resamples,):
         raise ValueError(
             f"statistic must reduce over the last axis: (resamples, n) -> ({resamples},), got {boot.shape}"
@@ -245,18 +253,20 @@ def paired_ci(
 
 
 def paired_difference_ci(
-    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+    groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high) of the median of per-round differences a_i - b_i, in the samples' unit."""
-    return paired_ci(a, b, lambda x, y: np.median(x - y, axis=-1), confidence, resamples, seed)
+    return paired_ci(a, b, lambda x, y: np.median(x - y, axis=-1), confidence, resamples, seed, groups)
 
 
 def paired_ratio_ci(
-    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+    groups: Groups = None,
 ) -> tuple[float, float, float]:
     """(point, low, high) of the median of per-round ratios a_i / b_i (1.1 means a is 10% slower)."""
     a_array, b_array = _samples(a, "a", positive=True), _samples(b, "b", positive=True)
-    return paired_ci(a_array, b_array, lambda x, y: np.median(x / y, axis=-1), confidence, resamples, seed)
+    return paired_ci(a_array, b_array, lambda x, y: np.median(x / y, axis=-1), confidence, resamples, seed, groups)
 
 
 def _two_runs_ci(
@@ -373,39 +383,8 @@ def clear_of_threshold(low: float, high: float, threshold: float) -> bool:
     return low > 1 + threshold or high < 1 - threshold or (1 - threshold <= low and high <= 1 + threshold)
 
 
-class RoundsToDecide(NamedTuple):
-    rounds: int
-    both_runs: bool
-    """False: rounds of the new run, the old one kept; True: rounds of each run, both taken again."""
-
-
 DECIDING_ODDS_Z = 0.8416
-"""The normal quantile of 80%: ``rounds_to_decide`` aims at an interval that excludes 1 four times in five."""
-
-
-def rounds_to_decide(point: float, low: float, high: float, old_rounds: int, new_rounds: int) -> RoundsToDecide | None:
-    """For a ratio beyond 1 whose 95% interval reaches across 1: about how many rounds would make
-    it significant four times in five if the ratio held, by the cheaper way: more rounds in the new
-    run alone (the old one kept), or both runs taken again with as many rounds each. None when the
-    interval does not reach across 1 (it is significant already, or lies wholly on the other side
-    of 1 from its point: too few rounds for its bootstrap to mean anything), or the ratio is 1.
-
-    The standard error of the log-ratio of two medians with like spread in both runs goes as
-    sqrt(1/n_old + 1/n_new); it is read off the interval's half-width towards 1 (1.96 standard
-    errors) and must fall until |point - 1| is (1.96 + 0.84) standard errors, the usual power
-    calculation of a two-sample comparison."""
-    _check_ratio(point, low, high)
-    if old_rounds < 1 or new_rounds < 1:
-        raise ValueError(f"rounds must be at least 1 in each run, got {old_rounds} old and {new_rounds} new")
-    if low > 1 or high < 1 or point == 1:
-        return None
-    shrink = _variance_shrink(point, low, high)
-    variance = shrink * (1 / old_rounds + 1 / new_rounds)
-    both = math.ceil(2 / variance)
-    slack = variance - 1 / old_rounds
-    if slack > 0 and (new_alone := max(new_rounds + 1, math.ceil(1 / slack))) <= 2 * both:
-        return RoundsToDecide(new_alone, both_runs=False)
-    return RoundsToDecide(both, both_runs=True)
+"""The normal quantile of 80%: ``groups_to_decide`` aims at an interval that excludes 1 four times in five."""
 
 
 def _variance_shrink(point: float, low: float, high: float) -> float:
@@ -420,7 +399,11 @@ def groups_to_decide(point: float, low: float, high: float, groups: int) -> int 
     over ``groups`` groups of ranks (the fewer of the two runs'): about how many groups in each
     run, both taken again with as many rounds per group, would make it significant four times in
     five if the ratio held. A run's variance is then between / G + within / (G n): G' groups of n
-    rounds scale both parts by G / G'. None as for ``rounds_to_decide``."""
+    rounds scale both parts by G / G' (the standard error read off the interval's half-width
+    towards 1, 1.96 of them, must fall until |point - 1| is 1.96 + 0.84 of them: the usual power
+    calculation of a two-sample comparison). None when the interval does not reach across 1 (it is
+    significant already, or lies wholly on the other side of 1 from its point: too few rounds for
+    its bootstrap to mean anything), or the ratio is 1."""
     _check_ratio(point, low, high)
     if groups < 1:
         raise ValueError(f"groups must be at least 1, got {groups}")

@@ -25,13 +25,16 @@ from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
 
 
-def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float) -> dict:
+def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float,
+                              groups: list[int] | None = None) -> dict:
     """The MFU of the ``local`` twin (the same step without communication) at its median, and the
     points of MFU synchronization costs: the median over paired rounds of local's MFU minus the
     step's, with its 95% bootstrap interval. ``mfu_seconds`` is MFU x step time, the same for both
-    (the work of one step over the device's peak): a round's MFU is ``mfu_seconds / seconds``."""
+    (the work of one step over the device's peak): a round's MFU is ``mfu_seconds / seconds``;
+    ``groups``: each round's group of ranks (the interval two-level, ``ddp.bench.stats``)."""
     points = 100.0 * mfu_seconds
-    lost, *lost_ci = paired_ci(rounds, local_rounds, lambda step, local: np.median(points / local - points / step, axis=-1))
+    lost, *lost_ci = paired_ci(rounds, local_rounds, lambda step, local: np.median(points / local - points / step, axis=-1),
+                               groups=groups)
     return dict(local_mfu=mfu_seconds / statistics.median(local_rounds), mfu_lost_points=lost, mfu_lost_points_ci95=lost_ci)
 
 
@@ -88,11 +91,12 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
     exposed = measurement.exposed_comm_seconds(index)
     step = statistics.median(rounds)
     fractions = [e / s for e, s in zip(exposed, rounds) if s > 0]
+    fraction_groups = [g for g, s in zip(groups, rounds) if s > 0]
     paired = {}
     if local_index is not None:
         local = measurement.round_seconds(local_index)
-        difference, *difference_ci = paired_difference_ci(rounds, local)
-        ratio, *ratio_ci = paired_ratio_ci(rounds, local)
+        difference, *difference_ci = paired_difference_ci(rounds, local, groups=groups)
+        ratio, *ratio_ci = paired_ratio_ci(rounds, local, groups=groups)
         paired = dict(
             local_round_seconds=local, overhead_seconds=difference, overhead_seconds_ci95=difference_ci,
             overhead_ratio=ratio, overhead_ratio_ci95=ratio_ci,
@@ -112,7 +116,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
     tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
     step_mfu = mfu(tflops, device, config.precision)
     if step_mfu is not None and local_index is not None:
-        paired.update(mfu_without_communication(paired["local_round_seconds"], rounds, step_mfu * step))
+        paired.update(mfu_without_communication(paired["local_round_seconds"], rounds, step_mfu * step, groups))
     sizes = setup.bucket_sizes_bytes
     return StepRecord(
         config=config, backend=backend, device=device, world_size=world_size,
@@ -123,7 +127,8 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         round_groups=groups,
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
         exposed_comm_seconds=statistics.median(exposed), exposed_comm_fraction=statistics.median(fractions),
-        exposed_comm_fraction_ci95=list(median_ci(fractions)),
+        exposed_comm_fraction_ci95=list(median_interval(fractions, fraction_groups) if min(fractions, default=0) > 0
+                                        else median_ci(fractions)),
         tokens_per_second=world_size * config.batch_size * config.seq_len / step,
         target_precision=measurement.target_precision,
         reached_precision=relative_interval_half_width(rounds, groups) if len(rounds) > 1 else None,

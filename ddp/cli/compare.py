@@ -1,7 +1,7 @@
 """``python -m ddp compare OLD.json NEW.json --fail-slower 10%``: each benchmark's ratio new / old
 with its 95% interval and a verdict (``ddp.analysis.compare``). Exit status 1 when some benchmark
 is slower by the rule (its ratio beyond the threshold and its interval above 1); 0 otherwise, with
-a line per benchmark left open saying about how many rounds would decide it; 2 on bad input. Reads
+a line per benchmark left open saying about how many groups of ranks would decide it; 2 on bad input. Reads
 what ``--benchmark-json`` and ``--benchmark-save`` write."""
 
 from __future__ import annotations
