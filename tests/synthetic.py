@@ -42,7 +42,7 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
          backend: str = "gloo", device: str = "cpu", world_size: int = 2, num_parameters: int = 655_360,
          bucket_sizes: list[int] | None = None, memory: list[StateMemory] | None = None,
          peak_bytes: int | None = None, traces: list[list[dict]] | None = None,
-         groups: int | list[int] = 2) -> StepRecord:
+         groups: int | list[int] = 1) -> StepRecord:
     """A step record of ``config`` with these rounds (seconds, the slowest rank's), each with
     ``exposed`` seconds of exposed communication; paired with ``local_rounds`` when given;
     ``traces``: each rank's traced steps (``ddp.bench.step_trace``); ``groups``: each round's group

@@ -352,7 +352,8 @@ def test_runs_whose_groups_disagree_are_not_called_slower_and_the_line_asks_for_
     assert row.verdict == "not resolved" and ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("OPEN:")]
     needed = groups_to_decide(row.ratio, *row.ratio_ci95, 2)
-    assert needed > 2 and f"about {needed} groups in each run, both taken again (--rank-groups {needed})" in line
+    assert needed > 2 and f"about {needed} groups in each run, as many rounds each, both taken again (--rank-groups " \
+        f"{needed} and {needed / 2:.3g} times the rounds" in line
     # the same rounds, both groups alike: called slower
     old = files("old2.json", run([step("naive", noisy(0.30, 60, 1, 0.02), groups=2)]))
     new = files("new2.json", run([step("naive", noisy(0.345, 60, 3, 0.02), groups=2)]))

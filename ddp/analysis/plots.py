@@ -37,12 +37,13 @@ DPI = 100  # keeps each PNG well under 200 KB
 
 
 def _yerr_ms(steps) -> list[list[float]] | None:
-    """Error bars from each step's 95% interval of its median, in ms below and above it."""
+    """Error bars from each step's 95% interval of its median, in ms below and above it (0 where a
+    two-level interval, ``ddp.bench.stats.median_interval``, lies wholly on one side of the median)."""
     if not all(s.step_seconds_ci95 for s in steps):
         return None
     return [
-        [(s.step_seconds - s.step_seconds_ci95[0]) * 1e3 for s in steps],
-        [(s.step_seconds_ci95[1] - s.step_seconds) * 1e3 for s in steps],
+        [max(0.0, s.step_seconds - s.step_seconds_ci95[0]) * 1e3 for s in steps],
+        [max(0.0, s.step_seconds_ci95[1] - s.step_seconds) * 1e3 for s in steps],
     ]
 
 
