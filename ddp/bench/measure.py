@@ -65,7 +65,7 @@ from ddp.bench.rank_state import (
     timed_round,
     traced,
 )
-from ddp.bench.stats import relative_half_width, relative_interval_half_width
+from ddp.bench.stats import relative_half_width
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
 from ddp.strategies.registry import FLOOR
@@ -282,7 +282,7 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
     merged = Measurement(configs, blocks[0].setups, [round_ for block in blocks for round_ in block.rounds],
                          float("inf"), policy.target_precision, round_groups=[g for block in blocks for g in block.round_groups])
     if len(merged.rounds) > 1:
-        merged.reached_precision = max(relative_interval_half_width(merged.round_seconds(c), merged.round_groups)
+        merged.reached_precision = max(relative_half_width(merged.round_seconds(c), groups=merged.round_groups)
                                        for c in range(len(configs)))
     return merged
 
@@ -449,7 +449,7 @@ class GridMeasurer:
         labels = [g for measurement, _, _ in pairs for g in measurement.round_groups or [0] * len(measurement.rounds)]
         setups = [pairs[0][0].setups[pairs[0][2]]]
         seconds = [max(t.seconds for t in round_[0]) for round_ in rounds]
-        measurement = Measurement([local], setups, rounds, relative_interval_half_width(seconds, labels),
+        measurement = Measurement([local], setups, rounds, relative_half_width(seconds, groups=labels),
                                   self.policy.target_precision, round_groups=labels)
         self._measured[local] = (measurement, 0, None)
 

@@ -71,6 +71,9 @@ MAX_ROUNDS = 2000
 
 Statistic = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
+Groups = Sequence[int] | None
+"""Per round, the group of ranks it ran in (any labels; None: one group)."""
+
 
 def _samples(values: Sequence[float], name: str, *, positive: bool = False) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
@@ -126,14 +129,15 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     return float(ordered[j - 1]), float(ordered[ordered.size - j])
 
 
-def relative_half_width(samples: Sequence[float], confidence: float = 0.95) -> float:
-    """Half the width of ``median_ci`` over the median: 0.02 means +-2%, the precision an adaptive
-    round loop compares with its target before it stops adding rounds."""
+def relative_half_width(samples: Sequence[float], confidence: float = 0.95, groups: Groups = None) -> float:
+    """Half the width of the median's interval over the median: 0.02 means +-2%, the precision an
+    adaptive round loop compares with its target before it stops adding rounds and a record
+    reports (``median_ci``, or ``median_interval`` over several ``groups`` of ranks)."""
     array = _samples(samples, "samples")
     median = float(np.median(array))
     if median <= 0:
         raise ValueError(f"a relative width needs a positive median (a time), got {median!r}")
-    low, high = median_ci(array, confidence)
+    low, high = median_interval(array, groups, confidence)
     return (high - low) / 2 / median
 
 
@@ -146,10 +150,6 @@ def _percentile_interval(boot: np.ndarray, confidence: float) -> tuple[float, fl
 def _check_resamples(resamples: int) -> None:
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples must be a positive whole number such as {DEFAULT_RESAMPLES}, got {resamples!r}")
-
-
-Groups = Sequence[int] | None
-"""Per round, the group of ranks it ran in (any labels; None: one group)."""
 
 
 def group_count(groups: Groups) -> int:
@@ -209,13 +209,6 @@ def median_interval(samples: Sequence[float], groups: Groups = None, confidence:
     spread = _spread_groups(array, slots)
     rows = _resampled_rows(slots, array.size, np.random.default_rng(seed), resamples)
     return _percentile_interval(np.median(spread[rows], axis=-1), confidence)
-
-
-def relative_interval_half_width(samples: Sequence[float], groups: Groups = None, confidence: float = 0.95) -> float:
-    """``relative_half_width`` of ``median_interval``: the precision a record reports."""
-    array = _samples(samples, "samples")
-    low, high = median_interval(array, groups, confidence)
-    return (high - low) / 2 / float(np.median(array))
 
 
 def paired_ci(

@@ -18,7 +18,7 @@ from ddp.bench.stats import (
     paired_ci,
     paired_difference_ci,
     paired_ratio_ci,
-    relative_interval_half_width,
+    relative_half_width,
 )
 from ddp.bench.traces import collective_exposure, comm_source, tail_of
 from ddp.strategies.base import sharding_of
@@ -131,7 +131,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
                                         else median_ci(fractions)),
         tokens_per_second=world_size * config.batch_size * config.seq_len / step,
         target_precision=measurement.target_precision,
-        reached_precision=relative_interval_half_width(rounds, groups) if len(rounds) > 1 else None,
+        reached_precision=relative_half_width(rounds, groups=groups) if len(rounds) > 1 else None,
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
         predicted_memory=predict_or_none(config, world_size),
