@@ -42,8 +42,9 @@ import torch.distributed as dist
 from correctness_tests.models import MODEL_CASES
 from correctness_tests.selection import only_those_taking, strategies_under_test, takes
 from ddp.bench.config import StepConfig
+from ddp.bench.step_shape import cannot_run
 from ddp.bench.trainer import LEARNING_RATE, Trainer
-from ddp.bench.workloads import build_workload, rank_batch
+from ddp.bench.workloads import build_workload, rank_batches
 from ddp.launcher import rank_info
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import make_ddp, supports_no_sync, takes_bucket_size, takes_comm_dtype, traits
@@ -81,8 +82,9 @@ def _round_bf16(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def reference_parameters(config: StepConfig, world_size: int, device: torch.device, split: bool) -> list[torch.Tensor]:
-    """One process training ``config``'s whole global batch (``split``: shard by shard, gradients
-    averaged in fp32, and rounded as a bf16 all-reduce rounds them when ``config.grad_comm`` is bf16)."""
+    """One process training ``config``'s whole global batch, every rank's micro-batches at once
+    (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
+    rank's sum rounded as a bf16 all-reduce rounds them when ``config.grad_comm`` is bf16)."""
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:
         torch.manual_seed(config.seed)
@@ -90,23 +92,27 @@ def reference_parameters(config: StepConfig, world_size: int, device: torch.devi
         model = workload.module
         implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, **implementation)
-        shards = [rank_batch(workload, config.seed, rank, world_size, device) for rank in range(world_size)]
+        pieces = config.grad_accum * world_size  # the micro-batches of the whole global batch
+        shards = [rank_batches(workload, config.seed, rank, world_size, device, config.grad_accum) for rank in range(world_size)]
         for _ in range(STEPS):
             if split:
                 shard_grads = []
-                for inputs, targets in shards:
-                    with _numerics(config.precision, device):
-                        loss = workload.loss(model(inputs), targets)
-                    grads = torch.autograd.grad(loss, list(model.parameters()))
-                    shard_grads.append([g.float() / world_size for g in grads])
+                for micro_batches in shards:
+                    rank_grads = None
+                    for inputs, targets in micro_batches:
+                        with _numerics(config.precision, device):
+                            loss = workload.loss(model(inputs), targets)
+                        grads = [g.float() / pieces for g in torch.autograd.grad(loss, list(model.parameters()))]
+                        rank_grads = grads if rank_grads is None else [a + g for a, g in zip(rank_grads, grads)]
+                    shard_grads.append(rank_grads)
                 for param, *per_shard in zip(model.parameters(), *shard_grads):
                     if config.grad_comm == "bf16":
                         param.grad = _round_bf16(sum(_round_bf16(g) for g in per_shard))
                     else:
                         param.grad = sum(per_shard)
             else:
-                inputs = torch.cat([inputs for inputs, _ in shards])
-                targets = torch.cat([targets for _, targets in shards])
+                inputs = torch.cat([inputs for micro_batches in shards for inputs, _ in micro_batches])
+                targets = torch.cat([targets for micro_batches in shards for _, targets in micro_batches])
                 with _numerics(config.precision, device):
                     loss = workload.loss(model(inputs), targets)
                 loss.backward()
@@ -179,6 +185,31 @@ def cases(strategies: tuple[str, ...]) -> list:
         bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
         config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, **numerics)
         out.append(pytest.param(config, id=f"{strategy}-{'-'.join(numerics.values())}"))
+    return out + shape_cases(strategies)
+
+
+# The step's shapes (ddp.bench.step_shape), each against one process on the whole batch:
+# accumulation over 2 and 4 micro-batches, then in bf16 once.
+SHAPES = ({"grad_accum": 2}, {"grad_accum": 4})
+
+
+def shape_cases(strategies: list[str]) -> list:
+    """Every strategy at each of ``SHAPES``; one it cannot run skipped with the reason (``cannot_run``)."""
+    out = []
+    for strategy in strategies:
+        bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
+        for shape in SHAPES:
+            config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, **shape)
+            reason = cannot_run(config)
+            out.append(pytest.param(config, id=config.test_id, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    runs_both = [s for s in strategies if not cannot_run(StepConfig(s, MODEL, BATCH_SIZE, SEQ_LEN,
+                                                                    BUCKET_SIZE_MB if takes_bucket_size(s) else None,
+                                                                    grad_accum=2))]
+    if runs_both:
+        strategy = runs_both[-1]
+        config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB if takes_bucket_size(strategy) else None,
+                            precision="bf16", grad_accum=2)
+        out.append(pytest.param(config, id=config.test_id))
     return out
 
 
@@ -287,3 +318,67 @@ def test_bf16_communication_sums_what_each_rank_sent(rank_group, comm_dtype_stra
     if accumulate and not supports_no_sync(comm_dtype_strategy):
         pytest.skip(f"{comm_dtype_strategy} has no no_sync(): add that context manager to test gradient accumulation")
     rank_group.run(bf16_sync_against_emulation, comm_dtype_strategy, accumulate)
+
+
+class _GradientsAfterSync:
+    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) keeping a copy of every
+    gradient once ``finish_gradient_synchronization()`` returned, by parameter name."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.gradients: dict[str, torch.Tensor] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        yield
+        if name == "gradient_sync":
+            self.gradients = {n: p.grad.detach().cpu().clone() for n, p in self.module.named_parameters() if p.grad is not None}
+
+
+def synchronized_gradients(config: StepConfig) -> dict:
+    """Runs on every rank: the gradients the benchmark's step leaves after synchronization in its
+    first step; rank 0 also the gradients of one process on the whole global batch."""
+    info = rank_info()
+    trainer = Trainer(config, info)
+    try:
+        observer = _GradientsAfterSync(trainer.model.module)
+        trainer.step(observer)
+        result = {"trained": observer.gradients}
+    finally:
+        trainer.close()
+    if info.rank == 0:
+        torch.manual_seed(config.seed)
+        workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
+        batches = [b for rank in range(info.world_size)
+                   for b in rank_batches(workload, config.seed, rank, info.world_size, info.device, config.grad_accum)]
+        inputs, targets = torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches])
+        workload.loss(workload.module(inputs), targets).backward()
+        result["reference"] = {n: p.grad.detach().cpu() for n, p in workload.module.named_parameters() if p.grad is not None}
+    return result
+
+
+@pytest.mark.parametrize("shape", [{"grad_accum": 2}, {"grad_accum": 4}], ids=["accum2", "accum4"])
+@pytest.mark.parametrize("strategy", ["local", "naive", "bucketed", "torch"])
+def test_a_shaped_step_synchronizes_the_whole_batch_mean(rank_group, strategy, shape):
+    """AdamW hides a gradient's scale (its update is nearly the same for g and 4g), so the
+    parameters alone cannot tell a step that forgot to divide each micro-batch's loss: the
+    gradients after synchronization must be the whole batch's mean, as one process computes it
+    (``local`` keeps its own rank's: rank 0's micro-batches only, compared likewise)."""
+    config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB if takes_bucket_size(strategy) else None, **shape)
+    results = rank_group.run(synchronized_gradients, config)
+    trained, reference = results[0]["trained"], results[0]["reference"]
+    if not traits(strategy).communicates:  # local: rank 0's own micro-batches, as one process on them alone
+        return _check_local(config, trained, rank_group.world_size)
+    assert sorted(trained) == sorted(reference)
+    for name, gradient in reference.items():
+        torch.testing.assert_close(trained[name], gradient, rtol=1e-4, atol=1e-7, msg=lambda m: f"{config.describe()}, {name}: {m}")
+
+
+def _check_local(config: StepConfig, trained: dict, world_size: int) -> None:
+    torch.manual_seed(config.seed)
+    workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
+    batches = rank_batches(workload, config.seed, 0, world_size, "cpu", config.grad_accum)
+    inputs, targets = torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches])
+    workload.loss(workload.module(inputs), targets).backward()
+    for name, param in workload.module.named_parameters():
+        torch.testing.assert_close(trained[name], param.grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{config.describe()}, {name}: {m}")

@@ -42,7 +42,15 @@ from ddp.strategies.registry import resolve_strategy, supports_no_sync, takes_bu
 
 STEPS = 3
 ROWS_PER_RANK = 4
-MICRO_BATCHES = 2  # with accumulation: this many backward passes per step, all but the last in no_sync()
+# Micro-batches a step: 1, no accumulation; more, that many backward passes a step, all but the
+# last in no_sync(), each micro-batch's loss divided by their number (ddp.bench.step_shape).
+MICRO_BATCHES = (1, 2, 4)
+
+
+def accumulation_id(micro_batches: int) -> str:
+    """``step``, ``no_sync`` (two micro-batches) or ``no_sync4``: the case's last id part."""
+    return "step" if micro_batches == 1 else "no_sync" if micro_batches == 2 else f"no_sync{micro_batches}"
+
 
 # Bucket sizes for ``bucketed`` and ``torch``, as functions of the model's gradient sizes in bytes.
 BUCKET_CASES = {
@@ -75,31 +83,31 @@ def strategy_cases(strategies: tuple[str, ...]) -> list:
 
 
 def training_cases(strategies: tuple[str, ...]) -> list:
-    """Every (strategy, bucket case, model, optimizer, accumulate) to train, and once per strategy
+    """Every (strategy, bucket case, model, optimizer, micro-batches) to train, and once per strategy
     each case it cannot run, skipped with what to add: ``no_sync()``, a ``bucket_size_mb`` option
     (a user's class), a model whose experts some ranks leave unused (a strategy that shards parameters)."""
     params = []
     for name, bucket in strategy_cases(strategies):
-        accumulations = (False, True) if supports_no_sync(name) else (False,)
+        accumulations = MICRO_BATCHES if supports_no_sync(name) else (1,)
         label = name if bucket is None else f"{name}-{bucket}"
         for model_name in MODEL_CASES:
             if reason := sharded_parameters_skip(name, model_name):
-                params.append(pytest.param(name, bucket, model_name, "adamw", False, id=f"{label}-{model_name}",
+                params.append(pytest.param(name, bucket, model_name, "adamw", 1, id=f"{label}-{model_name}",
                                            marks=pytest.mark.skip(reason=reason)))
                 continue
             params += [
-                pytest.param(name, bucket, model_name, optimizer, accumulate,
-                             id=f"{label}-{model_name}-{optimizer}-{'no_sync' if accumulate else 'step'}")
-                for optimizer in OPTIMIZERS for accumulate in accumulations
+                pytest.param(name, bucket, model_name, optimizer, micro_batches,
+                             id=f"{label}-{model_name}-{optimizer}-{accumulation_id(micro_batches)}")
+                for optimizer in OPTIMIZERS for micro_batches in accumulations
             ]
         if bucket is None and not supports_no_sync(name):
             reason = f"{name} has no no_sync(): add that context manager to test gradient accumulation"
-            params.append(pytest.param(name, None, "frozen_mlp", "adamw", True, id=f"{name}-no_sync",
+            params.append(pytest.param(name, None, "frozen_mlp", "adamw", 2, id=f"{name}-no_sync",
                                        marks=pytest.mark.skip(reason=reason)))
     for name in strategies:
         if name not in ddp.STRATEGIES and traits(name).communicates and not takes_bucket_size(name):
             reason = f"{name} takes no bucket_size_mb option: add one to its constructor to test bucket plans"
-            params.append(pytest.param(name, "few_per_bucket", "frozen_mlp", "adamw", False, id=f"{name}-buckets",
+            params.append(pytest.param(name, "few_per_bucket", "frozen_mlp", "adamw", 1, id=f"{name}-buckets",
                                        marks=pytest.mark.skip(reason=reason)))
     return params
 
@@ -107,7 +115,7 @@ def training_cases(strategies: tuple[str, ...]) -> list:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     strategies = strategies_under_test(metafunc.config)
     if "bucket_case" in metafunc.fixturenames:
-        metafunc.parametrize("strategy, bucket_case, model_name, optimizer_name, accumulate", training_cases(strategies))
+        metafunc.parametrize("strategy, bucket_case, model_name, optimizer_name, micro_batches", training_cases(strategies))
     if "compute_dtype_strategy" in metafunc.fixturenames:
         metafunc.parametrize("compute_dtype_strategy", only_those_taking("compute_dtype", strategies, "bf16 compute"))
 
@@ -192,7 +200,7 @@ def _namer(module: torch.nn.Module):
     return describe
 
 
-def train_against_reference(strategy, bucket_case, model_name, optimizer_name, accumulate) -> list[torch.Tensor]:
+def train_against_reference(strategy, bucket_case, model_name, optimizer_name, micro_batches) -> list[torch.Tensor]:
     """Runs on every rank: train the strategy and the reference side by side, compare each step.
     Every rank's collectives are checked against the others' as they are issued (``collectives``)."""
     info = rank_info()
@@ -202,10 +210,11 @@ def train_against_reference(strategy, bucket_case, model_name, optimizer_name, a
     local = copy.deepcopy(reference)
     check = CollectiveCheck(side_group(), _namer(local))
     with checking(check):
-        return _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate)
+        return _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name,
+                                        micro_batches)
 
 
-def _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, accumulate):
+def _train_against_reference(info, check, case, reference, local, strategy, bucket_case, optimizer_name, micro_batches):
     with torch.no_grad():  # rank 0's parameters must win: start every other rank elsewhere
         for tensor in (*local.parameters(), *local.buffers()):
             if tensor.is_floating_point():
@@ -247,12 +256,12 @@ def _train_against_reference(info, check, case, reference, local, strategy, buck
 
         previous = _full_values(model)
         optimizer.zero_grad()
-        if accumulate:
-            micro = ROWS_PER_RANK // MICRO_BATCHES
+        if micro_batches > 1:
+            micro = ROWS_PER_RANK // micro_batches
             with model.no_sync():
                 for start in range(0, ROWS_PER_RANK - micro, micro):
-                    (case.loss(model(mine[start : start + micro]), my_targets[start : start + micro]) / MICRO_BATCHES).backward()
-            (case.loss(model(mine[-micro:]), my_targets[-micro:]) / MICRO_BATCHES).backward()
+                    (case.loss(model(mine[start : start + micro]), my_targets[start : start + micro]) / micro_batches).backward()
+            (case.loss(model(mine[-micro:]), my_targets[-micro:]) / micro_batches).backward()
         else:
             case.loss(model(mine), my_targets).backward()
         model.finish_gradient_synchronization()
@@ -289,8 +298,8 @@ def _train_against_reference(info, check, case, reference, local, strategy, buck
     return [value.cpu() for value in _full_values(model).values()]
 
 
-def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, accumulate):
-    per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, accumulate)
+def test_trains_like_one_process(rank_group, strategy, bucket_case, model_name, optimizer_name, micro_batches):
+    per_rank = rank_group.run(train_against_reference, strategy, bucket_case, model_name, optimizer_name, micro_batches)
     for rank, params in enumerate(per_rank[1:], start=1):
         for mine, rank0 in zip(params, per_rank[0]):
             assert_close(mine, rank0, rtol=0, atol=0, msg=lambda m: f"rank {rank} differs from rank 0: {m}")

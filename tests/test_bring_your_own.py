@@ -84,13 +84,18 @@ def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases
     failed = sorted(name for name, failure in outcomes.items() if failure is not None)
     strategy = "tests.wrong_ddps:PerParameterDDP"
     assert failed == sorted(f"test_trains_like_one_process[{strategy}-routed_mlp-{optimizer}-{accumulate}]"
-                            for optimizer in ("sgd", "adamw") for accumulate in ("step", "no_sync")), failed
-    assert len(outcomes) - len(failed) == 12, f"every other case must pass: {sorted(outcomes)}"
+                            for optimizer in ("sgd", "adamw") for accumulate in ("step", "no_sync", "no_sync4")), failed
+    assert len(outcomes) - len(failed) == 18, f"every other case must pass: {sorted(outcomes)}"
     seconds_of = {case.get("name"): float(case.get("time")) for case in ElementTree.parse(report).getroot().iter("testcase")}
     slowest_passing = max(seconds_of[name] for name, failure in outcomes.items() if failure is None)
     for name in failed:
         assert seconds_of[name] <= 3 * slowest_passing + 2, f"{name}: {seconds_of[name]:.1f} s, passing cases at most {slowest_passing:.1f} s"
         text = outcomes[name].text + outcomes[name].get("message", "")
+        if name.endswith("-no_sync4]"):
+            # one row a micro-batch: the last one routes alike on both ranks, so the collectives agree
+            # and the expert a rank used earlier in the step is left unreduced: its gradient is named
+            assert "parameter 'experts.0." in text and "(gradient)" in text, text[-2000:]
+            continue
         assert "the ranks issued different collectives" in text, text[-2000:]
         assert "a DDP must still reduce them, as PyTorch's does with find_unused_parameters=True" in text, text[-2000:]
     assert seconds < 300, f"the run took {seconds:.0f} s: something waited for a timeout"

@@ -58,7 +58,7 @@ def hints_in(text: str) -> set[str]:
 @pytest.mark.parametrize("model_name", ["frozen_mlp", "tied_lm", "routed_mlp"])
 def test_the_wrong_classes_base_trains_like_one_process(rank_group, model_name):
     """SimpleDDP passes, so each wrong class below fails because of the one thing it changes."""
-    rank_group.run(train_against_reference, WRONG + "SimpleDDP", None, model_name, "adamw", True)
+    rank_group.run(train_against_reference, WRONG + "SimpleDDP", None, model_name, "adamw", 2)
 
 
 WRONG_CASES = [
@@ -87,7 +87,7 @@ def test_a_wrong_class_fails_with_its_diagnosis(rank_group, cls, model_name, opt
     if rank_group.world_size < 2 and cls in ONE_RANK_HIDES:
         pytest.skip(f"needs 2 ranks: a wrong class cannot show with one rank ({ONE_RANK_HIDES[cls]})")
     with pytest.raises(RankError) as raised:
-        rank_group.run(train_against_reference, WRONG + cls, None, model_name, optimizer_name, False)
+        rank_group.run(train_against_reference, WRONG + cls, None, model_name, optimizer_name, 1)
     message = str(raised.value)
     # Only rank 1 starts from other parameters than rank 0; any rank can fail a step.
     when = "before the first step, rank 1" if quantity == "initial value" else r"step 0, rank \d"
@@ -118,7 +118,7 @@ def test_a_wrong_sharded_class_fails_with_its_diagnosis(rank_group, cls, model_n
     if rank_group.world_size < 2 and hint in ("not_gathered", "summed"):
         pytest.skip(f"{cls}'s mistake changes nothing with one rank: run with --world-size 2 or more")
     with pytest.raises(RankError) as raised:
-        rank_group.run(train_against_reference, SHARDED + cls, None, model_name, optimizer_name, False)
+        rank_group.run(train_against_reference, SHARDED + cls, None, model_name, optimizer_name, 1)
     message = str(raised.value)
     assert re.search(rf"AssertionError: step 0, rank \d, parameter '{name}': .*\(value\)", message), message
     assert hints_in(message) == {hint}, message
@@ -129,8 +129,8 @@ def test_a_wrong_sharded_class_fails_with_its_diagnosis(rank_group, cls, model_n
 UNUSED_HINT = "parameters unused on some ranks: a DDP must still reduce them, as PyTorch's does with find_unused_parameters=True"
 
 
-@pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
-def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group_kept(rank_group, accumulate):
+@pytest.mark.parametrize("micro_batches", [1, 2], ids=["step", "no_sync"])
+def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group_kept(rank_group, micro_batches):
     """The textbook per-parameter DDP all-reduces only the gradients this rank produced: on the
     routed model the ranks' collectives differ. Named within seconds, on every rank; then the
     same group runs the next call."""
@@ -139,7 +139,7 @@ def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group
     rank_group.run(sum_of_ranks)  # started, so the time below is the check's own
     started, began = rank_group.starts, time.monotonic()
     with pytest.raises(RankError) as raised:
-        rank_group.run(train_against_reference, WRONG + "PerParameterDDP", None, "routed_mlp", "sgd", accumulate)
+        rank_group.run(train_against_reference, WRONG + "PerParameterDDP", None, "routed_mlp", "sgd", micro_batches)
     assert time.monotonic() - began < 20
     message = str(raised.value)
     assert f"{rank_group.world_size} of {rank_group.world_size} ranks failed" in message
@@ -156,7 +156,7 @@ def test_a_collective_only_one_rank_issues_is_named_with_the_count(rank_group):
     if rank_group.world_size < 2:
         pytest.skip("needs 2 ranks: one rank's collectives cannot differ from another's")
     with pytest.raises(RankError) as raised:
-        rank_group.run(train_against_reference, WRONG + "ExtraCollectiveOnRankZero", None, "frozen_mlp", "sgd", False)
+        rank_group.run(train_against_reference, WRONG + "ExtraCollectiveOnRankZero", None, "frozen_mlp", "sgd", 1)
     message = str(raised.value)
     assert re.search(r"rank 0: collective (\d+): barrier\(\)\n  rank 1: ended step 0 after \d+ collective\(s\)", message), message
     assert "a collective that depends on the rank or its data" in message and UNUSED_HINT not in message

@@ -23,7 +23,7 @@ from ddp.bench.memory import (
     GIB,
     HEADROOM,
     Fit,
-    PredictedTooLarge,
+    NotBuilt,
     device_memory_bytes,
     fit,
     largest_batch,
@@ -163,7 +163,7 @@ def test_a_grid_skips_what_is_predicted_not_to_fit_and_runs_the_next(rank_group)
     measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off", memory_bytes=memory_bytes)
     assert predict(large, rank_group.world_size).total_bytes > usable_bytes(memory_bytes)
     skipped = measurer.measurement(large)
-    assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, PredictedTooLarge)
+    assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, NotBuilt)
     reason = skipped.reason(rank_group.world_size)
     assert reason.startswith("predicted not to fit: local, model tiny, batch 64, seq len 128") and "not built" in reason
     measured = measurer.measurement(small)

@@ -1,6 +1,8 @@
 """The memory prediction (``ddp.bench.memory``) against an independent measurement: PyTorch's
 ``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
-``mini``, fp32 and bf16 (and fused AdamW on mini), at world size 2 (the rank group's).
+``mini``, fp32 and bf16 (and fused AdamW on mini), and in fp32 with two micro-batches accumulated
+(``ddp.bench.step_shape``); at world size 2 (the rank group's). A strategy that cannot run a shape
+is skipped with the reason.
 
 The tracker reports the categories at the moment its total peaked. Compared within 10%, as
 PyTorch's own tests hold ``FSDPMemTracker`` to CUDA's peak: the total, and category by category
@@ -31,13 +33,21 @@ import pytest
 from ddp.bench.config import StepConfig
 from ddp.bench.memory import predict, predict_moments
 from ddp.bench.state_bytes import tracked_peak
+from ddp.bench.step_shape import cannot_run
 from ddp.bench.trainer import Trainer
 from ddp.launcher import on_rank
 from ddp.strategies.registry import STRATEGIES, takes_bucket_size
 
 TOLERANCE = 0.10
 USER_CLASS = "examples.toy:AveragingDDP"
-CASES = [(model, precision, "foreach") for model in ("tiny", "mini") for precision in ("fp32", "bf16")] + [("mini", "fp32", "fused")]
+CASES = [(model, precision, "foreach", {}) for model in ("tiny", "mini") for precision in ("fp32", "bf16")]
+CASES += [("mini", "fp32", "fused", {})]
+CASES += [(model, "fp32", "foreach", shape) for model in ("tiny", "mini") for shape in ({"grad_accum": 2},)]
+SHAPE_IDS = {"grad_accum": lambda v: f"accum{v}"}
+
+
+def case_id(model: str, precision: str, optimizer: str, shape: dict) -> str:
+    return "-".join([model, precision, *(["fused"] if optimizer == "fused" else []), *(SHAPE_IDS[k](v) for k, v in shape.items())])
 
 
 @on_rank
@@ -52,9 +62,9 @@ def tracked(rank, config: StepConfig) -> dict[str, int]:
         trainer.close()
 
 
-def config_of(strategy: str, model: str, precision: str, optimizer: str = "foreach") -> StepConfig:
+def config_of(strategy: str, model: str, precision: str, optimizer: str = "foreach", shape: dict | None = None) -> StepConfig:
     bucket = 1.0 if takes_bucket_size(strategy) else None  # several buckets on mini
-    return StepConfig(strategy, model, 2, 32, bucket, precision=precision, optimizer=optimizer)
+    return StepConfig(strategy, model, 2, 32, bucket, precision=precision, optimizer=optimizer, **(shape or {}))
 
 
 def pairs(tracker: dict[str, int], prediction) -> dict[str, tuple[int, int]]:
@@ -111,13 +121,15 @@ def mismatches(tracker: dict[str, int], config: StepConfig, world_size: int) -> 
     return min(attempts, key=len)
 
 
-@pytest.mark.parametrize("model,precision,optimizer", CASES, ids=[f"{m}-{p}" + ("-fused" if o == "fused" else "") for m, p, o in CASES])
+@pytest.mark.parametrize("model,precision,optimizer,shape", CASES, ids=[case_id(*case) for case in CASES])
 @pytest.mark.parametrize("strategy", [*STRATEGIES, USER_CLASS])
-def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision, optimizer):
+def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model, precision, optimizer, shape):
     if rank_group.device != "cpu":
         pytest.skip("MemTracker is compared on CPU tensors here; on a GPU each step row sets the prediction beside "
                     "max_memory_allocated (its predicted_memory and peak_memory_bytes)")
-    config = config_of(strategy, model, precision, optimizer)
+    config = config_of(strategy, model, precision, optimizer, shape)
+    if reason := cannot_run(config):
+        pytest.skip(reason)
     tracker = rank_group.run(tracked, config)
     largest = max(tracker, key=lambda t: t["Total"])
     wrong = mismatches(largest, config, rank_group.world_size)

@@ -138,10 +138,10 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, lists["bucket_size_mb"], lists["strategy"]},
         "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
-        "simulate": {one["model"], one["batch_size"], one["seq_len"], lists["strategy"], lists["bucket_size_mb"]},
+        "simulate": {one["model"], one["batch_size"], one["seq_len"], one["grad_accum"],
+                     lists["strategy"], lists["bucket_size_mb"]},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag not in ("--allreduce-world-sizes", "--rank-groups"))},
-        "memory": {option("--world-size"), option("--device-memory"), one["model"], one["compile"],
-                   *(lists[name] for name in ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm"))},
+        "memory": {option("--world-size"), option("--device-memory"), one["model"], *(lists[name] for name in AXES if name != "model")},
         "compare": set(), "report": set(), "gpu-check": set(), "trace": set(),
     }
     assert set(expected) == set(COMMANDS)

@@ -17,7 +17,6 @@ import statistics
 from ddp.analysis.costmodel import NotModelled, plan_advice
 from ddp.analysis.figures import groups, several_models, sorted_steps
 from ddp.analysis.tables import interval_ms, mib, ms
-from ddp.bench.config import AXES
 from ddp.bench.records import CollectiveTiming, StepRecord
 from ddp.strategies.registry import FLOOR, takes_bucket_size
 
@@ -70,7 +69,7 @@ def detail_group(steps: list[StepRecord]):
     if not traced:
         return None
     keys = groups(traced)
-    return max(keys, key=lambda k: (k.batch_size * k.seq_len, keys.index(k)))
+    return max(keys, key=lambda k: (k.step_shape.tokens_per_step, keys.index(k)))
 
 
 def detail_rows(step: StepRecord) -> tuple[list[list], str | None]:
@@ -151,7 +150,7 @@ def confirm_command(step: StepRecord, advised_cap: float) -> str:
     """The ``ddp buckets`` command that measures the advised cap beside the measured one."""
     config = step.config
     caps = ",".join(f"{c:g}" for c in dict.fromkeys([config.bucket_size_mb, advised_cap]))
-    options = "".join(f" --{name.replace('_', '-')} {getattr(config, name)}" for name in ("precision", "grad_comm")
-                      if getattr(config, name) != AXES[name].default)
+    options = "".join(f" {axis.flag} {value}" for axis, value in config.axis_values("option", "member")
+                      if value != axis.default and axis.name != "bucket_size_mb")
     return (f"`python -m ddp buckets --strategies {config.strategy} --model {config.model} --batch-size {config.batch_size} "
             f"--seq-len {config.seq_len} --bucket-sizes {caps}{options} --world-size {step.world_size}`")

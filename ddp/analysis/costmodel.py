@@ -18,11 +18,13 @@ median of ``round_seconds``, or their minimum with ``--statistic min``), or take
 term (NCCL's trees reach about the ring's bus bandwidth on large messages).
 
 **Compute.** A step without communication is the run's ``local`` row at the same batch and
-sequence length (its median round, or its fastest with ``--statistic min``). Backward takes ``2/3`` of the part that is not optimizer
-(backward does two matmuls per forward matmul: the gradients of the input and of the weight),
-and ``--optimizer-fraction`` of the step is the optimizer (default 0: for the models here AdamW
-is a few per cent of a step, and it runs after gradient synchronization either way, so it only
-shifts where backward starts).
+sequence length (its median round, or its fastest with ``--statistic min``). ``--optimizer-fraction``
+of the step is the optimizer (default 0: for the models here AdamW is a few per cent of a step,
+and it runs after gradient synchronization either way, so it only shifts where backward starts);
+the rest is split evenly over the step's micro-batches (``ddp.bench.step_shape``: ``--grad-accum``),
+and within one micro-batch backward takes ``2/3`` (two matmuls per forward matmul: the gradients
+of the input and of the weight; ``StepShape.backward_share``). Only the last micro-batch's backward communicates, so only it
+can hide communication: what the schedules below call backward is that one.
 
 **When gradients are ready.** Backward runs through the parameters in reverse registration
 order (ddp/model.py registers them in forward order). A parameter's gradient is ready once the
@@ -81,6 +83,7 @@ from torch import nn
 
 from ddp.bench.config import AXES
 from ddp.bench.records import PredictionRecord, Run, RunFileError, ValidationRecord
+from ddp.bench.step_shape import StepShape
 from ddp.bench.workloads import build_workload
 from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.base import sharding_of
@@ -282,14 +285,34 @@ Prediction = PredictionRecord  # the cost model's output is the saved record (dd
 
 @dataclass(frozen=True)
 class Compute:
-    """One configuration's step without communication, and how it splits."""
+    """One configuration's step without communication, and how it splits (module docstring)."""
 
     step_seconds: float
     optimizer_fraction: float = 0.0
+    micro_batches: int = 1
+    """Micro-batches a step (``StepShape.micro_batches``): compute split evenly over them."""
+    backward_share: float = 2.0 / 3.0
+    """Backward's share of a micro-batch's compute (``StepShape.backward_share``)."""
+
+    @classmethod
+    def of(cls, step_seconds: float, shape: StepShape, optimizer_fraction: float = 0.0) -> Compute:
+        """The compute of a step of ``shape`` that takes ``step_seconds`` without communication."""
+        return cls(step_seconds, optimizer_fraction, shape.micro_batches, shape.backward_share)
+
+    @property
+    def micro_batch_seconds(self) -> float:
+        """One micro-batch's forward and backward."""
+        return self.step_seconds * (1.0 - self.optimizer_fraction) / self.micro_batches
 
     @property
     def backward_seconds(self) -> float:
-        return self.step_seconds * (1.0 - self.optimizer_fraction) * 2.0 / 3.0
+        """The synchronizing backward: the last micro-batch's."""
+        return self.micro_batch_seconds * self.backward_share
+
+    @property
+    def forward_seconds(self) -> float:
+        """One micro-batch's forward."""
+        return self.micro_batch_seconds * (1.0 - self.backward_share)
 
 
 def predict_step(
@@ -311,6 +334,8 @@ def predict_step(
         return compute.step_seconds, 0.0, 0.0, 0
     sharding = sharding_of(resolve_strategy(strategy))
     if sharding is not None and sharding.parameters:
+        if compute.micro_batches > 1:  # every micro-batch gathers and reduce-scatters: not this schedule
+            raise NotModelled(f"strategy {strategy!r} shards parameters: its accumulating micro-batches are not modelled")
         units = described.units(module) if module is not None else None
         if units is None:
             raise NotModelled(f"strategy {strategy!r} shards parameters but says no units (Strategy.units) for this model")
@@ -343,7 +368,7 @@ def fully_sharded_step(
     unit's forward and backward, a reduce-scatter after each unit's backward; ``prefetch`` issues
     the next unit's all-gather when the current unit starts computing. ``units``: ``units_of``, the root first."""
     total_flops = sum(flops for _, flops in units) or 1.0
-    forward_seconds = compute.backward_seconds / 2.0
+    forward_seconds = compute.forward_seconds
     channel_free = comm = 0.0
 
     def transfer(ready: float, collective: str, size_bytes: float) -> float:
@@ -401,6 +426,13 @@ class Calibration:
     def seconds(self, record) -> float:
         return _statistic(record.round_seconds, record.step_seconds, self.statistic)
 
+    def computes(self, optimizer_fraction: float = 0.0) -> dict[tuple[int, int], Compute]:
+        """(batch, seq len) -> its compute, in the step shape the run was measured in (one for the
+        whole run: ``calibrate`` refuses a run that mixes options)."""
+        config = self.steps[0].config
+        return {(batch, seq): Compute.of(seconds, StepShape(batch, seq, config.grad_accum), optimizer_fraction)
+                for (batch, seq), seconds in self.local_seconds.items()}
+
 
 def _statistic(rounds: list[float] | None, median: float, statistic: str) -> float:
     if statistic == "median" or not rounds:
@@ -422,7 +454,8 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     if len(variants) != 1 or any(s.config.grad_comm != AXES["grad_comm"].default for s in steps):
         raise RunFileError(
             f"{run.path} mixes options {sorted(variants)} or communicates gradients in bf16; the cost model takes one "
-            "precision and fp32 gradient all-reduces: give a run of one --precision without --grad-comm bf16"
+            "set of options (--precision, --grad-accum, ...) and fp32 gradient "
+            "all-reduces: give a run of one value of each, without --grad-comm bf16"
         )
     local = {(s.config.batch_size, s.config.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic)
              for s in steps if s.strategy == FLOOR}
@@ -520,12 +553,13 @@ def recommend_bucket_sizes(
     return rows
 
 
-def advice(model: str, batch_size: int, seq_len: int, local_seconds: float, world_sizes: list[int], link: Link,
+def advice(model: str, shape: StepShape, local_seconds: float, world_sizes: list[int], link: Link,
            overlap_slowdown: float) -> list[Recommendation]:
     """The best bucketed cap per world size for a workload by name: the built-in LM by its size,
     any other model from its parameters (built once on the CPU; no rank is involved)."""
-    subject = model if model in MODEL_SIZES else build_workload(model, batch_size, seq_len, "cpu").module
-    return recommend_bucket_sizes(subject, {(batch_size, seq_len): Compute(local_seconds)}, world_sizes, link, overlap_slowdown)
+    subject = model if model in MODEL_SIZES else build_workload(model, shape.micro_batch_size, shape.seq_len, "cpu").module
+    return recommend_bucket_sizes(subject, {(shape.micro_batch_size, shape.seq_len): Compute.of(local_seconds, shape)},
+                                  world_sizes, link, overlap_slowdown)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,7 +638,8 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
         gradients = in_bf16(gradients)
 
     def modelled(cap: float, grads=gradients) -> float:
-        return predict_step(config.strategy, cap, Compute(local_seconds), grads, link, step.world_size, slowdown)[0]
+        return predict_step(config.strategy, cap, Compute.of(local_seconds, config.step_shape), grads, link,
+                            step.world_size, slowdown)[0]
 
     measured_cap = config.bucket_size_mb
     at_cap = {cap: modelled(cap) for cap in sorted({*CANDIDATE_BUCKET_SIZES_MB, measured_cap})}

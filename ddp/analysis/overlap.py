@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ddp.bench.records import PHASES  # the step's phases, named once
+from ddp.bench.step_shape import phases_of, step_span  # the step's phases, named once
 from ddp.bench.traces import collective_exposure, comm_source, tail_of, trace_offset_us
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
@@ -87,8 +87,8 @@ def rank_figures(steps: list[dict]) -> dict:
     records = [step.get("collective_records", step["collectives"]) for step in steps]
     totals = {key: sum(f[key] for f in per_step) for key in per_step[0]}
     figures = {
-        "step_seconds": sum(s["optimizer"][1] - s["forward"][0] for s in steps) / n,
-        **{f"{phase}_seconds": sum(s[phase][1] - s[phase][0] for s in steps) / n for phase in PHASES},
+        "step_seconds": sum(step_span(s)[1] - step_span(s)[0] for s in steps) / n,
+        **{f"{phase}_seconds": sum(s[phase][1] - s[phase][0] for s in steps) / n for phase in phases_of(steps[0])},
         "backward_compute_seconds": sum(s["backward_compute_end"] - s["backward"][0] for s in steps) / n,
         **{key: value / n for key, value in totals.items()},
         "overlap_fraction": (
@@ -200,10 +200,10 @@ def add_collective_track(trace: dict, steps: list[dict]) -> None:
 
 def timeline_record(strategy: str, summary: dict, rank_records: list[dict]) -> dict:
     """What ``ddp.analysis.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
-    origin = min(r["steps"][0]["forward"][0] for r in rank_records)
+    origin = min(step_span(r["steps"][0])[0] for r in rank_records)
 
     def shift(step: dict) -> dict:
-        shifted = {phase: [t - origin for t in step[phase]] for phase in PHASES}
+        shifted = {phase: [t - origin for t in step[phase]] for phase in phases_of(step)}
         shifted["backward_compute_end"] = step["backward_compute_end"] - origin
         shifted["collectives"] = [
             {**c, "launch_seconds": c["launch_seconds"] - origin, "done_seconds": c["done_seconds"] - origin}

@@ -18,12 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 PHASE_COLORS = {
+    "accumulate": "tab:purple",
     "forward": "tab:blue",
     "backward": "tab:orange",
     "gradient_sync": "lightgray",  # waiting for gradients: finish_gradient_synchronization, or DDP's reducer
     "optimizer": "tab:green",
 }
 LEGEND_LABELS = {
+    "accumulate": "micro-batches before the last (no_sync)",
     "forward": "forward",
     "backward": "backward (to the last gradient)",
     "gradient_sync": "waiting for gradient sync",
@@ -57,6 +59,7 @@ def draw(ax, record: dict) -> None:
             backward_start, backward_end = step["backward"]
             compute_end = step["backward_compute_end"]
             spans = {
+                "accumulate": [step["accumulate"]] if "accumulate" in step else [],
                 "forward": [step["forward"]],
                 "backward": [(backward_start, compute_end)],
                 "gradient_sync": [(compute_end, backward_end), step["gradient_sync"]],
@@ -78,8 +81,11 @@ def draw(ax, record: dict) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
-def _legend(fig) -> None:
-    handles = [Patch(color=color, label=LEGEND_LABELS[phase]) for phase, color in PHASE_COLORS.items()]
+def _legend(fig, records: list[dict]) -> None:
+    """The phases drawn (``accumulate`` only where a step accumulated) and the collectives."""
+    accumulated = any("accumulate" in step for r in records for rank in r["ranks"] for step in rank["steps"])
+    handles = [Patch(color=color, label=LEGEND_LABELS[phase]) for phase, color in PHASE_COLORS.items()
+               if phase != "accumulate" or accumulated]
     handles.append(Patch(color=COMM_COLOR, alpha=0.5, label="collective in flight"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9)
 
@@ -89,7 +95,7 @@ def plot_timeline(record: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(12, 0.7 * 2 * len(record["ranks"]) + 1.6))
     draw(ax, record)
     ax.set_xlabel("time since the first profiled step began (ms)")
-    _legend(fig)
+    _legend(fig, [record])
     fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -104,7 +110,7 @@ def plot_timelines(records: list[dict], path: Path) -> Path:
     for ax, record in zip(axes[:, 0], records):
         draw(ax, record)
     axes[-1, 0].set_xlabel("time since the first profiled step began (ms)")
-    _legend(fig)
+    _legend(fig, records)
     fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)

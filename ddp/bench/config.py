@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp.bench.parsing import OptionError, choice, parse_list, positive_float, positive_int
+from ddp.bench.step_shape import StepShape
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.strategies.registry import (
     DEFAULT_GRID_STRATEGIES,
@@ -157,10 +158,11 @@ class StepConfig:
     """A workload (``ddp.bench.workloads``): an LM size, a named model or ``package.module:build``."""
     batch_size: int = _axis(
         role="shape", flag="--batch-size", grid_flag="--batch-sizes", plural="batch sizes",
-        help="samples (sequences) per rank per step", parse=positive_int, valid=lambda v: v >= 1,
+        help="samples (sequences) per rank in a micro-batch: the step's batch per rank at --grad-accum 1",
+        parse=positive_int, valid=lambda v: v >= 1,
         cpu=(4, 8), gpu=(2, 4), text=lambda v: f"batch {v}", id=lambda v: f"b{v}",
     )
-    """Samples (sequences) per rank per step."""
+    """Samples (sequences) per rank in a micro-batch (a step trains ``grad_accum`` of them)."""
     seq_len: int = _axis(
         role="shape", flag="--seq-len", grid_flag="--seq-lens", plural="sequence lengths",
         help="tokens per sequence, where the model has them", parse=positive_int, valid=lambda v: v >= 1,
@@ -205,6 +207,15 @@ class StepConfig:
         text=lambda v: "compiled" if v == "on" else "eager", id=lambda v: "compile" if v == "on" else "eager",
     )
     """``on``: the model compiled by ``torch.compile`` (``ddp.bench.trainer``); ``off``: eager."""
+    grad_accum: int = _axis(
+        1, role="option", flag="--grad-accum", plural="micro-batch counts", valid=lambda v: v >= 1,
+        help="micro-batches of --batch-size samples each a step trains per rank, all but the last under the strategy's "
+        "no_sync() (gradient accumulation); a strategy that cannot accumulate without communicating is skipped saying "
+        "so; see docs/perf-suite.md",
+        parse=positive_int, cpu=(1,), gpu=(1,),
+        text=lambda v: f"{v} micro-batches", id=lambda v: f"accum{v}",
+    )
+    """Micro-batches a step (``ddp.bench.step_shape``): 1, no accumulation."""
     seed: int = 0
     """Seeds the model's weights and the global batch (not an axis: every configuration uses 0)."""
 
@@ -298,6 +309,11 @@ class StepConfig:
     def group_key(self) -> StepConfig:
         """What the strategies of one group share: its ``local`` twin."""
         return self.local_twin()
+
+    @property
+    def step_shape(self) -> StepShape:
+        """What the step does (``ddp.bench.step_shape``): micro-batches, tokens, phases."""
+        return StepShape.of(self)
 
     @property
     def shape(self) -> tuple:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ddp.bench.config import StepConfig
-from ddp.bench.memory import PredictedTooLarge, device_memory_bytes, fit, too_large
+from ddp.bench.memory import NotBuilt, device_memory_bytes, fit, too_large
 from ddp.bench.options import INTERLEAVE, RoundOptions
 from ddp.bench.rank_state import (
     OutOfMemory,
@@ -66,6 +66,7 @@ from ddp.bench.rank_state import (
     traced,
 )
 from ddp.bench.stats import relative_half_width
+from ddp.bench.step_shape import cannot_run
 from ddp.bench.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
 from ddp.strategies.registry import FLOOR
@@ -119,11 +120,11 @@ class NotMeasured:
     """A measurement that did not run: some rank ran out of memory, or cannot run the configuration."""
 
     config: StepConfig
-    marker: OutOfMemory | Unsupported | PredictedTooLarge
+    marker: OutOfMemory | Unsupported | NotBuilt
 
     def reason(self, world_size: int) -> str:
         """A one-line skip reason naming the configuration (``ddp.bench.rank_state.skip_reason``)."""
-        if isinstance(self.marker, PredictedTooLarge):
+        if isinstance(self.marker, NotBuilt):
             return self.marker.message
         return skip_reason(self.config, world_size, self.marker)
 
@@ -400,9 +401,10 @@ class GridMeasurer:
             self._memory_bytes = min(self.ranks.run(device_memory_bytes))
         return self._memory_bytes
 
-    def _too_large(self, config: StepConfig) -> str | None:
-        """Why ``config`` is predicted not to fit on these ranks, or None."""
-        return too_large(config, self.ranks.world_size, self._memory())
+    def _not_built(self, config: StepConfig) -> str | None:
+        """Why ``config`` is not built on these ranks (``NotBuilt``: a step its strategy or model
+        cannot run, or a peak predicted not to fit), or None."""
+        return cannot_run(config) or too_large(config, self.ranks.world_size, self._memory())
 
     def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotMeasured:
         """``members`` measured on every group of ranks; each group keeps them built where the
@@ -425,8 +427,8 @@ class GridMeasurer:
 
     def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotMeasured:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
-        if config not in self._measured and (reason := self._too_large(config)):
-            self._measured[config] = NotMeasured(config, PredictedTooLarge(reason))
+        if config not in self._measured and (reason := self._not_built(config)):
+            self._measured[config] = NotMeasured(config, NotBuilt(reason))
         if config not in self._measured:
             if self.interleave == "group" and self._key(config) not in self._alone:
                 self._measure_group(config)
@@ -454,10 +456,10 @@ class GridMeasurer:
         self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
-        group = [c for c in self.configs if self._key(c) == self._key(config) and not self._too_large(c)]
+        group = [c for c in self.configs if self._key(c) == self._key(config) and not self._not_built(c)]
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
-        if self._too_large(local) or not fit(members, self._memory(), self.ranks.world_size).together:
+        if self._not_built(local) or not fit(members, self._memory(), self.ranks.world_size).together:
             self._alone.add(self._key(config))
             return
         result = self._timed(members, benchmarks=len(group))
@@ -471,7 +473,7 @@ class GridMeasurer:
             self._measured[member] = (result, index, None if index == 0 else 0)
 
     def _measure_alone(self, config: StepConfig) -> None:
-        paired = self.interleave != "off" and config.strategy != FLOOR and not self._too_large(config.local_twin())
+        paired = self.interleave != "off" and config.strategy != FLOOR and not self._not_built(config.local_twin())
         if paired and not fit([config, config.local_twin()], self._memory(), self.ranks.world_size).together:
             paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]

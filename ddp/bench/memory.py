@@ -16,6 +16,10 @@ peaked):
 
 A compiled model (``--compile on``) is predicted as its eager step: the compiler may save less.
 
+The step's shape (``ddp.bench.step_shape``): the trace is one micro-batch's forward and backward;
+where a step accumulates micro-batches, the last one's forward and backward run beside the whole
+gradients the earlier ones left, so every moment counts them whole.
+
 Each moment by category: **parameters** and **buffers** of the module, **gradients**,
 **optimizer state** (AdamW's two moments), **activations** (what forward saves for backward, and
 the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) and
@@ -58,7 +62,7 @@ import torch
 from ddp.bench.config import StepConfig
 from ddp.bench.memory_trace import Trace, trace_step
 from ddp.bench.records import MemoryPrediction
-from ddp.bench.workloads import build_workload
+from ddp.bench.workloads import meta_module
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import REPLICATED, MemoryPlan, StepBuffers, sharding_of
 from ddp.strategies.registry import StrategyError, resolve_strategy, traits
@@ -92,15 +96,9 @@ class ModelShape:
     """The parameters of each of the strategy's ``units``, whole, root last (empty: it has none)."""
 
 
-@functools.lru_cache(maxsize=32)
-def _meta_module(model: str, batch_size: int, seq_len: int) -> torch.nn.Module:
-    with torch.device("meta"):
-        return build_workload(model, batch_size, seq_len, "meta").module
-
-
 def parameter_count(model: str, batch_size: int, seq_len: int) -> int:
     """Trainable and frozen parameters of a workload, built on the meta device (nothing allocated)."""
-    return sum(p.numel() for p in _meta_module(model, batch_size, seq_len).parameters())
+    return sum(p.numel() for p in meta_module(model, batch_size, seq_len).parameters())
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -127,7 +125,7 @@ def _unit_bytes(module: torch.nn.Module, units: list[tuple[str, torch.nn.Module]
 
 @functools.lru_cache(maxsize=256)
 def model_shape(config: StepConfig) -> ModelShape:
-    module = _meta_module(config.model, config.batch_size, config.seq_len)
+    module = meta_module(config.model, config.batch_size, config.seq_len)
     params = list(dict.fromkeys(module.parameters()))  # a tied weight once
     trainable = [p for p in params if p.requires_grad]
     units = traits(config.strategy).units(module)
@@ -144,7 +142,7 @@ def model_shape(config: StepConfig) -> ModelShape:
 def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace] | str:
     """Batch 1 and 2 traced, or why not (kept, so that a model that cannot be traced is tried once)."""
     try:
-        one, two = trace_step(model, 1, seq_len, precision), trace_step(model, 2, seq_len, precision)
+        one, two = (trace_step(model, batch, seq_len, precision) for batch in (1, 2))
         two.at_batch(one, 1)  # the two ran the same operators
     except Exception as error:  # the trace runs the user's own code: any error it raises means no trace
         return f"its step could not be traced on fake tensors ({type(error).__name__}: {str(error).strip()[:200]})"
@@ -152,7 +150,7 @@ def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace] | s
 
 
 def step_trace(config: StepConfig) -> Trace:
-    """The traced step of ``config``'s model at its batch size (``ddp.bench.memory_trace``);
+    """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory_trace``);
     ``NoPrediction`` where the model's step cannot be traced."""
     # TF32 changes how matmuls compute, not what a step allocates: traced once with fp32 (a trace
     # of xl takes about 10 s of CPU).
@@ -209,7 +207,10 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     parameters = share(shape.parameter_bytes, sharding.parameters)
     optimizer_state = share(ADAMW_MOMENTS * shape.trainable_bytes, sharding.optimizer_state)
     gradients_whole = share(shape.trainable_bytes, sharding.gradients)
-    kept_gradients = gradients_whole if buffers.gradients_kept else 0
+    # Whole from the step's start where the strategy keeps them, and through the last micro-batch
+    # where earlier ones accumulated them (``ddp.bench.step_shape``): its forward and backward run
+    # beside every gradient.
+    kept_gradients = gradients_whole if buffers.gradients_kept or config.grad_accum > 1 else 0
     common = dict(parameters_bytes=parameters, buffers_bytes=shape.buffer_bytes, optimizer_state_bytes=optimizer_state)
     forward = MemoryPrediction(
         **common, gradients_bytes=kept_gradients, activations_bytes=trace.forward_peak.activations,
@@ -252,10 +253,10 @@ def predict_or_none(config: StepConfig, world_size: int) -> MemoryPrediction | N
 def kept_bytes(config: StepConfig, world_size: int) -> int:
     """What a built configuration keeps on a rank between steps: parameters, buffers, optimizer
     state, gradients its strategy keeps, its kept buffers."""
-    forward = predict_moments(config, world_size)["forward"]  # its gradients: those kept whole all step
-    kept = step_buffers(config, model_shape(config), world_size).kept_bytes
-    return (forward.parameters_bytes + forward.buffers_bytes + forward.optimizer_state_bytes
-            + forward.gradients_bytes + kept)
+    at_step = predict_moments(config, world_size)["optimizer"]  # the gradients whole, nothing of the step's own
+    buffers = step_buffers(config, model_shape(config), world_size)
+    return (at_step.parameters_bytes + at_step.buffers_bytes + at_step.optimizer_state_bytes
+            + (at_step.gradients_bytes if buffers.gradients_kept else 0) + buffers.kept_bytes)
 
 
 def usable_bytes(memory_bytes: int) -> int:
@@ -288,8 +289,10 @@ def largest_batch(config: StepConfig, world_size: int, memory_bytes: int, limit:
 
 
 @dataclass(frozen=True)
-class PredictedTooLarge:
-    """Why a configuration was not built: its predicted peak does not fit (``too_large``)."""
+class NotBuilt:
+    """Why a configuration was not built, decided in the parent: its predicted peak does not fit
+    (``too_large``), or its strategy or model cannot run its step's shape
+    (``ddp.bench.step_shape.cannot_run``)."""
 
     message: str
 

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ddp.bench.workloads import build_workload, rank_batch
+from ddp.bench.workloads import build_workload, rank_batches
 
 CATEGORIES = ("activations", "temporaries", "gradients")
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
@@ -156,7 +156,7 @@ def trace_step(model: str, batch_size: int, seq_len: int, precision: str) -> Tra
 
     with torch.device("meta"):  # shapes only: no weights, no initialisation
         workload = build_workload(model, batch_size, seq_len, "meta")
-    inputs, targets = rank_batch(workload, 0, 0, 1, "cpu")  # real and small: token ids or a few samples
+    [(inputs, targets)] = rank_batches(workload, 0, 0, 1, "cpu")  # real and small: token ids or a few samples
     fake = FakeTensorMode(allow_non_fake_inputs=True)  # the meta module is only read for shapes
     with fake:
         module = workload.module.to_empty(device="cpu")  # fake CPU tensors: the CPU's autocast applies

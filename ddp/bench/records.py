@@ -34,8 +34,6 @@ from ddp.bench.config import AXES, StepConfig
 from ddp.strategies.base import Sharding
 
 SCHEMA_VERSION = 6
-# The phases of the one step (``ddp.bench.trainer``), as profiles record and readers name them.
-PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
@@ -221,6 +219,9 @@ class StepRecord:
     (None with a single round, which has no interval)."""
     local_round_seconds: list[float] | None = None
     """``local``'s step time in the same rounds, interleaved (None when not paired)."""
+    tokens_per_step: int | None = None
+    """Tokens one rank trains in a step, over its micro-batches: grad accum x batch x seq len
+    (``ddp.bench.step_shape.StepShape.tokens_per_step``); None in files saved before it was recorded."""
     round_groups: list[int] | None = None
     """Per round, the group of ranks (fresh processes) it ran in, 0 to groups - 1
     (``ddp.bench.measure.measure_in_groups``): the intervals of ``step_seconds``, of the
@@ -237,7 +238,7 @@ class StepRecord:
     """Training FLOPs per token, 6 * N + 12 * layers * d_model * seq len (``ddp.bench.flops``);
     None for workloads other than the built-in LM."""
     achieved_tflops: float | None = None
-    """Model TFLOP/s per device at ``step_seconds``: FLOPs per token x batch x seq len / step time."""
+    """Model TFLOP/s per device at ``step_seconds``: FLOPs per token x ``tokens_per_step`` / step time."""
     mfu: float | None = None
     """``achieved_tflops`` over the device's dense peak in the step's precision (a fraction); None
     on CPU and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ddp.bench.step_shape import ACCUMULATE
+
 
 @dataclass(frozen=True)
 class StateMemory:
@@ -152,6 +154,23 @@ def _module_hooks_removed_afterwards() -> Iterator[None]:
                 removals.callback(handle.remove)
 
 
+class _FreshModuleStats:
+    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) that clears ``MemTracker``'s
+    per-module figures before every forward of the model, each micro-batch's (the tracker refuses
+    a second forward of the root without it; its peak is kept), around ``observer``'s phases."""
+
+    def __init__(self, tracker, observer=None) -> None:
+        self.tracker = tracker
+        self.observer = observer
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name in (ACCUMULATE, "forward"):  # a micro-batch's forward starts
+            self.tracker.reset_mod_stats()
+        with self.observer.phase(name) if self.observer is not None else contextlib.nullcontext():
+            yield
+
+
 def tracked_peak(trainer, observer=None) -> dict[str, int]:
     """Run ``TRACKED_STEPS`` untimed steps of ``trainer`` (each watched by ``observer``) under
     PyTorch's ``MemTracker`` and return its peak over them: the bytes of each of its categories
@@ -165,13 +184,8 @@ def tracked_peak(trainer, observer=None) -> dict[str, int]:
     held = [t for t in strategy_tensors(trainer.model) if id(t) not in known]
     tracker.track_external(trainer.model, *optimizers, *held)
     with _module_hooks_removed_afterwards(), tracker:
-        for step in range(TRACKED_STEPS):
-            if step:
-                tracker.reset_mod_stats()  # its per-module figures only (a second root forward refuses without it); the peak is kept
-            if observer is None:
-                trainer.step()
-            else:
-                trainer.step(observer)
+        for _ in range(TRACKED_STEPS):
+            trainer.step(_FreshModuleStats(tracker, observer))
     peak = tracker.get_tracker_snapshot("peak").get(trainer.device, {})
     return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
 

@@ -43,7 +43,10 @@ COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
 
 
 class PhaseRecorder(StepObserver):
-    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``."""
+    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``:
+    each of the step's phases (``ddp.bench.step_shape.StepShape.phases``) once; a phase entered
+    again in the same step (``accumulate``, once per micro-batch) spans from its first start to its
+    last end, never only the last."""
 
     def __init__(self, on_cuda: bool) -> None:
         self.on_cuda = on_cuda
@@ -58,7 +61,7 @@ class PhaseRecorder(StepObserver):
             with torch.profiler.record_function(name):
                 yield
         finally:
-            self.step[name] = [start, time.perf_counter()]
+            self.step.setdefault(name, [start, start])[1] = time.perf_counter()
             if self.on_cuda:
                 torch.cuda.nvtx.range_pop()
 

@@ -20,6 +20,7 @@ from ddp.bench.stats import (
     paired_ratio_ci,
     relative_half_width,
 )
+from ddp.bench.step_shape import step_span
 from ddp.bench.traces import collective_exposure, comm_source, tail_of
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
@@ -47,7 +48,7 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     ranks = [r for r, steps in enumerate(rank_traces) if any(step["collectives"] for step in steps)]
     if not ranks:
         return None
-    rank = max(ranks, key=lambda r: statistics.median(s["optimizer"][1] - s["forward"][0] for s in rank_traces[r]))
+    rank = max(ranks, key=lambda r: statistics.median(step_span(s)[1] - step_span(s)[0] for s in rank_traces[r]))
     steps = rank_traces[rank]
     per_label: dict[str, dict[str, list]] = {}
     windows, attributed = [], []
@@ -112,8 +113,9 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
             sharding=sharding_of(resolve_strategy(config.strategy)),
             tracked_peak_bytes=[m.tracked_peak_bytes for m in memories] if all(m.tracked_peak_bytes for m in memories) else None,
         )
+    tokens = config.step_shape.tokens_per_step
     flops_per_token = workload_flops_per_token(config.model, config.seq_len)
-    tflops = achieved_tflops(flops_per_token, config.batch_size * config.seq_len, step)
+    tflops = achieved_tflops(flops_per_token, tokens, step)
     step_mfu = mfu(tflops, device, config.precision)
     if step_mfu is not None and local_index is not None:
         paired.update(mfu_without_communication(paired["local_round_seconds"], rounds, step_mfu * step, groups))
@@ -129,7 +131,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         exposed_comm_seconds=statistics.median(exposed), exposed_comm_fraction=statistics.median(fractions),
         exposed_comm_fraction_ci95=list(median_interval(fractions, fraction_groups) if min(fractions, default=0) > 0
                                         else median_ci(fractions)),
-        tokens_per_second=world_size * config.batch_size * config.seq_len / step,
+        tokens_per_step=tokens, tokens_per_second=world_size * tokens / step,
         target_precision=measurement.target_precision,
         reached_precision=relative_half_width(rounds, groups=groups) if len(rounds) > 1 else None,
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,

@@ -23,7 +23,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
-from ddp.bench.records import PHASES  # the step's phases, named once
+from ddp.bench.step_shape import phases_of, step_span  # the step's phases, named once
 from ddp.strategies.tracing import USED_MASK_LABEL
 
 # Where a step's communication intervals come from (the "comm_source" of steps and records):
@@ -64,7 +64,7 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
     paired = len(calls) == len(executions)
     read = []
     for step in steps:
-        window = (step["forward"][0], step["optimizer"][1])
+        window = step_span(step)
         mine = [(call[0], execution[1], call[2].removeprefix("c10d::").strip("_"))
                 for call, execution in zip(calls, executions) if window[0] <= call[0] <= window[1]]
         # All-reduces are the buckets where there are as many as the plan has (DDP's forward may
@@ -352,7 +352,7 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_by
         def launched_in(window, kind: str) -> list[GpuEvent]:
             return [e for e in gpu_events if e.kind == kind and window[0] <= e.launch_seconds <= window[1]]
 
-        nccl_kernels = sorted(launched_in((step["forward"][0], step["optimizer"][1]), "communication"),
+        nccl_kernels = sorted(launched_in(step_span(step), "communication"),
                               key=lambda k: k.launch_seconds)
         if nccl_kernels:
             gpu_step = {"comm_source": COMM_FROM_NCCL_KERNELS,
@@ -360,8 +360,9 @@ def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_by
         else:
             gpu_step = {"comm_source": COMM_FROM_COLLECTIVE_RECORDS, "collectives": list(step["collectives"])}
         gpu_step["collective_records"] = step["collectives"]
-        gpu_step.update({key: value for key, value in step.items() if key not in gpu_step and key not in PHASES})
-        for phase in PHASES:
+        phases = phases_of(step)
+        gpu_step.update({key: value for key, value in step.items() if key not in gpu_step and key not in phases})
+        for phase in phases:
             compute = launched_in(step[phase], "compute")
             # A phase that launched no compute kernel (gradient_sync of most strategies) keeps its CPU span.
             gpu_step[phase] = (

@@ -1,13 +1,14 @@
 """The one training step that every tool times, and what one step reports.
 
 **The step**, defined here once and driven by perf_tests/, ``ddp run``, ``ddp versus`` and
-``ddp profile`` alike: forward, loss, ``loss.backward()``, ``finish_gradient_synchronization()``,
-``AdamW.step()`` and ``zero_grad(set_to_none=True)`` (PyTorch's default: what a user's loop does,
-and the path on which ``bucketed`` folds averaging into its one copy per gradient). On CUDA the step
-ends with ``torch.cuda.synchronize()``, so that its clock stops when the GPU is done. Every rank
-trains its own shard of a seeded global batch (``ddp.bench.workloads.rank_batch``), the same batch
-every step: the data does not change a step's time, and a fixed batch keeps host-to-device copies
-out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, built by the strategy (``make_optimizer``: a sharded
+``ddp profile`` alike, in the shape ``ddp.bench.step_shape`` declares: forward, loss and
+``loss.backward()`` of each micro-batch (all but the last under ``no_sync()``),
+``finish_gradient_synchronization()``, ``AdamW.step()`` and ``zero_grad(set_to_none=True)``
+(PyTorch's default: what a user's loop does, and the path on which ``bucketed`` folds averaging
+into its one copy per gradient). On CUDA the step ends with ``torch.cuda.synchronize()``, so that
+its clock stops when the GPU is done. Every rank trains its own shard of a seeded global batch
+(``ddp.bench.workloads.rank_batches``), the same micro-batches every step: the data does not change
+a step's time, and a fixed batch keeps host-to-device copies out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, built by the strategy (``make_optimizer``: a sharded
 one for ZeRO), its implementation ``StepConfig.optimizer``:
 ``foreach`` (``AdamW(foreach=True)``, torch's default on CUDA; asked for explicitly, since torch's
 default on CPU is a per-tensor loop) or ``fused`` (``AdamW(fused=True)``, one kernel per parameter
@@ -81,7 +82,8 @@ from torch import nn
 
 from ddp.bench.config import StepConfig
 from ddp.bench.state_bytes import StateMemory, measure_memory
-from ddp.bench.workloads import Workload, build_workload, rank_batch
+from ddp.bench.step_shape import ACCUMULATE, cannot_run
+from ddp.bench.workloads import Workload, build_workload, rank_batches
 from ddp.launcher import RankInfo
 from ddp.strategies.base import make_optimizer, trainable_parameters
 from ddp.strategies.registry import make_ddp
@@ -172,7 +174,9 @@ def own_peak_bytes(peak_bytes: int, allocated_at_start_bytes: int, resident_byte
 
 
 class StepObserver:
-    """What a tool attaches to the step: ``phase(name)`` wraps each of ``ddp.bench.records.PHASES``. The default does nothing."""
+    """What a tool attaches to the step: ``phase(name)`` wraps each of the step's phases
+    (``ddp.bench.step_shape.StepShape.phases``), once a step, and ``accumulate`` once per micro-batch
+    before the last. The default does nothing."""
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -255,6 +259,9 @@ class Trainer:
         self.world_size = info.world_size
         self.device = info.device
         self.cuda = info.device.type == "cuda"
+        if reason := cannot_run(config):  # the parent refuses it first; a command that builds directly too
+            raise CannotRun(reason)
+        self.shape = config.step_shape
         torch.manual_seed(config.seed)  # the same initial weights for every strategy of a model
         workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
         self.workload: Workload = workload
@@ -272,7 +279,7 @@ class Trainer:
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
         if config.grad_comm == "bf16":
             options["comm_dtype"] = torch.bfloat16
-        self.optimizer = self.inputs = self.targets = None
+        self.optimizer = self.batches = None
         self.model = make_ddp(config.strategy, module, **options)
         try:
             if getattr(self.model, "module", None) is not module:
@@ -284,7 +291,8 @@ class Trainer:
                 before_first_step(self.model)
             implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
             self.optimizer = make_optimizer(self.model, torch.optim.AdamW, lr=LEARNING_RATE, **implementation)
-            self.inputs, self.targets = rank_batch(workload, config.seed, info.rank, info.world_size, info.device)
+            self.batches = rank_batches(workload, config.seed, info.rank, info.world_size, info.device,
+                                        self.shape.micro_batches)
         except BaseException:
             self.close()  # a half-built configuration must not outlive its error either
             raise
@@ -372,9 +380,15 @@ class Trainer:
             allocated_at_start = torch.cuda.memory_allocated(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
         start = time.perf_counter()
-        with phase("forward"), forward_autocast(self.config.precision, self.device):
-            loss = self.workload.loss(self.model(self.inputs), self.targets)
-        compute_end.watch(loss)
+        *accumulated, (inputs, targets) = self.batches
+        if accumulated:
+            with self.model.no_sync():
+                for micro_inputs, micro_targets in accumulated:
+                    with phase(ACCUMULATE):  # entered per micro-batch: an observer sees each one's forward start
+                        self._forward_loss(micro_inputs, micro_targets).backward()
+        with phase("forward"):
+            loss = self._forward_loss(inputs, targets)
+        compute_end.watch(loss)  # the last backward: the one that synchronizes
         with phase("backward"):
             loss.backward()
         with phase("gradient_sync"):
@@ -396,6 +410,11 @@ class Trainer:
             peak = None
         return StepTiming(self.rank, step_seconds, exposed_comm_seconds, peak)
 
+    def _forward_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's forward and loss in the step's precision, scaled as the shape says."""
+        with forward_autocast(self.config.precision, self.device):
+            return self.shape.scaled(self.workload.loss(self.model(inputs), targets))
+
     def close(self) -> None:
         """Undo what building this configuration hung on shared objects, and drop every reference
         to what it allocated (see the module docstring)."""
@@ -405,4 +424,4 @@ class Trainer:
         if callable(close):
             close()
         drop_parameter_hooks(self.workload.module)
-        self.optimizer = self.model = self.workload = self.inputs = self.targets = None
+        self.optimizer = self.model = self.workload = self.batches = None

@@ -13,13 +13,14 @@ Every benchmark trains a *workload*, named one of three ways:
           return model, batch, loss_fn                # loss_fn(model(inputs), targets) -> scalar
 
 The data policy, the same for every tool: each rank trains on its own shard of a seeded global
-batch, as in real data-parallel training. ``rank_batch`` draws the world's batches from one
-generator seeded with ``seed``, in rank order, and keeps this rank's: any rank, or a single
-process, can rebuild any shard.
+batch, as in real data-parallel training. ``rank_batches`` draws the world's batches from one
+generator seeded with ``seed``, in rank order, and keeps this rank's (its micro-batches where a
+step accumulates several): any rank, or a single process, can rebuild any shard.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -156,10 +157,21 @@ def build_workload(name: str, batch_size: int, seq_len: int, device: torch.devic
     return Workload(name, module.to(device), batch, loss)
 
 
-def rank_batch(workload: Workload, seed: int, rank: int, world_size: int, device: torch.device | str) -> Batch:
-    """This rank's shard of the global batch seeded by ``seed``, moved to ``device``."""
+@functools.lru_cache(maxsize=32)
+def meta_module(name: str, batch_size: int, seq_len: int) -> nn.Module:
+    """The workload's model on the meta device: its structure and parameter shapes, nothing
+    allocated (kept: the memory prediction and the shape's checks ask again)."""
+    with torch.device("meta"):
+        return build_workload(name, batch_size, seq_len, "meta").module
+
+
+def rank_batches(workload: Workload, seed: int, rank: int, world_size: int, device: torch.device | str,
+                 micro_batches: int = 1) -> list[Batch]:
+    """This rank's ``micro_batches`` micro-batches of the global batch seeded by ``seed``, moved to
+    ``device``: the world's ``world_size * micro_batches`` micro-batches are drawn in order from one
+    generator, rank r's being draws ``r * micro_batches`` to ``(r + 1) * micro_batches - 1``, so the
+    whole batch in rank order is every draw in order (at one micro-batch, rank r's batch is the r-th draw)."""
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(rank):
+    for _ in range(rank * micro_batches):
         workload.batch(generator)  # the earlier ranks' shards
-    inputs, targets = workload.batch(generator)
-    return inputs.to(device), targets.to(device)
+    return [tuple(t.to(device) for t in workload.batch(generator)) for _ in range(micro_batches)]

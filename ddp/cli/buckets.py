@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     local_seconds = local[len(local) // 2]
     slowdown = default_overlap_slowdown(resolved.backend == "gloo" and resolved.device == "cpu")
     print(f"\ncost model ({link.name}; compute = local step {ms(local_seconds, 1)} ms) recommends for bucketed:")
-    recommendations = advice(args.model, args.batch_size, args.seq_len, local_seconds,
+    recommendations = advice(args.model, first[0].step_shape, local_seconds,
                              sorted(set(args.predict_world_sizes) | {resolved.world_size}), link, slowdown)
     print(table([[r.world_size, f"{r.bucket_size_mb:g}", ms(r.step_seconds, 1)] for r in recommendations],
                 ["ranks", "best cap MiB", "predicted step ms"]))

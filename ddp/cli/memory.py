@@ -19,7 +19,7 @@ from ddp.cli import UsageError
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import STRATEGIES
 
-LISTS = ("strategy", "batch_size", "seq_len", "bucket_size_mb", "precision", "optimizer", "grad_comm")
+LISTS = tuple(name for name, axis in AXES.items() if not axis.one_per_grid)  # every axis a grid lists: all but the model
 COLUMNS = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "communication")
 
 
@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"model {args.model} on {args.world_size} ranks: predicted peak per rank, {unit} "
           f"(device memory {memory_bytes / GIB:.1f} GiB, {source}; {usable / GIB:.1f} GiB usable, {HEADROOM:.0%} kept "
           "for the allocator and kernels)")
-    print(table(rows, ["strategy", "batch", "seq", "precision", "params", "bufs", "grads", "optim", "activ", "temps",
+    print(table(rows, ["strategy", "batch", "seq", "options", "params", "bufs", "grads", "optim", "activ", "temps",
                        "comm", "peak", "at", "fits"]))
     largest = {}
     for config in configs:
@@ -74,5 +74,5 @@ def main(args: argparse.Namespace) -> int:
             largest[key] = largest_batch(key, args.world_size, memory_bytes)
     print("\nlargest batch per rank that fits:")
     print(table([[c.label, c.seq_len, c.variant, b if b else "none (not even batch 1)"] for c, b in largest.items()],
-                ["strategy", "seq", "precision", "batch per rank"]))
+                ["strategy", "seq", "options", "batch per rank"]))
     return 0

@@ -31,6 +31,7 @@ from ddp.analysis.tables import ms
 from ddp.bench.options import add_config_options
 from ddp.bench.parsing import argument_type, positive_float, positive_ints
 from ddp.bench.records import load_run, write_records
+from ddp.bench.step_shape import StepShape
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
     add_config_options(by_hand.add_argument, {"model": None, "batch_size": None, "seq_len": None, "strategy": DDP_STRATEGIES,
-                                              "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0)}, lists=("strategy", "bucket_size_mb"),
+                                              "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0), "grad_accum": 1},
+                       lists=("strategy", "bucket_size_mb"),
                        only_given=True)
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms")
@@ -82,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         if run.model not in MODEL_SIZES:
             raise UsageError(f"{args.run} benchmarks model {run.model!r}: simulate models the built-in LM sizes only")
         model_size = run.model
-        computes = {shape: Compute(seconds, args.optimizer_fraction) for shape, seconds in run.local_seconds.items()}
+        computes = run.computes(args.optimizer_fraction)
         strategies = sorted({(s.strategy, s.config.bucket_size_mb) for s in run.steps}, key=lambda s: (s[0], s[1] or 0))
         cpu_gloo = run.backend == "gloo" and run.device == "cpu"
         samples = [s for s in run.allreduce if s[1] == run.world_size] or run.allreduce
@@ -92,7 +94,8 @@ def main(args: argparse.Namespace) -> int:
         if args.model not in MODEL_SIZES:
             raise UsageError(f"--model {args.model}: simulate models the built-in LM sizes only ({', '.join(MODEL_SIZES)})")
         run, model_size, cpu_gloo, samples = None, args.model, False, []
-        computes = {(args.batch_size, args.seq_len): Compute(args.local_step_ms / 1e3, args.optimizer_fraction)}
+        shape = StepShape(args.batch_size, args.seq_len, args.grad_accum)
+        computes = {(args.batch_size, args.seq_len): Compute.of(args.local_step_ms / 1e3, shape, args.optimizer_fraction)}
         strategies = _strategy_grid([s for s in args.strategy if traits(s).communicates], args.bucket_size_mb)
 
     if args.link is not None:

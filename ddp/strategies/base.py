@@ -248,7 +248,8 @@ def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepB
 
 class Strategy(nn.Module, abc.ABC):
     """The interface of every strategy: wrap ``module``, ``forward``, ``finish_gradient_synchronization()``,
-    optional ``no_sync()``.
+    optional ``no_sync()`` (a context manager under which backward accumulates gradients; a class
+    without one cannot be asked to accumulate).
 
     Two figures the benchmarks record are optional: ``num_allreduce_calls_per_step`` (collectives
     one synchronizing step launches) and ``bucket_sizes_bytes`` (the bucket plan). None means the
@@ -274,6 +275,12 @@ class Strategy(nn.Module, abc.ABC):
 
     communicates: bool = True
     """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
+    accumulates_locally: bool = False
+    """True where ``no_sync()`` skips every collective, so that backwards inside it only accumulate
+    gradients on the rank and the first backward after it synchronizes them all (the replicated
+    strategies, PyTorch's DDP; ``local``, which never communicates). False where backward
+    communicates inside ``no_sync()`` too, or the class does not say: the benchmark does not time
+    gradient accumulation with it (``ddp.bench.step_shape.cannot_run``)."""
     line_style: str = "-"
     """matplotlib line style of the strategy in plots (``torch`` dashed beside ``bucketed``)."""
     reference_in_reports: bool = False
@@ -343,10 +350,6 @@ class Strategy(nn.Module, abc.ABC):
         calls it when it is done with a configuration; a hook left on a parameter that refers
         back to the strategy is a cycle through autograd that Python's collector cannot free."""
 
-    def no_sync(self) -> contextlib.AbstractContextManager:
-        """Accumulate gradients locally; strategies that communicate override this."""
-        return contextlib.nullcontext()
-
     @abc.abstractmethod
     def finish_gradient_synchronization(self) -> None:
         """Leave every trainable parameter's gradient averaged over the ranks."""
@@ -366,6 +369,7 @@ class Traits:
     class's own where it has them, ``Strategy``'s defaults where it does not."""
 
     communicates: bool
+    accumulates_locally: bool
     steps_to_settle: int
     line_style: str
     reference_in_reports: bool
@@ -398,6 +402,7 @@ def traits_of(cls: type) -> Traits:
             return bucket_copy_buffers(plan, bool(read("keeps_gradient_buckets")))
     return Traits(
         communicates=bool(read("communicates")),
+        accumulates_locally=bool(read("accumulates_locally")),
         steps_to_settle=int(getattr(cls, "steps_to_settle", DEFAULT_STEPS_TO_SETTLE)),
         line_style=str(read("line_style")),
         reference_in_reports=bool(read("reference_in_reports")),
@@ -433,6 +438,8 @@ class DataParallel(Strategy):
     communicates is decided when ``forward`` runs, as in PyTorch's DistributedDataParallel: a
     forward inside ``no_sync()`` produces a backward that communicates nothing.
     """
+
+    accumulates_locally = True  # a backward inside no_sync() communicates nothing
 
     def __init__(self, module: nn.Module, *, process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()

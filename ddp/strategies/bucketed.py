@@ -196,6 +196,7 @@ class BucketedDDP(DataParallel):
 
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
         if not self._sync_this_backward:
+            self._accumulate_in_bucket(param)
             return
         if id(param) in self._ready:
             raise RuntimeError(
@@ -217,6 +218,17 @@ class BucketedDDP(DataParallel):
         if bucket.pending == 0:
             bucket.ready_seconds = ready_stamp(self.collective_recorder)
             self._launch_complete_buckets()
+
+    def _accumulate_in_bucket(self, param: nn.Parameter) -> None:
+        """Inside ``no_sync()``: a fresh gradient moves into its bucket's view, unscaled, where
+        the next backwards accumulate in place, so accumulating keeps one copy of the gradients,
+        not the buckets and a second set beside them (the synchronizing backward then scales the
+        sum in place)."""
+        bucket, index = self._slot[id(param)]
+        view = bucket.views[index]
+        if param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)
+            param.grad = view
 
     def _launch(self, bucket: Bucket) -> None:
         sent = bucket.buffer

@@ -25,6 +25,7 @@ the sharded gradients add up). Frozen parameters and buffers stay whole on every
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -248,6 +249,11 @@ class FullyShardedDP(Strategy):
         return tree_map(cast(torch.float32), output)
 
     @torch.no_grad()
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Gradients accumulate correctly across backwards (the sharded gradients add up), but
+        each backward still reduce-scatters its units' gradients: ``accumulates_locally`` is False."""
+        return contextlib.nullcontext()
+
     def finish_gradient_synchronization(self) -> None:
         for unit in self.units:
             for work, piece in unit.pending:

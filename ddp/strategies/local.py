@@ -3,6 +3,8 @@ measured against; not a DDP (ranks drift apart), so it is not in the correctness
 
 from __future__ import annotations
 
+import contextlib
+
 from torch import nn
 
 from ddp.strategies.base import Strategy, trainable_parameters
@@ -12,6 +14,7 @@ class LocalTraining(Strategy):
     """The same interface as the strategies, communicating nothing at all."""
 
     communicates = False
+    accumulates_locally = True  # it never communicates
     line_style = ":"  # drawn as the floor under the others
 
     def __init__(self, module: nn.Module, *, process_group=None) -> None:
@@ -23,6 +26,10 @@ class LocalTraining(Strategy):
     @property
     def num_allreduce_calls_per_step(self) -> int:
         return 0
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Nothing to skip: backward accumulates gradients as it always does."""
+        return contextlib.nullcontext()
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize."""

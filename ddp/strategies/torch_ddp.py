@@ -39,6 +39,7 @@ class TorchDDP(Strategy):
     reference_in_reports = True  # the one to beat
     first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB, whatever bucket_cap_mb says
     keeps_gradient_buckets = True  # gradient_as_bucket_view is left False, PyTorch's default
+    accumulates_locally = True  # DistributedDataParallel.no_sync(): its reducer launches nothing
     closes_bucket_after_cap = True
 
     @classmethod

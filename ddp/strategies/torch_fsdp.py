@@ -12,6 +12,8 @@ torch 2.13 (checked: ``fully_shard`` needs ``all_gather_into_tensor`` and
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -72,6 +74,11 @@ class TorchFSDP(Strategy):
         for _, unit in plan_units(module)[:-1]:
             fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=frozen)
         self.module = fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=frozen)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Gradients accumulate correctly across backwards (the sharded gradients add up), but
+        each backward still reduce-scatters (fully_shard's own no-sync, set_requires_gradient_sync, is not used): ``accumulates_locally`` is False."""
+        return contextlib.nullcontext()
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: fully_shard waited for its reduce-scatters at the end of backward."""

@@ -1,0 +1,138 @@
+"""What one training step does, declared once: its micro-batches, its tokens, its phases, and which
+backward overlaps communication.
+
+A configuration's step (``StepConfig``) on one rank, as ``ddp.bench.trainer.Trainer`` runs it:
+
+1. phase ``accumulate`` (only when ``grad_accum`` > 1): ``grad_accum - 1`` micro-batches, each
+   forward, loss and backward, under the strategy's ``no_sync()``: gradients accumulate on the
+   rank and nothing is communicated;
+2. phases ``forward`` and ``backward``: the last micro-batch; its backward is the one that
+   communicates, so the only one whose communication can overlap computation;
+3. ``gradient_sync``: ``finish_gradient_synchronization()``;
+4. ``optimizer``: AdamW's step and ``zero_grad(set_to_none=True)``.
+
+Each micro-batch holds ``batch_size`` samples of ``seq_len`` tokens: a rank trains
+``grad_accum * batch_size * seq_len`` tokens a step. Each micro-batch's loss is divided by
+``grad_accum`` (nothing is divided at 1), so that the accumulated gradient is the mean over the
+step's samples, as one process training the whole batch has it with a loss that averages over its
+samples (the language model's cross-entropy, ``F.mse_loss``).
+
+**On CUDA and NCCL** the shape is the same: ``no_sync()`` keeps NCCL's collectives out of the
+accumulating backwards as it keeps gloo's (PyTorch's reducer and the hand-written strategies decide
+at forward time, ``ddp.strategies.base.DataParallel``).
+
+**Who can run which shape** (``cannot_run``), decided in the parent before anything is built, by
+what a strategy declares, never by its name: accumulation needs ``accumulates_locally`` (a
+``no_sync()`` that communicates nothing: not ``fsdp`` and ``torch_fsdp``, which reduce-scatter in
+every backward, nor a user's class that does not say).
+
+Every consumer reads the shape here instead of re-enacting the step: the trainer's loop
+(``micro_batches``, ``scaled``), the recorder of phases (``phases``, ``step_span``), the record's
+tokens and FLOPs (``tokens_per_step``), the memory prediction (gradients held across micro-batches),
+the cost model (compute per micro-batch, overlap in the last backward only) and the correctness
+references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# The phases of a step's synchronizing micro-batch and after it, in order; a profile's steps and
+# the traced steps name them so.
+PHASES = ("forward", "backward", "gradient_sync", "optimizer")
+ACCUMULATE = "accumulate"
+"""The phase of the micro-batches before the last, under ``no_sync()`` (absent at ``grad_accum`` 1)."""
+ALL_PHASES = (ACCUMULATE, *PHASES)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The shape of one configuration's step on one rank (module docstring)."""
+
+    micro_batch_size: int
+    """Samples (sequences) of one micro-batch: ``StepConfig.batch_size``."""
+    seq_len: int
+    """Tokens per sample (the built-in LM's; other workloads ignore it but count by it)."""
+    micro_batches: int = 1
+    """Micro-batches a step: ``StepConfig.grad_accum``."""
+
+    @classmethod
+    def of(cls, config) -> StepShape:
+        """The shape of a ``ddp.bench.config.StepConfig``."""
+        return cls(config.batch_size, config.seq_len, config.grad_accum)
+
+    # ----------------------------------------------------------------------- counts
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one rank trains in a step, over its micro-batches."""
+        return self.micro_batches * self.micro_batch_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one rank trains in a step: micro-batches x batch x sequence length."""
+        return self.samples_per_step * self.seq_len
+
+    def flops_per_step(self, flops_per_token: float | None) -> float | None:
+        """Model FLOPs one rank computes in a step; None where unknown."""
+        return None if flops_per_token is None else flops_per_token * self.tokens_per_step
+
+    @property
+    def loss_scale(self) -> float | None:
+        """What each micro-batch's loss is multiplied by, ``1 / micro_batches``; None at 1 (the loss as it is)."""
+        return None if self.micro_batches == 1 else 1.0 / self.micro_batches
+
+    # ----------------------------------------------------------------------- phases
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The phases of this step, in order (``accumulate`` first where there is more than one micro-batch)."""
+        return ALL_PHASES if self.micro_batches > 1 else PHASES
+
+    @property
+    def backward_share(self) -> float:
+        """Backward's share of one micro-batch's forward and backward compute: 2/3 (backward does
+        two matmuls per forward matmul, for the input's gradient and the weight's)."""
+        return 2.0 / 3.0
+
+    def overlapped_backward_share(self) -> float:
+        """The share of a step's forward and backward compute that the synchronizing backward, the
+        last micro-batch's, takes: the only compute that communication can overlap."""
+        return self.backward_share / self.micro_batches
+
+    # ----------------------------------------------------------------------- the loop
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss as its backward takes it (``loss_scale``)."""
+        return loss if self.loss_scale is None else loss * self.loss_scale
+
+
+def step_span(step: dict) -> tuple[float, float]:
+    """``(start, end)`` of one recorded step (phases by name, ``[start, end]`` each): from its first
+    phase's start to the optimizer's end."""
+    first = step[ACCUMULATE] if ACCUMULATE in step else step["forward"]
+    return first[0], step["optimizer"][1]
+
+
+def phases_of(step: dict) -> tuple[str, ...]:
+    """The phases a recorded step holds, in order (a step saved before accumulation has no ``accumulate``)."""
+    return tuple(phase for phase in ALL_PHASES if phase in step)
+
+
+# --------------------------------------------------------------------------- who can run a shape
+
+
+def cannot_run(config) -> str | None:
+    """Why ``config``'s step cannot run with its strategy, in one line saying what to do; None
+    where it can (module docstring). Asked in the parent, before any rank builds it."""
+    from ddp.strategies.registry import traits
+
+    shape = StepShape.of(config)
+    if shape.micro_batches > 1 and not traits(config.strategy).accumulates_locally:
+        return (f"{config.strategy} cannot accumulate gradients without communicating (its class does not declare "
+                f"accumulates_locally = True: a no_sync() that skips every collective), so --grad-accum "
+                f"{shape.micro_batches} would time its communication {shape.micro_batches} times a step: "
+                "run it with --grad-accum 1")
+    return None

@@ -1,0 +1,129 @@
+"""The step's shape (``ddp.bench.step_shape``) as its consumers read it: tokens and FLOPs of a
+record, phases of a recorded step, who can run a shape, the memory prediction and the cost model,
+each against figures worked by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ddp.analysis.costmodel import Compute, Gradient, Link, predict_step
+from ddp.bench.config import StepConfig
+from ddp.bench.flops import workload_flops_per_token
+from ddp.bench.memory import predict_moments
+from ddp.bench.step_shape import (
+    ACCUMULATE,
+    PHASES,
+    StepShape,
+    cannot_run,
+    phases_of,
+    step_span,
+)
+from ddp.bench.step_trace import PhaseRecorder, recorded_step
+from ddp.bench.trainer import Trainer
+from ddp.launcher import Rank, on_rank
+from tests import synthetic
+
+GIB = 2**30
+
+
+def test_tokens_and_flops_count_every_micro_batch():
+    config = StepConfig("bucketed", "mini", 8, 64, 1.0, grad_accum=4)
+    shape = config.step_shape
+    assert (shape.micro_batches, shape.samples_per_step, shape.tokens_per_step) == (4, 32, 4 * 8 * 64)
+    assert shape.loss_scale == 0.25 and StepShape(8, 64).loss_scale is None
+    record = synthetic.step(config, [0.5, 0.5, 0.5])
+    flops = workload_flops_per_token("mini", 64)
+    assert record.tokens_per_step == 4 * 8 * 64
+    assert record.tokens_per_second == pytest.approx(2 * 4 * 8 * 64 / 0.5)  # two ranks
+    assert record.achieved_tflops == pytest.approx(flops * 4 * 8 * 64 / 0.5 / 1e12)
+
+
+def test_shape_axes_name_a_configuration_only_away_from_their_defaults():
+    plain = StepConfig("bucketed", "mini", 8, 64, 1.0)
+    shaped = dataclasses.replace(plain, grad_accum=4)
+    assert plain.test_id == "bucketed-b8-s64-bucket1mb"  # names of a run at the default unchanged
+    assert shaped.test_id == "bucketed-b8-s64-bucket1mb-accum4"
+    assert "4 micro-batches" in shaped.describe()
+    assert shaped.local_twin().grad_accum == 4
+    assert StepConfig.from_dict({k: v for k, v in plain.to_dict().items() if k != "grad_accum"}) == plain  # a file before it
+
+
+def test_phases_in_order_and_the_span_of_a_step():
+    assert StepShape(2, 8).phases == PHASES
+    assert StepShape(2, 8, micro_batches=3).phases == (ACCUMULATE, *PHASES)
+    step = {"accumulate": [1.0, 2.0], "forward": [2.0, 2.5], "backward": [2.5, 3.5], "gradient_sync": [3.5, 3.6],
+            "optimizer": [3.6, 4.0]}
+    assert step_span(step) == (1.0, 4.0) and phases_of(step)[0] == ACCUMULATE
+    del step["accumulate"]
+    assert step_span(step) == (2.0, 4.0) and phases_of(step) == PHASES
+
+
+def test_a_phase_entered_per_micro_batch_spans_them_all():
+    recorder = PhaseRecorder(on_cuda=False)
+    for _ in range(3):
+        with recorder.phase(ACCUMULATE):
+            pass
+    first_end = recorder.step[ACCUMULATE][0]
+    with recorder.phase("forward"):
+        pass
+    assert recorder.step[ACCUMULATE][0] == first_end  # the first micro-batch's start, kept
+    assert recorder.step[ACCUMULATE][1] <= recorder.step["forward"][0]
+
+
+def test_who_can_run_which_shape_is_declared():
+    assert cannot_run(StepConfig("local", "tiny", 2, 32, grad_accum=4)) is None
+    assert cannot_run(StepConfig("torch", "tiny", 2, 32, 1.0, grad_accum=4)) is None
+    fsdp = cannot_run(StepConfig("fsdp", "tiny", 2, 32, grad_accum=4))
+    assert "accumulates_locally" in fsdp and fsdp.endswith("run it with --grad-accum 1")
+    # a user's class that declares nothing is not asked to accumulate, even with a no_sync()
+    assert "accumulates_locally" in cannot_run(StepConfig("tests.wrong_ddps:SimpleDDP", "tiny", 2, 32, grad_accum=2))
+    assert cannot_run(StepConfig("fsdp", "tiny", 2, 32)) is None
+
+
+def test_accumulating_holds_every_gradient_through_the_last_micro_batch():
+    """For a strategy that frees gradients between steps, a step of one micro-batch starts forward
+    with none; accumulating, the last micro-batch's forward and backward run beside them all."""
+    one, four = (StepConfig("naive", "mini", 2, 64, grad_accum=n) for n in (1, 4))
+    whole = predict_moments(one, 2)["optimizer"].gradients_bytes
+    assert predict_moments(one, 2)["forward"].gradients_bytes == 0
+    assert predict_moments(four, 2)["forward"].gradients_bytes == whole
+    assert predict_moments(four, 2)["backward"].gradients_bytes == whole
+    assert predict_moments(four, 2)["forward"].activations_bytes == predict_moments(one, 2)["forward"].activations_bytes
+
+
+def test_the_cost_model_overlaps_the_last_micro_batch_only():
+    compute = Compute.of(1.2, StepShape(8, 64, micro_batches=4))
+    assert compute.backward_seconds == pytest.approx(1.2 / 4 * 2 / 3) and compute.forward_seconds == pytest.approx(0.1)
+    # a 1 MB gradient ready as backward starts, 0.5 s on the wire, then a tiny one at backward's end:
+    # hidden by one micro-batch's 0.8 s backward, exposed past a quarter's 0.2 s
+    gradients = [Gradient("first", 1_000_000, 0.0), Gradient("last", 4, 1.0)]
+    link = Link("test", 0.0, 1_000_000 / 0.5)  # t(b, 2) = b * 2(2-1)/2 / busbw: 0.5 s for the first
+    _, exposed_one, *_ = predict_step("overlap", None, Compute.of(1.2, StepShape(8, 64)), gradients, link, 2)
+    _, exposed_four, *_ = predict_step("overlap", None, compute, gradients, link, 2)
+    assert exposed_one == pytest.approx(0.0, abs=1e-4)
+    assert exposed_four == pytest.approx(0.5 - 0.2, abs=1e-4)
+
+
+@on_rank
+def recorded_accumulating_step(rank: Rank, config: StepConfig) -> dict:
+    trainer = Trainer(config, rank.info)
+    try:
+        for _ in range(config.step_shape.micro_batches):
+            trainer.step()  # settled
+        return recorded_step(trainer, together=True)
+    finally:
+        trainer.close()
+
+
+def test_a_recorded_step_holds_every_micro_batch_and_communicates_in_the_last(rank_group):
+    config = StepConfig("bucketed", "tiny", 2, 32, 0.05, grad_accum=3)
+    step = rank_group.run(recorded_accumulating_step, config)[0]
+    assert phases_of(step) == (ACCUMULATE, *PHASES)
+    starts = [step[phase][0] for phase in phases_of(step)]
+    assert starts == sorted(starts) and step[ACCUMULATE][1] <= step["forward"][0]
+    # the buckets once, all launched by the synchronizing micro-batch: nothing inside no_sync()
+    labels = [c["label"] for c in step["collectives"]]
+    assert len(labels) == len(set(labels)) and any(label.startswith("bucket") for label in labels)
+    assert all(c["launch_seconds"] >= step["forward"][0] for c in step["collectives"])
