@@ -82,8 +82,8 @@ def _round_bf16(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def reference_parameters(config: StepConfig, world_size: int, device: torch.device, split: bool) -> list[torch.Tensor]:
-    """One process training ``config``'s whole global batch, every rank's micro-batches at once
-    (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
+    """One process training ``config``'s whole global batch, every rank's micro-batches at once,
+    without checkpointing (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
     rank's sum rounded as a bf16 all-reduce rounds them when ``config.grad_comm`` is bf16)."""
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:
@@ -188,9 +188,9 @@ def cases(strategies: tuple[str, ...]) -> list:
     return out + shape_cases(strategies)
 
 
-# The step's shapes (ddp.bench.step_shape), each against one process on the whole batch:
-# accumulation over 2 and 4 micro-batches, then in bf16 once.
-SHAPES = ({"grad_accum": 2}, {"grad_accum": 4})
+# The step's shapes (ddp.bench.step_shape), each against one process on the whole batch without
+# checkpointing: accumulation over 2 and 4 micro-batches, checkpointed blocks, then both in bf16 once.
+SHAPES = ({"grad_accum": 2}, {"grad_accum": 4}, {"activation_checkpointing": "blocks"})
 
 
 def shape_cases(strategies: list[str]) -> list:
@@ -208,7 +208,7 @@ def shape_cases(strategies: list[str]) -> list:
     if runs_both:
         strategy = runs_both[-1]
         config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, BUCKET_SIZE_MB if takes_bucket_size(strategy) else None,
-                            precision="bf16", grad_accum=2)
+                            precision="bf16", grad_accum=2, activation_checkpointing="blocks")
         out.append(pytest.param(config, id=config.test_id))
     return out
 
@@ -337,7 +337,7 @@ class _GradientsAfterSync:
 
 def synchronized_gradients(config: StepConfig) -> dict:
     """Runs on every rank: the gradients the benchmark's step leaves after synchronization in its
-    first step; rank 0 also the gradients of one process on the whole global batch."""
+    first step; rank 0 also the gradients of one process on the whole global batch, without checkpointing."""
     info = rank_info()
     trainer = Trainer(config, info)
     try:
@@ -357,7 +357,9 @@ def synchronized_gradients(config: StepConfig) -> dict:
     return result
 
 
-@pytest.mark.parametrize("shape", [{"grad_accum": 2}, {"grad_accum": 4}], ids=["accum2", "accum4"])
+@pytest.mark.parametrize("shape", [{"grad_accum": 2}, {"grad_accum": 4}, {"activation_checkpointing": "blocks"},
+                                   {"grad_accum": 4, "activation_checkpointing": "blocks"}],
+                         ids=["accum2", "accum4", "ckpt", "accum4-ckpt"])
 @pytest.mark.parametrize("strategy", ["local", "naive", "bucketed", "torch"])
 def test_a_shaped_step_synchronizes_the_whole_batch_mean(rank_group, strategy, shape):
     """AdamW hides a gradient's scale (its update is nearly the same for g and 4g), so the

@@ -1,8 +1,8 @@
 """The memory prediction (``ddp.bench.memory``) against an independent measurement: PyTorch's
 ``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
-``mini``, fp32 and bf16 (and fused AdamW on mini), and in fp32 with two micro-batches accumulated
-(``ddp.bench.step_shape``); at world size 2 (the rank group's). A strategy that cannot run a shape
-is skipped with the reason.
+``mini``, fp32 and bf16 (and fused AdamW on mini), and in fp32 with the step's two shapes
+(``ddp.bench.step_shape``): two micro-batches accumulated, and checkpointed blocks; at world size 2
+(the rank group's). A strategy that cannot run a shape is skipped with the reason.
 
 The tracker reports the categories at the moment its total peaked. Compared within 10%, as
 PyTorch's own tests hold ``FSDPMemTracker`` to CUDA's peak: the total, and category by category
@@ -42,8 +42,9 @@ TOLERANCE = 0.10
 USER_CLASS = "examples.toy:AveragingDDP"
 CASES = [(model, precision, "foreach", {}) for model in ("tiny", "mini") for precision in ("fp32", "bf16")]
 CASES += [("mini", "fp32", "fused", {})]
-CASES += [(model, "fp32", "foreach", shape) for model in ("tiny", "mini") for shape in ({"grad_accum": 2},)]
-SHAPE_IDS = {"grad_accum": lambda v: f"accum{v}"}
+CASES += [(model, "fp32", "foreach", shape) for model in ("tiny", "mini")
+          for shape in ({"grad_accum": 2}, {"activation_checkpointing": "blocks"})]
+SHAPE_IDS = {"grad_accum": lambda v: f"accum{v}", "activation_checkpointing": lambda v: "ckpt"}
 
 
 def case_id(model: str, precision: str, optimizer: str, shape: dict) -> str:

@@ -138,7 +138,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "versus": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, lists["bucket_size_mb"], lists["strategy"]},
         "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
-        "simulate": {one["model"], one["batch_size"], one["seq_len"], one["grad_accum"],
+        "simulate": {one["model"], one["batch_size"], one["seq_len"], one["grad_accum"], one["activation_checkpointing"],
                      lists["strategy"], lists["bucket_size_mb"]},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag not in ("--allreduce-world-sizes", "--rank-groups"))},
         "memory": {option("--world-size"), option("--device-memory"), one["model"], *(lists[name] for name in AXES if name != "model")},

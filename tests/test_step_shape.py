@@ -1,28 +1,33 @@
 """The step's shape (``ddp.bench.step_shape``) as its consumers read it: tokens and FLOPs of a
-record, phases of a recorded step, who can run a shape, the memory prediction and the cost model,
-each against figures worked by hand."""
+record, phases of a recorded step, who can run a shape, what checkpointing changes, the memory
+prediction and the cost model, each against figures worked by hand or an un-checkpointed twin."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import torch
 
 from ddp.analysis.costmodel import Compute, Gradient, Link, predict_step
 from ddp.bench.config import StepConfig
 from ddp.bench.flops import workload_flops_per_token
-from ddp.bench.memory import predict_moments
+from ddp.bench.memory import largest_batch, predict, predict_moments
 from ddp.bench.step_shape import (
     ACCUMULATE,
     PHASES,
     StepShape,
     cannot_run,
+    checkpoint_blocks,
     phases_of,
+    repeated_blocks,
     step_span,
 )
 from ddp.bench.step_trace import PhaseRecorder, recorded_step
 from ddp.bench.trainer import Trainer
+from ddp.bench.workloads import build_workload, rank_batches
 from ddp.launcher import Rank, on_rank
+from ddp.model import MODEL_SIZES
 from tests import synthetic
 
 GIB = 2**30
@@ -42,12 +47,13 @@ def test_tokens_and_flops_count_every_micro_batch():
 
 def test_shape_axes_name_a_configuration_only_away_from_their_defaults():
     plain = StepConfig("bucketed", "mini", 8, 64, 1.0)
-    shaped = dataclasses.replace(plain, grad_accum=4)
-    assert plain.test_id == "bucketed-b8-s64-bucket1mb"  # names of a run at the default unchanged
-    assert shaped.test_id == "bucketed-b8-s64-bucket1mb-accum4"
-    assert "4 micro-batches" in shaped.describe()
-    assert shaped.local_twin().grad_accum == 4
-    assert StepConfig.from_dict({k: v for k, v in plain.to_dict().items() if k != "grad_accum"}) == plain  # a file before it
+    shaped = dataclasses.replace(plain, grad_accum=4, activation_checkpointing="blocks")
+    assert plain.test_id == "bucketed-b8-s64-bucket1mb"  # names of a run at the defaults unchanged
+    assert shaped.test_id == "bucketed-b8-s64-bucket1mb-accum4-ckpt"
+    assert "4 micro-batches" in shaped.describe() and "checkpointed blocks" in shaped.describe()
+    assert shaped.local_twin().grad_accum == 4 and shaped.local_twin().activation_checkpointing == "blocks"
+    assert StepConfig.from_dict({k: v for k, v in plain.to_dict().items()
+                                 if k not in ("grad_accum", "activation_checkpointing")}) == plain  # a file before them
 
 
 def test_phases_in_order_and_the_span_of_a_step():
@@ -79,7 +85,27 @@ def test_who_can_run_which_shape_is_declared():
     assert "accumulates_locally" in fsdp and fsdp.endswith("run it with --grad-accum 1")
     # a user's class that declares nothing is not asked to accumulate, even with a no_sync()
     assert "accumulates_locally" in cannot_run(StepConfig("tests.wrong_ddps:SimpleDDP", "tiny", 2, 32, grad_accum=2))
-    assert cannot_run(StepConfig("fsdp", "tiny", 2, 32)) is None
+    assert cannot_run(StepConfig("fsdp", "tiny", 2, 32, activation_checkpointing="blocks")) is None
+    no_blocks = cannot_run(StepConfig("bucketed", "mlp", 2, 32, 1.0, activation_checkpointing="blocks"))
+    assert no_blocks.startswith("model mlp has no repeated blocks") and "nn.ModuleList" in no_blocks
+
+
+def test_checkpointed_blocks_compute_the_same_and_keep_their_names():
+    torch.manual_seed(0)
+    plain = build_workload("tiny", 2, 32, "cpu")
+    torch.manual_seed(0)
+    checkpointed = build_workload("tiny", 2, 32, "cpu")
+    checkpoint_blocks(checkpointed.module)
+    names = [name for name, _ in plain.module.named_parameters()]
+    assert [name for name, _ in checkpointed.module.named_parameters()] == names
+    [(inputs, targets)] = rank_batches(plain, 0, 0, 1, "cpu")
+    for workload in (plain, checkpointed):
+        workload.loss(workload.module(inputs), targets).backward()
+    for (name, a), b in zip(plain.module.named_parameters(), checkpointed.module.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+    assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+    with pytest.raises(ValueError, match="nn.ModuleList"):
+        checkpoint_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
 def test_accumulating_holds_every_gradient_through_the_last_micro_batch():
@@ -93,9 +119,21 @@ def test_accumulating_holds_every_gradient_through_the_last_micro_batch():
     assert predict_moments(four, 2)["forward"].activations_bytes == predict_moments(one, 2)["forward"].activations_bytes
 
 
+def test_checkpointing_lowers_activations_and_raises_the_largest_batch():
+    none, blocks = (StepConfig("bucketed", "mini", 8, 128, 1.0, activation_checkpointing=a) for a in ("none", "blocks"))
+    saved, checkpointed = predict_moments(none, 2)["forward"], predict_moments(blocks, 2)["forward"]
+    # mini saves every block's activations without it; with it, a block's input (8 x 128 x d_model fp32) per block
+    d_model, layers = MODEL_SIZES["mini"].d_model, MODEL_SIZES["mini"].num_layers
+    assert checkpointed.activations_bytes < saved.activations_bytes / 2
+    assert checkpointed.activations_bytes >= layers * 8 * 128 * d_model * 4
+    memory = predict(none, 2).total_bytes * 2
+    assert largest_batch(blocks, 2, memory) > largest_batch(none, 2, memory)
+
+
 def test_the_cost_model_overlaps_the_last_micro_batch_only():
     compute = Compute.of(1.2, StepShape(8, 64, micro_batches=4))
     assert compute.backward_seconds == pytest.approx(1.2 / 4 * 2 / 3) and compute.forward_seconds == pytest.approx(0.1)
+    assert Compute.of(1.2, StepShape(8, 64, activation_checkpointing="blocks")).backward_seconds == pytest.approx(0.9)
     # a 1 MB gradient ready as backward starts, 0.5 s on the wire, then a tiny one at backward's end:
     # hidden by one micro-batch's 0.8 s backward, exposed past a quarter's 0.2 s
     gradients = [Gradient("first", 1_000_000, 0.0), Gradient("last", 4, 1.0)]

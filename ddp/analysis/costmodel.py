@@ -23,7 +23,8 @@ of the step is the optimizer (default 0: for the models here AdamW is a few per 
 and it runs after gradient synchronization either way, so it only shifts where backward starts);
 the rest is split evenly over the step's micro-batches (``ddp.bench.step_shape``: ``--grad-accum``),
 and within one micro-batch backward takes ``2/3`` (two matmuls per forward matmul: the gradients
-of the input and of the weight; ``StepShape.backward_share``). Only the last micro-batch's backward communicates, so only it
+of the input and of the weight), ``3/4`` where checkpointed blocks recompute their forward
+(``StepShape.backward_share``). Only the last micro-batch's backward communicates, so only it
 can hide communication: what the schedules below call backward is that one.
 
 **When gradients are ready.** Backward runs through the parameters in reverse registration
@@ -306,7 +307,7 @@ class Compute:
 
     @property
     def backward_seconds(self) -> float:
-        """The synchronizing backward: the last micro-batch's."""
+        """The synchronizing backward: the last micro-batch's (its recomputed forward included)."""
         return self.micro_batch_seconds * self.backward_share
 
     @property
@@ -430,7 +431,8 @@ class Calibration:
         """(batch, seq len) -> its compute, in the step shape the run was measured in (one for the
         whole run: ``calibrate`` refuses a run that mixes options)."""
         config = self.steps[0].config
-        return {(batch, seq): Compute.of(seconds, StepShape(batch, seq, config.grad_accum), optimizer_fraction)
+        return {(batch, seq): Compute.of(seconds, StepShape(batch, seq, config.grad_accum, config.activation_checkpointing),
+                                         optimizer_fraction)
                 for (batch, seq), seconds in self.local_seconds.items()}
 
 
@@ -454,7 +456,7 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     if len(variants) != 1 or any(s.config.grad_comm != AXES["grad_comm"].default for s in steps):
         raise RunFileError(
             f"{run.path} mixes options {sorted(variants)} or communicates gradients in bf16; the cost model takes one "
-            "set of options (--precision, --grad-accum, ...) and fp32 gradient "
+            "set of options (--precision, --grad-accum, --activation-checkpointing, ...) and fp32 gradient "
             "all-reduces: give a run of one value of each, without --grad-comm bf16"
         )
     local = {(s.config.batch_size, s.config.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp.bench.parsing import OptionError, choice, parse_list, positive_float, positive_int
-from ddp.bench.step_shape import StepShape
+from ddp.bench.step_shape import ACTIVATION_CHECKPOINTING, StepShape
 from ddp.bench.workloads import check_workload, max_seq_len
 from ddp.strategies.registry import (
     DEFAULT_GRID_STRATEGIES,
@@ -216,6 +216,16 @@ class StepConfig:
         text=lambda v: f"{v} micro-batches", id=lambda v: f"accum{v}",
     )
     """Micro-batches a step (``ddp.bench.step_shape``): 1, no accumulation."""
+    activation_checkpointing: str = _axis(
+        "none", role="option", flag="--activation-checkpointing", plural="activation checkpointing policies",
+        choices=ACTIVATION_CHECKPOINTING,
+        help="blocks: each of the model's repeated blocks (its largest nn.ModuleList) under torch.utils.checkpoint, "
+        "recomputed in backward; none: forward saves what it saves; see docs/perf-suite.md",
+        parse=choice("--activation-checkpointing", ACTIVATION_CHECKPOINTING), cpu=("none",), gpu=("none",),
+        text=lambda v: "checkpointed blocks" if v == "blocks" else "no checkpointing",
+        id=lambda v: "ckpt" if v == "blocks" else "nockpt",
+    )
+    """``blocks``: the model's repeated blocks recomputed in backward (``ddp.bench.step_shape``); ``none``."""
     seed: int = 0
     """Seeds the model's weights and the global batch (not an axis: every configuration uses 0)."""
 
@@ -312,7 +322,7 @@ class StepConfig:
 
     @property
     def step_shape(self) -> StepShape:
-        """What the step does (``ddp.bench.step_shape``): micro-batches, tokens, phases."""
+        """What the step does (``ddp.bench.step_shape``): micro-batches, tokens, phases, checkpointing."""
         return StepShape.of(self)
 
     @property

@@ -16,9 +16,11 @@ peaked):
 
 A compiled model (``--compile on``) is predicted as its eager step: the compiler may save less.
 
-The step's shape (``ddp.bench.step_shape``): the trace is one micro-batch's forward and backward;
-where a step accumulates micro-batches, the last one's forward and backward run beside the whole
-gradients the earlier ones left, so every moment counts them whole.
+The step's shape (``ddp.bench.step_shape``) enters twice: the trace is one micro-batch's forward and
+backward, made with the step's activation checkpointing (forward then saves each block's input, and
+backward's temporaries include the block's recomputed forward); and where a step accumulates
+micro-batches, the last one's forward and backward run beside the whole gradients the earlier ones
+left, so every moment counts them whole.
 
 Each moment by category: **parameters** and **buffers** of the module, **gradients**,
 **optimizer state** (AdamW's two moments), **activations** (what forward saves for backward, and
@@ -139,10 +141,10 @@ def model_shape(config: StepConfig) -> ModelShape:
 
 
 @functools.lru_cache(maxsize=16)
-def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace] | str:
+def _traces(model: str, seq_len: int, precision: str, activation_checkpointing: str) -> tuple[Trace, Trace] | str:
     """Batch 1 and 2 traced, or why not (kept, so that a model that cannot be traced is tried once)."""
     try:
-        one, two = (trace_step(model, batch, seq_len, precision) for batch in (1, 2))
+        one, two = (trace_step(model, batch, seq_len, precision, activation_checkpointing) for batch in (1, 2))
         two.at_batch(one, 1)  # the two ran the same operators
     except Exception as error:  # the trace runs the user's own code: any error it raises means no trace
         return f"its step could not be traced on fake tensors ({type(error).__name__}: {str(error).strip()[:200]})"
@@ -150,17 +152,17 @@ def _traces(model: str, seq_len: int, precision: str) -> tuple[Trace, Trace] | s
 
 
 def step_trace(config: StepConfig) -> Trace:
-    """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory_trace``);
-    ``NoPrediction`` where the model's step cannot be traced."""
+    """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory_trace``),
+    its blocks checkpointed as the step's are; ``NoPrediction`` where the model's step cannot be traced."""
     # TF32 changes how matmuls compute, not what a step allocates: traced once with fp32 (a trace
     # of xl takes about 10 s of CPU).
     precision = "fp32" if config.precision == "tf32" else config.precision
-    return _trace_at(config.model, config.seq_len, precision, config.batch_size)
+    return _trace_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size)
 
 
 @functools.lru_cache(maxsize=256)
-def _trace_at(model: str, seq_len: int, precision: str, batch_size: int) -> Trace:
-    traces = _traces(model, seq_len, precision)
+def _trace_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int) -> Trace:
+    traces = _traces(model, seq_len, precision, activation_checkpointing)
     if isinstance(traces, str):
         raise NoPrediction(f"model {model}: {traces}")
     one, two = traces
@@ -216,12 +218,16 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
         **common, gradients_bytes=kept_gradients, activations_bytes=trace.forward_peak.activations,
         temporaries_bytes=0, communication_bytes=buffers.kept_bytes + buffers.forward_bytes, moment="forward",
     )
+
+    def backward_buffers(sample) -> int:  # a unit's whole gradient once backward has made gradients
+        return buffers.kept_bytes + buffers.backward_bytes + (buffers.unit_backward_bytes if sample.gradients > 0 else 0)
+
     held = max(trace.backward, key=lambda s: s.activations + s.temporaries
-               + (kept_gradients or share(s.gradients, sharding.gradients)))
+               + (kept_gradients or share(s.gradients, sharding.gradients)) + backward_buffers(s))
     backward = MemoryPrediction(
         **common, gradients_bytes=kept_gradients or share(held.gradients, sharding.gradients),
         activations_bytes=held.activations, temporaries_bytes=held.temporaries,
-        communication_bytes=buffers.kept_bytes + buffers.backward_bytes, moment="backward",
+        communication_bytes=backward_buffers(held), moment="backward",
     )
     synchronization = MemoryPrediction(
         **common, gradients_bytes=kept_gradients or gradients_whole, activations_bytes=trace.backward[-1].activations,

@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ddp.bench.step_shape import StepShape
 from ddp.bench.workloads import build_workload, rank_batches
 
 CATEGORIES = ("activations", "temporaries", "gradients")
@@ -147,9 +148,11 @@ def _key(tensor: torch.Tensor) -> int:
     return torch.multiprocessing.reductions.StorageWeakRef(tensor.untyped_storage()).cdata
 
 
-def trace_step(model: str, batch_size: int, seq_len: int, precision: str) -> Trace:
+def trace_step(model: str, batch_size: int, seq_len: int, precision: str, activation_checkpointing: str = "none") -> Trace:
     """Trace one forward, loss and backward of ``model`` at ``batch_size`` x ``seq_len`` in
-    ``precision`` (``fp32``/``tf32`` or ``bf16`` autocast), on fake tensors."""
+    ``precision`` (``fp32``/``tf32`` or ``bf16`` autocast), on fake tensors, its blocks
+    checkpointed where ``activation_checkpointing`` is ``blocks`` (``ddp.bench.step_shape``): the
+    recomputed forward's tensors are made in backward, so they count as its temporaries."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ddp.bench.trainer import forward_autocast  # the step's own autocast, defined once
@@ -160,6 +163,7 @@ def trace_step(model: str, batch_size: int, seq_len: int, precision: str) -> Tra
     fake = FakeTensorMode(allow_non_fake_inputs=True)  # the meta module is only read for shapes
     with fake:
         module = workload.module.to_empty(device="cpu")  # fake CPU tensors: the CPU's autocast applies
+    StepShape(batch_size, seq_len, activation_checkpointing=activation_checkpointing).prepare(module)
     inputs, targets = fake.from_tensor(inputs), fake.from_tensor(targets)
     params = [p for p in module.parameters() if p.requires_grad]
     tracker = _StorageTracker()

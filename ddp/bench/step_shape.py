@@ -1,5 +1,5 @@
-"""What one training step does, declared once: its micro-batches, its tokens, its phases, and which
-backward overlaps communication.
+"""What one training step does, declared once: its micro-batches, its tokens, its phases, which
+backward overlaps communication, and what forward saves for backward.
 
 A configuration's step (``StepConfig``) on one rank, as ``ddp.bench.trainer.Trainer`` runs it:
 
@@ -17,27 +17,42 @@ Each micro-batch holds ``batch_size`` samples of ``seq_len`` tokens: a rank trai
 step's samples, as one process training the whole batch has it with a loss that averages over its
 samples (the language model's cross-entropy, ``F.mse_loss``).
 
+**Activation checkpointing** (``activation_checkpointing``): ``none``, forward saves what autograd
+saves; ``blocks``, each of the model's repeated blocks (``repeated_blocks``: the children of its
+largest ``nn.ModuleList``, the LM's transformer blocks) runs under ``torch.utils.checkpoint``
+(non-reentrant, the variant PyTorch recommends and torchtitan uses): forward saves each block's
+inputs only, and backward runs the block's forward again before the block's own backward. The
+parameters' names do not change (the block's ``forward`` is wrapped in place, no wrapper module),
+so strategies, sharding units and saved parameters see the same model. Model FLOPs, MFU's numerator,
+do not count the recomputation (PaLM's definition, ``ddp.bench.flops``); the compute the cost model
+schedules does (``backward_share``).
+
 **On CUDA and NCCL** the shape is the same: ``no_sync()`` keeps NCCL's collectives out of the
 accumulating backwards as it keeps gloo's (PyTorch's reducer and the hand-written strategies decide
-at forward time, ``ddp.strategies.base.DataParallel``).
+at forward time, ``ddp.strategies.base.DataParallel``), and checkpointing recomputes on the compute
+stream, so the last backward's kernels run longer and its gradients' collectives start later.
 
 **Who can run which shape** (``cannot_run``), decided in the parent before anything is built, by
 what a strategy declares, never by its name: accumulation needs ``accumulates_locally`` (a
 ``no_sync()`` that communicates nothing: not ``fsdp`` and ``torch_fsdp``, which reduce-scatter in
-every backward, nor a user's class that does not say).
+every backward, nor a user's class that does not say); checkpointing needs a model with repeated
+blocks.
 
 Every consumer reads the shape here instead of re-enacting the step: the trainer's loop
 (``micro_batches``, ``scaled``), the recorder of phases (``phases``, ``step_span``), the record's
-tokens and FLOPs (``tokens_per_step``), the memory prediction (gradients held across micro-batches),
-the cost model (compute per micro-batch, overlap in the last backward only) and the correctness
-references.
+tokens and FLOPs (``tokens_per_step``), the memory prediction (gradients held across micro-batches,
+the trace made with the checkpointing applied), the cost model (compute per micro-batch, overlap in
+the last backward only) and the correctness references.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
+from torch import nn
 
 # The phases of a step's synchronizing micro-batch and after it, in order; a profile's steps and
 # the traced steps name them so.
@@ -45,6 +60,7 @@ PHASES = ("forward", "backward", "gradient_sync", "optimizer")
 ACCUMULATE = "accumulate"
 """The phase of the micro-batches before the last, under ``no_sync()`` (absent at ``grad_accum`` 1)."""
 ALL_PHASES = (ACCUMULATE, *PHASES)
+ACTIVATION_CHECKPOINTING = ("none", "blocks")
 
 
 @dataclass(frozen=True)
@@ -57,11 +73,13 @@ class StepShape:
     """Tokens per sample (the built-in LM's; other workloads ignore it but count by it)."""
     micro_batches: int = 1
     """Micro-batches a step: ``StepConfig.grad_accum``."""
+    activation_checkpointing: str = "none"
+    """``none`` or ``blocks`` (module docstring)."""
 
     @classmethod
     def of(cls, config) -> StepShape:
         """The shape of a ``ddp.bench.config.StepConfig``."""
-        return cls(config.batch_size, config.seq_len, config.grad_accum)
+        return cls(config.batch_size, config.seq_len, config.grad_accum, config.activation_checkpointing)
 
     # ----------------------------------------------------------------------- counts
 
@@ -76,7 +94,7 @@ class StepShape:
         return self.samples_per_step * self.seq_len
 
     def flops_per_step(self, flops_per_token: float | None) -> float | None:
-        """Model FLOPs one rank computes in a step; None where unknown."""
+        """Model FLOPs one rank computes in a step (no recomputation counted); None where unknown."""
         return None if flops_per_token is None else flops_per_token * self.tokens_per_step
 
     @property
@@ -92,10 +110,17 @@ class StepShape:
         return ALL_PHASES if self.micro_batches > 1 else PHASES
 
     @property
+    def recomputes_forward(self) -> bool:
+        """Whether backward runs forward's computation again (checkpointed blocks)."""
+        return self.activation_checkpointing == "blocks"
+
+    @property
     def backward_share(self) -> float:
         """Backward's share of one micro-batch's forward and backward compute: 2/3 (backward does
-        two matmuls per forward matmul, for the input's gradient and the weight's)."""
-        return 2.0 / 3.0
+        two matmuls per forward matmul, for the input's gradient and the weight's), 3/4 where it
+        recomputes forward first."""
+        backward = 2.0 + (1.0 if self.recomputes_forward else 0.0)
+        return backward / (1.0 + backward)
 
     def overlapped_backward_share(self) -> float:
         """The share of a step's forward and backward compute that the synchronizing backward, the
@@ -107,6 +132,12 @@ class StepShape:
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         """A micro-batch's loss as its backward takes it (``loss_scale``)."""
         return loss if self.loss_scale is None else loss * self.loss_scale
+
+    def prepare(self, module: nn.Module) -> None:
+        """Apply the activation policy to ``module`` in place, before a strategy wraps it;
+        ``ValueError`` saying what to expose where the model has no repeated blocks."""
+        if self.recomputes_forward:
+            checkpoint_blocks(module)
 
 
 def step_span(step: dict) -> tuple[float, float]:
@@ -121,12 +152,39 @@ def phases_of(step: dict) -> tuple[str, ...]:
     return tuple(phase for phase in ALL_PHASES if phase in step)
 
 
+# --------------------------------------------------------------------------- activation checkpointing
+
+
+def repeated_blocks(module: nn.Module) -> nn.ModuleList | None:
+    """The model's repeated blocks: its largest non-empty ``nn.ModuleList`` (the LM's
+    ``blocks``), or None where it has none. What checkpointing and ``--compile on`` apply to one by one."""
+    lists = [child for child in module.modules() if isinstance(child, nn.ModuleList) and len(child) > 0]
+    return max(lists, key=len, default=None)
+
+
+NO_BLOCKS = ("has no repeated blocks to checkpoint: keep them in an nn.ModuleList attribute of the model "
+             "(as ddp.model keeps its transformer blocks), or run it with --activation-checkpointing none")
+
+
+def checkpoint_blocks(module: nn.Module) -> None:
+    """Run each of ``repeated_blocks(module)`` under non-reentrant ``torch.utils.checkpoint``, its
+    ``forward`` wrapped in place (parameter names unchanged); ``ValueError`` (``NO_BLOCKS``)
+    where there are none. A block's forward hooks (a strategy's) run once, in forward; the
+    recomputation in backward calls the wrapped ``forward`` alone."""
+    blocks = repeated_blocks(module)
+    if blocks is None:
+        raise ValueError(f"the model {NO_BLOCKS}")
+    for block in blocks:
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+
+
 # --------------------------------------------------------------------------- who can run a shape
 
 
 def cannot_run(config) -> str | None:
-    """Why ``config``'s step cannot run with its strategy, in one line saying what to do; None
-    where it can (module docstring). Asked in the parent, before any rank builds it."""
+    """Why ``config``'s step cannot run with its strategy and model, in one line saying what to do;
+    None where it can (module docstring). Asked in the parent, before any rank builds it."""
+    from ddp.bench.workloads import meta_module  # the model's structure, nothing allocated
     from ddp.strategies.registry import traits
 
     shape = StepShape.of(config)
@@ -135,4 +193,6 @@ def cannot_run(config) -> str | None:
                 f"accumulates_locally = True: a no_sync() that skips every collective), so --grad-accum "
                 f"{shape.micro_batches} would time its communication {shape.micro_batches} times a step: "
                 "run it with --grad-accum 1")
+    if shape.recomputes_forward and repeated_blocks(meta_module(config.model, config.batch_size, config.seq_len)) is None:
+        return f"model {config.model} {NO_BLOCKS}"
     return None

@@ -82,7 +82,7 @@ from torch import nn
 
 from ddp.bench.config import StepConfig
 from ddp.bench.state_bytes import StateMemory, measure_memory
-from ddp.bench.step_shape import ACCUMULATE, cannot_run
+from ddp.bench.step_shape import ACCUMULATE, cannot_run, repeated_blocks
 from ddp.bench.workloads import Workload, build_workload, rank_batches
 from ddp.launcher import RankInfo
 from ddp.strategies.base import make_optimizer, trainable_parameters
@@ -225,8 +225,7 @@ def compile_in_place(module: nn.Module) -> None:
     import torch._dynamo  # the compiler, imported only when compiling
 
     torch._dynamo.config.optimize_ddp = False
-    lists = [child for child in module.modules() if isinstance(child, nn.ModuleList) and len(child) > 0]
-    blocks = max(lists, key=len, default=None)
+    blocks = repeated_blocks(module)
     for part in (blocks if blocks is not None else [module]):
         part.compile()
 
@@ -266,6 +265,7 @@ class Trainer:
         workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
         self.workload: Workload = workload
         module = workload.module
+        self.shape.prepare(module)  # checkpointed blocks, before compiling and wrapping (as torchtitan orders them)
         if config.compile == "on":
             compile_in_place(module)  # forward and backward compiled on the first step
         # counted before wrapping: a sharding strategy takes the parameters out of the module or empties them

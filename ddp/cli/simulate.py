@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation-json", type=Path, default=None, help="write the validation rows here")
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
     add_config_options(by_hand.add_argument, {"model": None, "batch_size": None, "seq_len": None, "strategy": DDP_STRATEGIES,
-                                              "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0), "grad_accum": 1},
-                       lists=("strategy", "bucket_size_mb"),
+                                              "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0), "grad_accum": 1,
+                                              "activation_checkpointing": "none"}, lists=("strategy", "bucket_size_mb"),
                        only_given=True)
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms")
@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
         if args.model not in MODEL_SIZES:
             raise UsageError(f"--model {args.model}: simulate models the built-in LM sizes only ({', '.join(MODEL_SIZES)})")
         run, model_size, cpu_gloo, samples = None, args.model, False, []
-        shape = StepShape(args.batch_size, args.seq_len, args.grad_accum)
+        shape = StepShape(args.batch_size, args.seq_len, args.grad_accum, args.activation_checkpointing)
         computes = {(args.batch_size, args.seq_len): Compute.of(args.local_step_ms / 1e3, shape, args.optimizer_fraction)}
         strategies = _strategy_grid([s for s in args.strategy if traits(s).communicates], args.bucket_size_mb)
 

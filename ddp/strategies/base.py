@@ -214,6 +214,11 @@ class StepBuffers(NamedTuple):
     """More at forward's end, when it holds the most (the units an FSDP rank has gathered)."""
     backward_bytes: int = 0
     """More at backward's start, when the activations peak (the units an FSDP rank has gathered)."""
+    unit_backward_bytes: int = 0
+    """More again once backward has produced gradients, while a unit's backward runs: its whole
+    gradient before the reduce-scatter and the shard that yields (a strategy that shards
+    parameters by unit). It decides the peak where activations no longer do: checkpointed blocks,
+    whose backward holds little more than one block's recomputed forward."""
     synchronization_bytes: int = 0
     """More once backward has ended, while the gradients are synchronized (copies of them, a
     gathered unit's whole gradient)."""
@@ -243,7 +248,8 @@ def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepB
     if not plan.unit_bytes:
         return StepBuffers()
     root, largest = plan.unit_bytes[-1], max(plan.unit_bytes[:-1], default=0)
-    return StepBuffers(forward_bytes=root, backward_bytes=root + (largest if prefetches_next_unit else 0))
+    return StepBuffers(forward_bytes=root, backward_bytes=root + (largest if prefetches_next_unit else 0),
+                       unit_backward_bytes=largest + largest // plan.world_size)
 
 
 class Strategy(nn.Module, abc.ABC):
