@@ -1,7 +1,7 @@
 """Reduced precision trains like a single process in the same precision, within a tolerance
 measured, not chosen.
 
-Each strategy (``--strategies``, default every DDP; a user's own class too) runs the benchmark's own step (``ddp.bench.trainer.Trainer``: the code that is timed)
+Each strategy (``--strategies``, default every DDP; a user's own class too) runs the benchmark's own step (``ddp.bench.rounds.trainer.Trainer``: the code that is timed)
 for ``STEPS`` steps of the ``tiny`` LM in a precision, and is compared with a single process
 training the whole global batch with the same weights, data, AdamW and precision, written here
 with torch's own switches (``torch.autocast``, ``torch.set_float32_matmul_precision``): the
@@ -41,10 +41,10 @@ import torch.distributed as dist
 
 from correctness_tests.models import MODEL_CASES
 from correctness_tests.selection import only_those_taking, strategies_under_test, takes
-from ddp.bench.config import StepConfig
-from ddp.bench.step_shape import cannot_run
-from ddp.bench.trainer import LEARNING_RATE, Trainer
-from ddp.bench.workloads import build_workload, rank_batches
+from ddp.bench.config.shape import cannot_run
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.workloads import build_workload, rank_batches
+from ddp.bench.rounds.trainer import LEARNING_RATE, Trainer
 from ddp.launcher import rank_info
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import make_ddp, supports_no_sync, takes_bucket_size, takes_comm_dtype, traits
@@ -71,7 +71,7 @@ the worst case leaves room for those and none for a wrong sum (measured on the t
 
 
 def _numerics(precision: str, device: torch.device):
-    """The reference's own statement of each precision (the step's is ``ddp.bench.trainer``)."""
+    """The reference's own statement of each precision (the step's is ``ddp.bench.rounds.trainer``)."""
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -188,7 +188,7 @@ def cases(strategies: tuple[str, ...]) -> list:
     return out + shape_cases(strategies)
 
 
-# The step's shapes (ddp.bench.step_shape), each against one process on the whole batch without
+# The step's shapes (ddp.bench.config.shape), each against one process on the whole batch without
 # checkpointing: accumulation over 2 and 4 micro-batches, checkpointed blocks, then both in bf16 once.
 SHAPES = ({"grad_accum": 2}, {"grad_accum": 4}, {"activation_checkpointing": "blocks"})
 
@@ -321,7 +321,7 @@ def test_bf16_communication_sums_what_each_rank_sent(rank_group, comm_dtype_stra
 
 
 class _GradientsAfterSync:
-    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) keeping a copy of every
+    """A step observer (``ddp.bench.config.shape.StepObserver``'s shape) keeping a copy of every
     gradient once ``finish_gradient_synchronization()`` returned, by parameter name."""
 
     def __init__(self, module: torch.nn.Module) -> None:

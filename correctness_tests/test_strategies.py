@@ -43,7 +43,7 @@ from ddp.strategies.registry import resolve_strategy, supports_no_sync, takes_bu
 STEPS = 3
 ROWS_PER_RANK = 4
 # Micro-batches a step: 1, no accumulation; more, that many backward passes a step, all but the
-# last in no_sync(), each micro-batch's loss divided by their number (ddp.bench.step_shape).
+# last in no_sync(), each micro-batch's loss divided by their number (ddp.bench.config.shape).
 MICRO_BATCHES = (1, 2, 4)
 
 

@@ -3,7 +3,7 @@
     pytest correctness_tests --strategies examples.toy:AveragingDDP
     pytest perf_tests --model examples.toy:build --strategies local,bucketed,examples.toy:AveragingDDP
 
-``build`` follows the contract of ``ddp.bench.workloads``; ``AveragingDDP`` has only what the suite
+``build`` follows the contract of ``ddp.bench.config.workloads``; ``AveragingDDP`` has only what the suite
 requires (a constructor taking the module, ``forward``, ``finish_gradient_synchronization()`` and
 ``.module``): no ``no_sync`` (the accumulation cases are skipped, saying so), no ``bucket_size_mb``
 and no figures of its own (the perf suite counts the collectives it launches).

@@ -1,4 +1,4 @@
-"""The benchmark grid of perf_tests/ (``ddp.bench.options.GridOptions``: defaults per backend,
+"""The benchmark grid of perf_tests/ (``ddp.bench.config.options.GridOptions``: defaults per backend,
 overridden by the command line), its parametrization, the rank groups of other world sizes, and the
 run's closing summary of the precision each benchmark reached."""
 
@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_grid, launch  # the root conftest's: resolved and built once a session
 from ddp.analysis.compare import DEFAULT_THRESHOLD, AimAtDecision, gate
-from ddp.bench import timing
-from ddp.bench.options import GridOptions, ResolvedLaunch, grid_options, launch_options
-from ddp.bench.parsing import percent_type
-from ddp.bench.records import Run, RunFileError, run_from_data, to_extra_info
+from ddp.bench.config.options import GridOptions
+from ddp.bench.config.parsing import percent_type
+from ddp.bench.results import timing
+from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
 from ddp.launcher import RankGroup, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()
@@ -23,11 +24,6 @@ MEASURED = pytest.StashKey[list]()
 SESSION = pytest.StashKey[pytest.Session]()
 COMPARED = pytest.StashKey[list]()
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
-
-
-def launch(config: pytest.Config) -> ResolvedLaunch:
-    """The session's backend and device (validated by the root conftest before collection)."""
-    return launch_options(config.getoption).resolve()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -52,11 +48,6 @@ def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksessio
     config.stash.setdefault(COMPARED, []).append((compared_benchmark, machine_info))
 
 
-def benchmark_grid(config: pytest.Config) -> GridOptions:
-    resolved = launch(config)
-    return grid_options(config.getoption, resolved.backend, resolved.device)
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     grid = benchmark_grid(metafunc.config)
     if "step_config" in metafunc.fixturenames:
@@ -70,7 +61,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every benchmark times its rounds with ddp-bench's round clock and records the grid's round
-    policy as its options (``ddp.bench.timing.benchmark_marker``, pytest-benchmark's own marker)."""
+    policy as its options (``ddp.bench.results.timing.benchmark_marker``, pytest-benchmark's own marker)."""
     marker = timing.benchmark_marker(benchmark_grid(config).round_options())
     for item in items:
         if "benchmark" in getattr(item, "fixturenames", ()):
@@ -85,7 +76,7 @@ def grid(pytestconfig: pytest.Config) -> GridOptions:
 @pytest.fixture
 def record_rounds(benchmark, request: pytest.FixtureRequest):
     """Call with the measured rounds (seconds) and the record (or a plain dict of figures): hands
-    them to pytest-benchmark (``ddp.bench.timing.record_rounds``, ``extra_info``) and keeps them for
+    them to pytest-benchmark (``ddp.bench.results.timing.record_rounds``, ``extra_info``) and keeps them for
     the regression gate at the end of the session."""
 
     def record(round_seconds: list[float], figures) -> None:
@@ -126,7 +117,7 @@ def extra_rank_groups(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
     """The groups of ranks beside the session's own that every benchmark's rounds are spread over
-    (``--rank-groups``, ``ddp.bench.measure.measure_in_groups``): each of the session's size,
+    (``--rank-groups``, ``ddp.bench.rounds.measure.measure_in_groups``): each of the session's size,
     backend and device, started apart on first use, closed at the end of the session."""
     resolved = launch(pytestconfig)
     groups = [RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
@@ -139,7 +130,7 @@ def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
 @pytest.fixture(scope="session")
 def tracing_group(pytestconfig: pytest.Config):
     """Ranks of the session's size, backend and device that run every benchmark's traced steps and
-    time nothing (``ddp.bench.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
+    time nothing (``ddp.bench.rounds.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
     attached to a process); started on the first trace, closed at the end of the session."""
     resolved = launch(pytestconfig)
     group = RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)

@@ -50,9 +50,9 @@ sys.path.insert(0, str(ROOT))
 from tabulate import tabulate  # noqa: E402
 
 from ddp.analysis.compare import DEFAULT_THRESHOLD, Decision, _decide, compare, settled  # noqa: E402
-from ddp.bench.parsing import percent_type  # noqa: E402
-from ddp.bench.records import load_run  # noqa: E402
-from ddp.bench.stats import groups_to_decide  # noqa: E402
+from ddp.bench.config.parsing import percent_type  # noqa: E402
+from ddp.bench.results.records import load_run  # noqa: E402
+from ddp.bench.results.stats import groups_to_decide  # noqa: E402
 from examples.slowed import PLACES  # noqa: E402
 
 SLOWED = "examples.slowed:SlowedBucketed"
@@ -265,7 +265,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="minimum rounds of every run (default: the suite's)")
-    parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.stats.MAX_ROUNDS)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.config.parsing.MAX_ROUNDS)")
     parser.add_argument("--round-budget", type=float, default=None,
                         help="seconds of rounds per benchmark (default: the suite's share of its session budget)")
     parser.add_argument("--out", type=Path, default=Path("power-study"))

@@ -2,9 +2,9 @@
 
 Each round times one checked all-reduce of every size on every rank, each after a barrier, in
 rotating order; a size's time is the slowest rank's own time, rounds go through the one timing
-loop (``ddp.bench.measure``), spread over ``--rank-groups`` groups of ranks as a step's are, and
+loop (``ddp.bench.rounds.measure``), spread over ``--rank-groups`` groups of ranks as a step's are, and
 every round counts wrong elements, which must be 0. All sizes of one world size are measured
-together when its first test runs. Formulas: ddp/bench/allreduce.py.
+together when its first test runs. Formulas: ddp/bench/rounds/allreduce.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import statistics
 
 import pytest
 
-from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.benchmark_json import allreduce_group_name
+from ddp.bench.results.benchmark_json import allreduce_group_name
+from ddp.bench.rounds.allreduce import measure_all_reduces, size_bytes_of
 from perf_tests.conftest import launch
 
 

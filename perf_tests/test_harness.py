@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, NotMeasured, measure
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import release
-from ddp.bench.trainer import CannotRun
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.measure import Measurement, NotRun, measure
+from ddp.bench.rounds.rank_state import release
+from ddp.bench.rounds.trainer import CannotRun
 from ddp.launcher import rank_info
 from ddp.model import build_model
 from ddp.strategies.local import LocalTraining
@@ -29,7 +29,7 @@ class OutOfMemoryDDP(LocalTraining):
 
 
 class CannotRunHereDDP(LocalTraining):
-    """A strategy that says this machine cannot run it (``ddp.bench.trainer.CannotRun``), as a
+    """A strategy that says this machine cannot run it (``ddp.bench.rounds.trainer.CannotRun``), as a
     configuration does whose compiler is missing."""
 
     def __init__(self, module, **options) -> None:
@@ -39,7 +39,7 @@ class CannotRunHereDDP(LocalTraining):
 def test_a_configuration_that_cannot_run_here_is_skipped_with_its_reason(rank_group) -> None:
     config = StepConfig(f"{__name__}:CannotRunHereDDP", "tiny", batch_size=2, seq_len=16)
     result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
-    assert isinstance(result, NotMeasured)
+    assert isinstance(result, NotRun)
     assert result.reason(rank_group.world_size) == (
         f"cannot run {config.describe()}: no compiler for this backend here: install one, or leave the option off")
     measured = measure(rank_group, [StepConfig("local", "tiny", batch_size=2, seq_len=16)], RoundOptions.fixed(2, 0))
@@ -51,7 +51,7 @@ def test_out_of_memory_is_reported_and_the_group_survives(rank_group) -> None:
     config = StepConfig(f"{__name__}:OutOfMemoryDDP", "tiny", batch_size=2, seq_len=16)
     starts = rank_group.starts if rank_group.started else rank_group.starts + 1
     result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
-    assert isinstance(result, NotMeasured)
+    assert isinstance(result, NotRun)
     reason = result.reason(rank_group.world_size)
     assert "batch 2, seq len 16" in reason and "Tried to allocate 20.00 GiB" in reason
     # The ranks freed their state and answer the next call without being replaced.
@@ -87,14 +87,13 @@ class OutOfMemoryOnRankOneInBackward(OverlapDDP):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory on one rank only. Tried to allocate 1.00 GiB")
 
 
+@pytest.mark.ranks(2, why="one runs out of memory while another waits for it")
 def test_out_of_memory_on_one_rank_mid_backward_is_reported_quickly_and_the_next_benchmark_runs(rank_group) -> None:
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks or more: one runs out of memory while another waits for it")
     config = StepConfig(f"{__name__}:OutOfMemoryOnRankOneInBackward", "tiny", batch_size=2, seq_len=16)
     began = time.monotonic()
     result = measure(rank_group, [config], RoundOptions.fixed(3, 0))
     assert time.monotonic() - began < 60, "the ranks must not wait out the launcher's timeout"
-    assert isinstance(result, NotMeasured) and result.marker.rank == 1
+    assert isinstance(result, NotRun) and result.marker.rank == 1
     assert "one rank only" in result.reason(rank_group.world_size)
     starts = rank_group.starts
     measured = measure(rank_group, [StepConfig("local", "tiny", batch_size=2, seq_len=16)], RoundOptions.fixed(2, 0))

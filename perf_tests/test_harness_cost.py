@@ -6,11 +6,11 @@ of ddp-bench (a model of ``ddp.model``'s shape, ``torch.optim.AdamW``, ``F.cross
 on CUDA, ``torch.cuda.synchronize``). It has its own copy of the model and optimizer, built from
 the same seed, so the two share nothing a hook could be hung on. Each round runs one step of each,
 in alternating order, so drift in the machine falls on both alike; the figure is the median of
-per-round harness / plain ratios with its paired 95% interval (``ddp.bench.stats.paired_ratio_ci``),
+per-round harness / plain ratios with its paired 95% interval (``ddp.bench.results.stats.paired_ratio_ci``),
 and on CUDA the difference of their peak memory.
 
 The bar: harness / plain within 1.02 and peak memory within 2%, each step's own peak (what the
-other's model holds on the same GPU taken off, as ``ddp.bench.trainer.own_peak_bytes`` does). The ratio is a benchmark figure
+other's model holds on the same GPU taken off, as ``ddp.bench.rounds.trainer.own_peak_bytes`` does). The ratio is a benchmark figure
 (``extra_info``), with a warning where its interval lies above the bar: a timed assertion would
 fail now and then on a noisy machine. Peak memory, which does not drift, is asserted.
 """
@@ -24,11 +24,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import HARNESS_RATIO_BAR, timed_rounds
-from ddp.bench.rank_state import prepare, release, timed_round
-from ddp.bench.stats import paired_ratio_ci
-from ddp.bench.trainer import own_peak_bytes
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.stats import paired_ratio_ci
+from ddp.bench.rounds.measure import HARNESS_RATIO_BAR, timed_rounds
+from ddp.bench.rounds.rank_state import prepare, release, timed_round
+from ddp.bench.rounds.trainer import own_peak_bytes
 from ddp.launcher import Rank, on_rank
 from ddp.model import MODEL_SIZES, build_model, random_batch
 from ddp.strategies.registry import FLOOR
@@ -75,7 +75,7 @@ class PlainLoop:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         # Its own peak, as the harness reports its step's: the harness's model, resident on the
-        # same GPU, taken off (ddp.bench.trainer.own_peak_bytes).
+        # same GPU, taken off (ddp.bench.rounds.trainer.own_peak_bytes).
         peak = own_peak_bytes(torch.cuda.max_memory_allocated(), allocated_at_start, self.resident_bytes) if cuda else None
         return Timing(seconds, peak)
 

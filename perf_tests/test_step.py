@@ -1,13 +1,13 @@
-"""Time one full training step (``ddp.bench.trainer``: forward, backward, gradient
+"""Time one full training step (``ddp.bench.rounds.trainer``: forward, backward, gradient
 synchronization, AdamW) for each strategy x batch size x sequence length x bucket size of the grid.
 
-What shares a round is ``--interleave`` (``ddp.bench.measure.GridMeasurer``): by default each
+What shares a round is ``--interleave`` (``ddp.bench.rounds.measure.GridMeasurer``): by default each
 strategy with a ``local`` twin, so that its overhead is paired over rounds (alone where the two do
 not fit in memory together); ``group`` runs every strategy of one group (model, batch, sequence
 length, options) in the same rounds (measured when its first test runs); ``off`` each alone. A
 round's time is the slowest rank's step. The rounds are spread over ``--rank-groups`` groups of
 ranks started apart (``more_rank_groups``), so that their intervals hold from one run to the next
-(``ddp.bench.measure.measure_in_groups``). Rounds are added until every median's 95% interval is
+(``ddp.bench.rounds.measure.measure_in_groups``). Rounds are added until every median's 95% interval is
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
 comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
 the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``. Each
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.config import StepConfig
-from ddp.bench.machine import device_name
-from ddp.bench.measure import GridMeasurer, NotMeasured
-from ddp.bench.rank_state import release
-from ddp.bench.summary import step_record
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.machine import device_name
+from ddp.bench.rounds.measure import GridMeasurer, NotRun
+from ddp.bench.rounds.rank_state import release
+from ddp.bench.rounds.summary import step_record
 from ddp.strategies.registry import traits
 
 
@@ -43,7 +43,7 @@ def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_r
     group = rank_group
     benchmark.group = step_config.group_name
     result = measurer.measurement(step_config)
-    if isinstance(result, NotMeasured):
+    if isinstance(result, NotRun):
         pytest.skip(result.reason(group.world_size))
     measurement, index, local_index = result
     record = step_record(measurement, group.backend, device_name(group.device), index, local_index)

@@ -1,10 +1,10 @@
 """``bucketed`` against PyTorch's DistributedDataParallel, raced on the session's rank group.
 
-One round is one step of each of local, bucketed and torch (``ddp.bench.race``); the rounds of
+One round is one step of each of local, bucketed and torch (``ddp.bench.rounds.race``); the rounds of
 bucketed are what pytest-benchmark saves, and the figures that matter (each median with its
 interval, the paired ratio bucketed / torch, each DDP's overhead over local) are the
 ``RaceRecord`` in ``extra_info``, under the name ``ddp versus --json`` gives the same race
-(``ddp.bench.benchmark_json.race_id``). The test fails if bucketed and torch end with different weights.
+(``ddp.bench.results.benchmark_json.race_id``). The test fails if bucketed and torch end with different weights.
 
 Model: the deep MLP (101M parameters, 16 rows per rank) on CPU, whose rounds fit in about a minute
 on 2 cores; the Transformer LM "small" with CUDA; ``--model tiny`` (the CI smoke run) races the
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.benchmark_json import race_group_name, race_id
-from ddp.bench.measure import CannotMeasure, free
-from ddp.bench.race import race, race_configs
+from ddp.bench.results.benchmark_json import race_group_name, race_id
+from ddp.bench.rounds.measure import free
+from ddp.bench.rounds.race import race, race_configs
+from ddp.bench.rounds.trainer import CannotRun
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import DEFAULT_CONTENDERS
 from perf_tests.conftest import benchmark_grid, launch
@@ -42,7 +43,7 @@ def test_versus(benchmark, rank_group, grid, values, record_rounds) -> None:
     benchmark.group = race_group_name(race_configs(DEFAULT_CONTENDERS, values))
     try:
         result = race(rank_group, values, grid.round_options())
-    except CannotMeasure as error:
+    except CannotRun as error:
         pytest.skip(str(error))
     finally:
         free(rank_group)

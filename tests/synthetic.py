@@ -1,8 +1,8 @@
 """Saved runs made by hand, for the tests of what reads them (report, compare, simulate, the gate).
 
 Records are built through the suite's own path: a ``Measurement`` of known round times (every rank
-at the round's time, unless told) is summarised by ``ddp.bench.summary`` and written as
-pytest-benchmark JSON by ``ddp.bench.benchmark_json``, exactly as a run would write them; so a
+at the round's time, unless told) is summarised by ``ddp.bench.rounds.summary`` and written as
+pytest-benchmark JSON by ``ddp.bench.results.benchmark_json``, exactly as a run would write them; so a
 figure a test checks (an overhead, a ratio, an interval) is the suite's arithmetic on numbers the
 test chose.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddp.bench.benchmark_json import allreduce_entry, race_entry, run_document, step_entry
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement
-from ddp.bench.options import RoundOptions
-from ddp.bench.records import AllReduceRecord, StepRecord
-from ddp.bench.state_bytes import StateMemory
-from ddp.bench.summary import race_record, step_record
-from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.state import StateMemory
+from ddp.bench.results.benchmark_json import allreduce_entry, race_entry, run_document, step_entry
+from ddp.bench.results.records import AllReduceRecord, StepRecord
+from ddp.bench.rounds.measure import Measurement
+from ddp.bench.rounds.summary import race_record, step_record
+from ddp.bench.rounds.trainer import StepSetup, StepTiming
 from ddp.strategies.registry import FLOOR, traits
 
 ROUNDS = RoundOptions(min_rounds=3, max_rounds=3, warmup_rounds=1, target_precision=0.02, budget_seconds=10.0)
@@ -45,7 +45,7 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
          groups: int | list[int] = 1) -> StepRecord:
     """A step record of ``config`` with these rounds (seconds, the slowest rank's), each with
     ``exposed`` seconds of exposed communication; paired with ``local_rounds`` when given;
-    ``traces``: each rank's traced steps (``ddp.bench.step_trace``); ``groups``: each round's group
+    ``traces``: each rank's traced steps (``ddp.bench.collectives.recording``); ``groups``: each round's group
     of ranks, or their number (the rounds in that many blocks in order, as the suite spreads them)."""
     if isinstance(groups, int):
         groups = [index * groups // len(rounds) for index in range(len(rounds))]
@@ -93,7 +93,7 @@ def allreduce_benchmark(world_size: int, size_mb: float, seconds: float, backend
 
 def machine(node: str = "bench-a", torch_version: str = "2.13.0+cpu", backend: str = "gloo", device: str = "cpu",
             gpu: str | None = None) -> dict:
-    """A run's machine info, as pytest-benchmark and ``ddp.bench.machine.software_info`` write it."""
+    """A run's machine info, as pytest-benchmark and ``ddp.bench.results.machine.software_info`` write it."""
     bench = {"torch": torch_version, "backend": backend, "device": device, "world_size": 2}
     if gpu is not None:
         bench.update(gpu=gpu, gpu_count=1, cuda="13.0", nccl="2.27.3")

@@ -1,4 +1,4 @@
-"""Rounds aimed at the decision: the one timing loop (``ddp.bench.measure``) adds rounds until the
+"""Rounds aimed at the decision: the one timing loop (``ddp.bench.rounds.measure``) adds rounds until the
 comparison with a saved run is settled (``ddp.analysis.compare.AimAtDecision``) or the budget is
 spent, on synthetic rounds with a known slowdown (no ranks: a stand-in answers ``prepare`` and
 ``timed_round`` as the ranks would)."""
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from ddp.analysis.compare import AimAtDecision
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import measure, measure_in_groups
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import prepare, timed_round
-from ddp.bench.records import Run, run_from_data
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import Run, run_from_data
+from ddp.bench.rounds.measure import measure, measure_in_groups
+from ddp.bench.rounds.rank_state import prepare, timed_round
 from tests.test_compare import run, step
 
 

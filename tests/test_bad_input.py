@@ -109,8 +109,8 @@ def test_nccl_without_enough_gpus_says_what_to_do():
 def test_an_optimizer_class_not_of_the_sharded_shape():
     """An Optimizer subclass is taken for a sharded optimizer, (params, optimizer_cls, **kwargs): one that is
     not is refused in the parent, as a command-line option too."""
-    from ddp.bench.config import AXES
-    from ddp.bench.parsing import OptionError
+    from ddp.bench.config.parsing import OptionError
+    from ddp.bench.config.step_config import AXES
 
     with pytest.raises(ValueError, match=r"cannot be built as SGD\(params, optimizer_cls, \*\*kwargs\)"):
         ddp.make_ddp("torch.optim:SGD", nn.Linear(2, 2))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddp.bench.buckets import Sweep
+from ddp.bench.rounds.buckets import Sweep
 from tests import synthetic
 
 

@@ -1,5 +1,5 @@
 """Collective by collective: the figures a record keeps of each collective of a step
-(``ddp.bench.summary.collective_trace``), the report's section and timeline, and the advice of the
+(``ddp.bench.rounds.summary.collective_trace``), the report's section and timeline, and the advice of the
 cost model calibrated on the step (``ddp.analysis.costmodel.plan_advice``), checked against
 traced steps written by hand, with every expected figure worked out in the comments. That real
 steps give the right answer is tests/test_exposed_comm.py's, on a network whose delay is known."""
@@ -14,9 +14,9 @@ import pytest
 from ddp.analysis import collectives
 from ddp.analysis.costmodel import CANDIDATE_BUCKET_SIZES_MB, Compute, gradients_of, link_of_step, plan_advice, predict_step
 from ddp.analysis.markdown import write_report
-from ddp.bench.records import CollectiveTiming, CollectiveTrace, load_run
-from ddp.bench.summary import collective_trace
-from ddp.bench.traces import collective_exposure, cpu_steps_from_trace
+from ddp.bench.collectives.reading import collective_exposure, cpu_steps_from_trace
+from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, load_run
+from ddp.bench.rounds.summary import collective_trace
 from tests import synthetic
 from tests.synthetic import MIB, config, run_json, write
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
-from ddp.bench.config import StepConfig
-from ddp.bench.records import load_run
-from ddp.bench.stats import Verdict, groups_to_decide
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import load_run
+from ddp.bench.results.stats import Verdict, groups_to_decide
 from ddp.cli import main as ddp_main
 from tests import synthetic
 

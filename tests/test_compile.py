@@ -1,4 +1,4 @@
-"""``--compile on``: the model under ``torch.compile`` (``ddp.bench.trainer``), an option axis of the
+"""``--compile on``: the model under ``torch.compile`` (``ddp.bench.rounds.trainer``), an option axis of the
 grid declared in one place. A compiled step trains as the eager one does, and a strategy the
 compiler cannot take is skipped with the compiler's reason, never a crash."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, NotMeasured, measure
-from ddp.bench.options import RoundOptions, grid_defaults, grid_options
-from ddp.bench.rank_state import release
-from ddp.bench.trainer import CannotRun, Trainer
+from ddp.bench.config.options import RoundOptions, grid_defaults, grid_options
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.measure import Measurement, NotRun, measure
+from ddp.bench.rounds.rank_state import release
+from ddp.bench.rounds.trainer import CannotRun, Trainer
 from ddp.launcher import rank_info
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
@@ -68,7 +68,7 @@ def test_every_strategy_compiled_is_measured_or_skipped_with_the_compilers_reaso
     for strategy in ("local", *DDP_STRATEGIES):
         config = StepConfig(strategy, "tiny", 2, 32, 1.0 if takes_bucket_size(strategy) else None, compile="on")
         result = measure(rank_group, [config], RoundOptions.fixed(2, 0))
-        if isinstance(result, NotMeasured):
+        if isinstance(result, NotRun):
             reason = result.reason(rank_group.world_size)
             assert reason.startswith(f"cannot run {config.describe()}: torch.compile failed (") and "--compile off" in reason, reason
         else:

@@ -130,12 +130,11 @@ UNUSED_HINT = "parameters unused on some ranks: a DDP must still reduce them, as
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2], ids=["step", "no_sync"])
+@pytest.mark.ranks(2, why="with one rank every parameter a rank leaves unused is unused everywhere")
 def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group_kept(rank_group, micro_batches):
     """The textbook per-parameter DDP all-reduces only the gradients this rank produced: on the
     routed model the ranks' collectives differ. Named within seconds, on every rank; then the
     same group runs the next call."""
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks: with one rank every parameter a rank leaves unused is unused everywhere")
     rank_group.run(sum_of_ranks)  # started, so the time below is the check's own
     started, began = rank_group.starts, time.monotonic()
     with pytest.raises(RankError) as raised:
@@ -152,9 +151,8 @@ def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group
     assert rank_group.starts == started, "a mismatch caught before the backend leaves the group in step"
 
 
+@pytest.mark.ranks(2, why="one rank's collectives cannot differ from another's")
 def test_a_collective_only_one_rank_issues_is_named_with_the_count(rank_group):
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks: one rank's collectives cannot differ from another's")
     with pytest.raises(RankError) as raised:
         rank_group.run(train_against_reference, WRONG + "ExtraCollectiveOnRankZero", None, "frozen_mlp", "sgd", 1)
     message = str(raised.value)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ddp.bench.config import AXES, StepConfig
-from ddp.bench.options import AXIS_LIST_OPTIONS, GRID_OPTIONS, grid_defaults
-from ddp.bench.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, StateRecord, StepRecord
+from ddp.bench.config.options import AXIS_LIST_OPTIONS, GRID_OPTIONS, grid_defaults
+from ddp.bench.config.step_config import AXES, StepConfig
+from ddp.bench.results.records import SCHEMA_VERSION, AllReduceRecord, RaceRecord, StateRecord, StepRecord
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""Exposed communication adds up: every strategy's ``exposed_comm_seconds`` (``ddp.bench.trainer``)
+"""Exposed communication adds up: every strategy's ``exposed_comm_seconds`` (``ddp.bench.rounds.trainer``)
 accounts for what its step costs over ``local``'s, PyTorch's DDP included, whose wait happens
 inside ``loss.backward()``.
 
@@ -16,7 +16,7 @@ communication), medians over rounds:
     exposed >= step - local step - tolerance        (the step adds up)
     exposed >= 0.9 x NETWORK_DELAY_SECONDS          (the last collective's wait is seen)
 
-The per-collective figures of the traced steps (``ddp.bench.summary.collective_trace``) are
+The per-collective figures of the traced steps (``ddp.bench.rounds.summary.collective_trace``) are
 known too: collectives complete in launch order, the delay apart, so the last-ready one is the
 tail and every one delivered after backward's end is exposed for the delay.
 
@@ -38,13 +38,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, measure, trace
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import release
-from ddp.bench.stats import median_ci
-from ddp.bench.summary import collective_trace
-from ddp.bench.traces import cuda_steps_from_trace
+from ddp.bench.collectives.reading import cuda_steps_from_trace
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.stats import median_ci
+from ddp.bench.rounds.measure import Measurement, measure, trace
+from ddp.bench.rounds.rank_state import release
+from ddp.bench.rounds.summary import collective_trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 
 NETWORK_DELAY_SECONDS = 0.020
@@ -171,8 +171,6 @@ BUCKET_MB = 0.1  # tiny's 1 MB of gradients in several buckets (PyTorch's first 
 def slow_steps(rank_group) -> tuple[list[StepConfig], Measurement]:
     """``local`` and every strategy of ``PER_COLLECTIVE`` on the slow network: 7 timed rounds, then
     ``TRACED_STEPS`` traced steps of each."""
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks or more: with one rank nothing is communicated")
     configs = [StepConfig("local", "tiny", 2, 32)] + [
         StepConfig(_on_the_slow_network(name), "tiny", 2, 32, BUCKET_MB if takes_bucket_size(_on_the_slow_network(name)) else None)
         for name in PER_COLLECTIVE
@@ -193,6 +191,7 @@ def _name(config: StepConfig) -> str:
     return config.strategy.rsplit(":", 1)[-1]
 
 
+@pytest.mark.ranks(2, why="with one rank nothing is communicated")
 def test_exposed_communication_accounts_for_the_step_of_every_strategy(slow_steps) -> None:
     configs, measurement = slow_steps
     # Sharded strategies also communicate where this figure does not look (FSDP's all-gathers in
@@ -217,7 +216,7 @@ def test_exposed_communication_accounts_for_the_step_of_every_strategy(slow_step
 
 
 def traced_from(backend: str) -> str:
-    """Where the traced steps read the collectives' times (``ddp.bench.step_trace``): NCCL's kernels on
+    """Where the traced steps read the collectives' times (``ddp.bench.collectives.recording``): NCCL's kernels on
     NCCL at two ranks or more, the strategies' own records (the link's deliveries) elsewhere."""
     return "nccl_kernels" if backend == "nccl" else "collective_records"
 
@@ -253,6 +252,7 @@ def check_collectives(name: str, trace, timed: list[float], backend: str) -> Non
     assert 0.9 * NETWORK_DELAY_SECONDS <= trace.tail_timing.exposed_seconds <= 1.5 * NETWORK_DELAY_SECONDS, shown
 
 
+@pytest.mark.ranks(2, why="with one rank nothing is communicated")
 def test_each_collectives_exposed_share_adds_up_and_the_last_ready_bucket_is_the_tail(slow_steps, rank_group) -> None:
     """Per collective, from the traced steps: the exposed shares add up to the exposed
     communication the timed rounds measured, within the two measurements' intervals (they

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from correctness_tests.models import MODEL_CASES
 from correctness_tests.test_strategies import train_against_reference
-from ddp.bench.options import RoundOptions
-from ddp.bench.race import race
-from ddp.bench.records import load_run
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.results.records import load_run
+from ddp.bench.rounds.race import race
 from ddp.cli import main as ddp_main
 from ddp.strategies.base import DataParallel, Transfer
 

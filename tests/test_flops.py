@@ -1,15 +1,15 @@
-"""Achieved TFLOP/s and MFU (``ddp.bench.flops``): the FLOPs formula on hand-worked examples, the
+"""Achieved TFLOP/s and MFU (``ddp.bench.results.flops``): the FLOPs formula on hand-worked examples, the
 peak table, and what a step record carries (null on CPU and on unknown devices, never guessed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddp.bench.config import StepConfig
-from ddp.bench.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
-from ddp.bench.measure import Measurement
-from ddp.bench.summary import step_record
-from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
+from ddp.bench.rounds.measure import Measurement
+from ddp.bench.rounds.summary import step_record
+from ddp.bench.rounds.trainer import StepSetup, StepTiming
 from ddp.model import MODEL_SIZES, model_flops_per_token
 
 
@@ -101,7 +101,7 @@ def test_a_comparison_of_steps_of_one_name_computed_differently_says_so(tmp_path
     """Names leave the default options out; two runs whose steps share a name but not a
     configuration are not compared as if they were the same step."""
     from ddp.analysis.compare import compare
-    from ddp.bench.records import load_run
+    from ddp.bench.results.records import load_run
     from tests import synthetic
 
     def run(**values):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp.bench.options import add_grid_options, add_launch_options, grid_options, launch_options
+from ddp.bench.config.options import add_grid_options, add_launch_options, grid_options, launch_options
 from ddp.cli import gpu_check, gpu_stages
 from ddp.cli import main as ddp_main
 from ddp.cli.gpu_stages import Target

@@ -43,19 +43,13 @@ def own_pid() -> int:
     return os.getpid()
 
 
-def needs_a_second_rank(rank_group, what: str) -> None:
-    """Skip, saying why, where the test's failure happens on rank 1 and there is none."""
-    if rank_group.world_size < 2:
-        pytest.skip(f"needs 2 ranks: with one rank, {what} (run with --world-size 2 or more)")
-
-
 def test_runs_a_function_on_every_rank(rank_group):
     expected = sum(range(rank_group.world_size))
     assert rank_group.run(sum_of_ranks) == [expected] * rank_group.world_size
 
 
+@pytest.mark.ranks(2, why="with one rank, there is no rank 1 to raise")
 def test_rank_that_raises_fails_with_its_traceback_and_the_group_recovers(rank_group):
-    needs_a_second_rank(rank_group, "there is no rank 1 to raise")
     started = rank_group.starts
     began = time.monotonic()
     with pytest.raises(RankError) as failure:
@@ -69,8 +63,8 @@ def test_rank_that_raises_fails_with_its_traceback_and_the_group_recovers(rank_g
     assert rank_group.starts == started + 1
 
 
+@pytest.mark.ranks(2, why="with one rank, rank 0 cannot wait in a collective for a rank that is not there")
 def test_rank_that_hangs_fails_after_the_timeout_with_every_stack(rank_group):
-    needs_a_second_rank(rank_group, "rank 0 cannot wait in a collective for a rank that is not there")
     began = time.monotonic()
     with pytest.raises(RankError) as failure:
         rank_group.run(hang_in_a_collective_on_rank_zero, timeout_seconds=3)
@@ -82,8 +76,8 @@ def test_rank_that_hangs_fails_after_the_timeout_with_every_stack(rank_group):
     assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
 
 
+@pytest.mark.ranks(2, why="with one rank, there is no rank 1 to die")
 def test_rank_that_dies_is_reported(rank_group):
-    needs_a_second_rank(rank_group, "there is no rank 1 to die")
     with pytest.raises(RankError, match="rank 1 died with exit code 3"):
         rank_group.run(exit_on_rank_one, timeout_seconds=60)
     assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size

@@ -3,7 +3,9 @@
 Every import in ``ddp/`` is read from the source (function-level imports included) and resolved to
 the module it names; the graph must have no cycle, and each layer may import only the layers
 before it: strategies and the model, then the launcher, then the benchmark core, then analysis,
-then the command line.
+then the command line. Inside the benchmark core the folders are layers too: the configuration,
+then the results' schema and arithmetic, then memory, then collectives, then the rounds that run
+them all.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).parents[1] / "ddp"
 # layer of each top-level part; a module may import its own layer and those below it
 LAYERS = {"importing": 0, "strategies": 0, "model": 0, "launcher": 1, "bench": 2, "analysis": 3, "cli": 4, "__main__": 5}
+# the benchmark core's folders, each importing only its own and those before it (type hints under
+# TYPE_CHECKING are read too: an annotation is a dependency a reader follows)
+BENCH_LAYERS = {"config": 0, "results": 1, "memory": 2, "collectives": 3, "rounds": 4}
 
 
 def module_name(path: Path) -> str:
@@ -86,17 +91,33 @@ def test_each_layer_imports_only_the_layers_before_it():
     assert not wrong, "imports against the direction of the layers: " + "; ".join(sorted(wrong))
 
 
+def bench_layer(module: str) -> int | None:
+    parts = module.split(".")
+    return BENCH_LAYERS.get(parts[2]) if len(parts) > 3 and parts[1] == "bench" else None
+
+
+def test_the_benchmark_core_folders_import_only_those_before_them():
+    edges = graph()
+    bench = {m for m in edges if m.startswith("ddp.bench.") and m.count(".") >= 3}
+    assert {m.split(".")[2] for m in bench} == set(BENCH_LAYERS), "a folder of ddp/bench is not in BENCH_LAYERS"
+    assert not [m for m in edges if m.startswith("ddp.bench.") and m.count(".") == 2 and not m.endswith("__init__")
+                and m.split(".")[2] not in BENCH_LAYERS], "a module stands loose in ddp/bench: give it a folder by its job"
+    wrong = sorted(f"{source} imports {target}" for source in bench for target in edges[source]
+                   if bench_layer(target) is not None and bench_layer(target) > bench_layer(source))
+    assert not wrong, "imports against the benchmark core's folders: " + "; ".join(wrong)
+
+
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from ddp.bench import trainer\n    import ddp.cli\n    from ..analysis import figures\n")
-    known = {"ddp.bench.trainer", "ddp.cli", "ddp.bench", "ddp.analysis.figures"}
-    assert imports_of("ddp.strategies.x", source, known) == {"ddp.bench.trainer", "ddp.cli", "ddp.analysis.figures"}
+    source.write_text("def f():\n    from ddp.bench.rounds import trainer\n    import ddp.cli\n    from ..analysis import figures\n")
+    known = {"ddp.bench.rounds.trainer", "ddp.cli", "ddp.bench", "ddp.analysis.figures"}
+    assert imports_of("ddp.strategies.x", source, known) == {"ddp.bench.rounds.trainer", "ddp.cli", "ddp.analysis.figures"}
 
 
 # What starts ranks or runs on them: the launcher, and the benchmark modules that drive a rank group.
 RANK_MODULES = {
-    "ddp.launcher", "ddp.bench.measure", "ddp.bench.trainer", "ddp.bench.race", "ddp.bench.buckets",
-    "ddp.bench.allreduce", "ddp.bench.profiling", "ddp.bench.grid", "ddp.bench.step_trace", "ddp.bench.rank_state",
+    "ddp.launcher", "ddp.bench.rounds.measure", "ddp.bench.rounds.trainer", "ddp.bench.rounds.race", "ddp.bench.rounds.buckets",
+    "ddp.bench.rounds.allreduce", "ddp.bench.rounds.profiling", "ddp.bench.rounds.grid", "ddp.bench.collectives.recording", "ddp.bench.rounds.rank_state",
 }
 
 

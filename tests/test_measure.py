@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp.bench.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure_all_reduces, wrong_elements
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import Measurement, timed_rounds
-from ddp.bench.options import RoundOptions
-from ddp.bench.summary import step_record
-from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure_all_reduces, wrong_elements
+from ddp.bench.rounds.measure import Measurement, timed_rounds
+from ddp.bench.rounds.summary import step_record
+from ddp.bench.rounds.trainer import StepSetup, StepTiming
 
 
 def test_bucket_size_only_for_bucketed_strategies() -> None:

@@ -1,4 +1,4 @@
-"""What fits in memory, from the prediction (``ddp.bench.memory``): commands that keep several
+"""What fits in memory, from the prediction (``ddp.bench.memory.predict``): commands that keep several
 models built race within memory (contenders that do not fit together run one at a time in
 alternating blocks, one that cannot fit even alone is refused before anything is built, with the
 figures); the grid skips a configuration predicted not to fit and runs the next; the largest batch
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import ddp.bench.race as race_module
+import ddp.bench.rounds.race as race_module
 from ddp.analysis.markdown import write_report
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import GridMeasurer, NotMeasured, measure_in_blocks
-from ddp.bench.memory import (
+from ddp.bench.config.options import RoundOptions, grid_defaults
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.fake_step import run_fake_step
+from ddp.bench.memory.predict import (
     GIB,
     HEADROOM,
     Fit,
@@ -34,13 +35,12 @@ from ddp.bench.memory import (
     too_large,
     usable_bytes,
 )
-from ddp.bench.memory_trace import trace_step
-from ddp.bench.options import RoundOptions, grid_defaults
-from ddp.bench.race import race, race_configs
-from ddp.bench.rank_state import release, weights_sample
-from ddp.bench.records import load_run
-from ddp.bench.state_bytes import StateMemory
-from ddp.bench.trainer import own_peak_bytes
+from ddp.bench.memory.state import StateMemory
+from ddp.bench.results.records import load_run
+from ddp.bench.rounds.measure import GridMeasurer, NotRun, measure_in_blocks
+from ddp.bench.rounds.race import race, race_configs
+from ddp.bench.rounds.rank_state import release, weights_sample
+from ddp.bench.rounds.trainer import own_peak_bytes
 from ddp.launcher import Rank, RankInfo
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 from tests import synthetic
@@ -151,7 +151,7 @@ def test_largest_batch_is_the_edge_of_what_fits():
 def test_the_line_through_two_batches_is_the_trace_at_the_batch():
     """The prediction traces batch 1 and 2 and extends the line; the trace at batch 6 itself agrees
     within a few KiB (rounding of the line)."""
-    one, two, six = (trace_step("mini", batch, 64, "bf16") for batch in (1, 2, 6))
+    one, two, six = (run_fake_step("mini", batch, 64, "bf16") for batch in (1, 2, 6))
     line = two.at_batch(one, 5)
     assert abs(line.forward_peak.total - six.forward_peak.total) < 64 * 1024
     assert max(abs(a.total - b.total) for a, b in zip(line.backward, six.backward, strict=True)) < 64 * 1024
@@ -163,11 +163,11 @@ def test_a_grid_skips_what_is_predicted_not_to_fit_and_runs_the_next(rank_group)
     measurer = GridMeasurer(rank_group, [large, small], RoundOptions.fixed(2, 1), "off", memory_bytes=memory_bytes)
     assert predict(large, rank_group.world_size).total_bytes > usable_bytes(memory_bytes)
     skipped = measurer.measurement(large)
-    assert isinstance(skipped, NotMeasured) and isinstance(skipped.marker, NotBuilt)
+    assert isinstance(skipped, NotRun) and isinstance(skipped.marker, NotBuilt)
     reason = skipped.reason(rank_group.world_size)
     assert reason.startswith("predicted not to fit: local, model tiny, batch 64, seq len 128") and "not built" in reason
     measured = measurer.measurement(small)
-    assert not isinstance(measured, NotMeasured) and len(measured[0].rounds) == 2
+    assert not isinstance(measured, NotRun) and len(measured[0].rounds) == 2
     rank_group.run(release)
 
 

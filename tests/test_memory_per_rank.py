@@ -1,7 +1,7 @@
 """Memory per rank, measured as the step rows record it, agrees with each strategy's formula.
 
 Every registered strategy is built by the benchmark's own trainer on the ``tiny`` LM and its state
-counted (``ddp.bench.state_bytes``). Summed over the ranks, parameters, gradients and optimizer state
+counted (``ddp.bench.memory.state``). Summed over the ranks, parameters, gradients and optimizer state
 must be what the strategy's ``Sharding`` says (replicated: N x 4, 4, 8 bytes a parameter; ZeRO-1:
 N x 4, N x 4, 8; full sharding: 4, 4, 8) within 1% (FSDP pads each unit to a multiple of N,
 bucketed strategies add a flag per tensor, AdamW a step counter per tensor). A ZeRO or FSDP rank
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.config import StepConfig
-from ddp.bench.rank_state import prepare, release
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.rank_state import prepare, release
 from ddp.strategies.base import Sharding
 from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
 
@@ -41,9 +41,8 @@ def test_memory_per_rank_matches_the_formula(rank_group, memory_by_strategy, str
         assert measured == pytest.approx(expected, rel=0.01), f"{strategy} {kind}: {measured} bytes on {world_size} ranks, formula {expected:.0f}"
 
 
+@pytest.mark.ranks(2, why="sharding saves nothing on one rank")
 def test_sharding_holds_less_than_replication(rank_group, memory_by_strategy):
-    if rank_group.world_size < 2:
-        pytest.skip("sharding saves nothing on one rank: run with --world-size 2 or more")
 
     def total(strategy: str) -> int:
         memory = memory_by_strategy[strategy][0].memory

@@ -1,7 +1,7 @@
-"""The memory prediction (``ddp.bench.memory``) against an independent measurement: PyTorch's
+"""The memory prediction (``ddp.bench.memory.predict``) against an independent measurement: PyTorch's
 ``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
 ``mini``, fp32 and bf16 (and fused AdamW on mini), and in fp32 with the step's two shapes
-(``ddp.bench.step_shape``): two micro-batches accumulated, and checkpointed blocks; at world size 2
+(``ddp.bench.config.shape``): two micro-batches accumulated, and checkpointed blocks; at world size 2
 (the rank group's). A strategy that cannot run a shape is skipped with the reason.
 
 The tracker reports the categories at the moment its total peaked. Compared within 10%, as
@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddp.bench.config import StepConfig
-from ddp.bench.memory import predict, predict_moments
-from ddp.bench.state_bytes import tracked_peak
-from ddp.bench.step_shape import cannot_run
-from ddp.bench.trainer import Trainer
+from ddp.bench.config.shape import cannot_run
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import predict, predict_moments
+from ddp.bench.memory.state import tracked_peak
+from ddp.bench.rounds.trainer import Trainer
 from ddp.launcher import on_rank
 from ddp.strategies.registry import STRATEGIES, takes_bucket_size
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp.bench.config import AXES, StepConfig, expand
-from ddp.bench.options import (
+from ddp.bench.config.options import (
     ALL_OPTIONS,
     AXIS_LIST_OPTIONS,
     AXIS_OPTIONS,
@@ -28,7 +27,8 @@ from ddp.bench.options import (
     option,
     round_options,
 )
-from ddp.bench.parsing import parse_list
+from ddp.bench.config.parsing import parse_list
+from ddp.bench.config.step_config import AXES, StepConfig, expand
 from ddp.cli import COMMANDS, command_parser
 from ddp.cli import main as ddp_main
 
@@ -126,7 +126,7 @@ def test_the_pytest_header_says_which_backend_and_why():
 
 def test_every_command_binds_the_shared_options_from_their_one_definition():
     """Each option a command shares with pytest or another command comes from its definition: a
-    step's axes from ``ddp.bench.config.AXES``, the rest from ``ddp.bench.options``, with the same
+    step's axes from ``ddp.bench.config.step_config.AXES``, the rest from ``ddp.bench.config.options``, with the same
     flag, destination, parser and help text (only the default is the command's). The commands that
     time rounds take every round option; those that train one configuration take every option axis
     (a new one reaches them without an edit)."""

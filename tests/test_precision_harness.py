@@ -8,21 +8,20 @@ import pytest
 import torch
 
 from correctness_tests.test_precision import BATCH_SIZE, MODEL, SEQ_LEN, train_and_references, within_tolerance
-from ddp.bench.config import StepConfig
+from ddp.bench.config.step_config import StepConfig
 
 
+@pytest.mark.ranks(2, why="with one rank, training alone is training on the whole batch")
 def test_the_tolerance_catches_a_strategy_that_does_not_communicate(rank_group):
     """``local`` trains each rank's shard alone: in bf16, the precision with the widest floor, it
     must fall outside the tolerance, or the tolerance could not fail."""
-    if rank_group.world_size < 2:
-        pytest.skip("needs 2 ranks: with one rank, training alone is training on the whole batch")
     results = rank_group.run(train_and_references, StepConfig("local", MODEL, BATCH_SIZE, SEQ_LEN, precision="bf16"))
     mine, floor, ok = within_tolerance(results)
     assert not ok, f"a strategy that does not communicate passed: max {mine['max']:.3g}, mean {mine['mean']:.3g}; floor {floor}"
 
 
 def test_each_step_sets_its_precision_and_restores_the_previous_one():
-    from ddp.bench.trainer import numerics
+    from ddp.bench.config.precision import numerics
 
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:

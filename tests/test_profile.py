@@ -18,10 +18,10 @@ from ddp.analysis.overlap import (
     union_intervals,
 )
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.config import StepConfig
-from ddp.bench.profiling import ProfileConfig, profile_on
-from ddp.bench.records import load_profile_summary
-from ddp.bench.traces import collective_exposure, cuda_steps_from_trace, kernel_kind
+from ddp.bench.collectives.reading import collective_exposure, cuda_steps_from_trace, kernel_kind
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import load_profile_summary
+from ddp.bench.rounds.profiling import ProfileConfig, profile_on
 
 
 def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:

@@ -1,4 +1,4 @@
-"""A benchmark's rounds spread over groups of ranks started apart (``ddp.bench.measure.measure_in_groups``):
+"""A benchmark's rounds spread over groups of ranks started apart (``ddp.bench.rounds.measure.measure_in_groups``):
 how the rounds are divided and labelled, what each group keeps built, and, on real ranks, that the
 record carries each round's group and an interval over both."""
 
@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from ddp.bench.allreduce import AllReduceTiming, measure_all_reduces
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import GridMeasurer, group_share, measure_in_groups
-from ddp.bench.memory import fit
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import prepare, release, timed_round
-from ddp.bench.stats import median_ci, median_interval
-from ddp.bench.summary import step_record
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import fit
+from ddp.bench.results.stats import median_ci, median_interval
+from ddp.bench.rounds.allreduce import AllReduceTiming, measure_all_reduces
+from ddp.bench.rounds.measure import GridMeasurer, group_share, measure_in_groups
+from ddp.bench.rounds.rank_state import prepare, release, timed_round
+from ddp.bench.rounds.summary import step_record
 from ddp.launcher import Rank, RankGroup, on_rank
 
 STEP = StepConfig("bucketed", "tiny", batch_size=2, seq_len=16, bucket_size_mb=1.0)

@@ -8,7 +8,7 @@ state), all dead after ``release``; and across a grid of configurations, the ten
 rank are exactly those alive before the first. A strategy that keeps a hook on a parameter which
 refers back to itself (``bucketed``, ``overlap`` and any user's class that registers hooks) is a
 cycle through autograd that the collector cannot free: this is what kept xl alive between
-configurations (``../shared/evidence/2026-11-23-cpu-memory-retention.md``). On CUDA,
+configurations (measured on CPU on 2026-11-23: one to three fp32 copies of xl per earlier one). On CUDA,
 ``memory_allocated`` must also be back where it was.
 """
 
@@ -22,8 +22,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.device_mesh import DeviceMesh
 
-from ddp.bench.config import StepConfig
-from ddp.bench.rank_state import RankBench, prepare, release, timed_round
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.rank_state import RankBench, prepare, release, timed_round
 from ddp.launcher import Rank, RankInfo, on_rank
 from ddp.strategies import STRATEGIES, DataParallel, takes_bucket_size
 

@@ -24,8 +24,8 @@ from ddp.analysis.figures import (
     winners,
 )
 from ddp.analysis.markdown import render_markdown, write_report
-from ddp.bench.records import SCHEMA_VERSION, RunFileError, load_run
-from ddp.bench.state_bytes import StateMemory
+from ddp.bench.memory.state import StateMemory
+from ddp.bench.results.records import SCHEMA_VERSION, RunFileError, load_run
 from ddp.cli import main as ddp_main
 from tests import synthetic
 from tests.synthetic import MIB, allreduce_benchmark, config, race_benchmark, run_json, write

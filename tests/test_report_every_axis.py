@@ -1,7 +1,7 @@
 """``ddp report`` and every plot render for runs that hold every value of every axis.
 
 The runs are synthetic (``tests.synthetic``: records made by the suite's own summary and writer)
-and generated from the declarations themselves (``ddp.bench.config.AXES``): each value of every
+and generated from the declarations themselves (``ddp.bench.config.step_config.AXES``): each value of every
 option and member axis (each precision, each AdamW, bf16 gradient communication, ...), every
 registered strategy, the sharded ones included, and a user's class; with memory counted; once on
 CPU and once on a GPU whose name gives an MFU; with a race, all-reduces, a comparison, the
@@ -17,14 +17,14 @@ import pytest
 from ddp.analysis import plots, timeline
 from ddp.analysis.costmodel import Compute, Link, predict_grid
 from ddp.analysis.markdown import write_report
-from ddp.bench.config import AXES, expand
-from ddp.bench.records import load_run
-from ddp.bench.state_bytes import StateMemory
+from ddp.bench.config.step_config import AXES, expand
+from ddp.bench.memory.state import StateMemory
+from ddp.bench.results.records import load_run
 from ddp.strategies.registry import FLOOR, STRATEGIES, takes_bucket_size, traits
 from tests import synthetic
 
 USER_CLASS = "examples.toy:AveragingDDP"
-GPU = "NVIDIA H100 80GB HBM3"  # in ddp.bench.flops.PEAK_TFLOPS: MFU is given
+GPU = "NVIDIA H100 80GB HBM3"  # in ddp.bench.results.flops.PEAK_TFLOPS: MFU is given
 
 
 def every_configuration() -> list:

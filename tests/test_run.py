@@ -20,7 +20,7 @@ from pytest_benchmark.logger import Logger
 from pytest_benchmark.plugin import pytest_benchmark_group_stats
 from pytest_benchmark.storage.file import FileStorage
 
-from ddp.bench.records import StepRecord
+from ddp.bench.results.records import StepRecord
 from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT
 
 # torchrun with the interpreter running these tests: a `torchrun` on PATH may be another Python's.

@@ -27,7 +27,7 @@ from ddp.analysis.costmodel import (
     strategy_launches,
     validation_rows,
 )
-from ddp.bench.records import PredictionRecord, RunFileError, ValidationRecord, load_records, load_run
+from ddp.bench.results.records import PredictionRecord, RunFileError, ValidationRecord, load_records, load_run
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
 from tests import synthetic

@@ -1,4 +1,4 @@
-"""ddp/bench/stats.py: intervals checked against hand-computed ranks and binomial sums, and
+"""ddp/bench/results/stats.py: intervals checked against hand-computed ranks and binomial sums, and
 against simulation from distributions whose median is known; the verdict truth table; parsing.
 
 Every simulation is seeded, so a failure is a real change in behaviour, not bad luck; the
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from ddp.bench.parsing import percent
-from ddp.bench.stats import (
+from ddp.bench.config.parsing import percent
+from ddp.bench.results.stats import (
     Verdict,
     clear_of_threshold,
     group_count,

@@ -1,4 +1,4 @@
-"""The step's shape (``ddp.bench.step_shape``) as its consumers read it: tokens and FLOPs of a
+"""The step's shape (``ddp.bench.config.shape``) as its consumers read it: tokens and FLOPs of a
 record, phases of a recorded step, who can run a shape, what checkpointing changes, the memory
 prediction and the cost model, each against figures worked by hand or an un-checkpointed twin."""
 
@@ -10,10 +10,8 @@ import pytest
 import torch
 
 from ddp.analysis.costmodel import Compute, Gradient, Link, predict_step
-from ddp.bench.config import StepConfig
-from ddp.bench.flops import workload_flops_per_token
-from ddp.bench.memory import largest_batch, predict, predict_moments
-from ddp.bench.step_shape import (
+from ddp.bench.collectives.recording import PhaseRecorder, recorded_step
+from ddp.bench.config.shape import (
     ACCUMULATE,
     PHASES,
     StepShape,
@@ -23,9 +21,11 @@ from ddp.bench.step_shape import (
     repeated_blocks,
     step_span,
 )
-from ddp.bench.step_trace import PhaseRecorder, recorded_step
-from ddp.bench.trainer import Trainer
-from ddp.bench.workloads import build_workload, rank_batches
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.workloads import build_workload, rank_batches
+from ddp.bench.memory.predict import largest_batch, predict, predict_moments
+from ddp.bench.results.flops import workload_flops_per_token
+from ddp.bench.rounds.trainer import Trainer
 from ddp.launcher import Rank, on_rank
 from ddp.model import MODEL_SIZES
 from tests import synthetic

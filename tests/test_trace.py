@@ -2,7 +2,8 @@
 naming schemes of NCCL, ``ncclDevKernel_Generic`` through its arguments or its ``nccl:<op>``
 range); DDP's buffer broadcast named apart from the plan's buckets; a user's own trace read step by
 step on hand-built traces, worked by hand; and ``ddp trace`` on two real traces of NCCL training
-(``../shared/gpu-traces``), checked against the kernels counted in the raw JSON."""
+(kept beside the repository, ``GPU_TRACES``; skipped where absent), checked against the kernels
+counted in the raw JSON."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from ddp.analysis.overlap import step_comm_figures, trace_step_figures
-from ddp.bench import traces
-from ddp.bench.traces import cuda_steps_from_trace, nccl_collective, read_trace
+from ddp.bench.collectives.reading import (
+    BACKWARD_BEFORE_OPTIMIZER,
+    BACKWARD_FROM_ENGINE,
+    OPTIMIZER_AFTER_COMM,
+    OPTIMIZER_FROM_STEP,
+    WHOLE_TRACE,
+    cuda_steps_from_trace,
+    nccl_collective,
+    read_trace,
+)
 from ddp.cli import main as ddp_main
 from tests.test_profile import (
     ADAM,
@@ -165,7 +174,7 @@ def test_a_user_trace_step_is_read_by_its_ranges_and_worked_by_hand():
     (step,) = reading.steps
     assert reading.from_profiler_steps and reading.nccl_kernels == 4
     assert step["name"] == "ProfilerStep#1"
-    assert step["found"] == {"backward": traces.BACKWARD_FROM_ENGINE, "optimizer": traces.OPTIMIZER_FROM_STEP}
+    assert step["found"] == {"backward": BACKWARD_FROM_ENGINE, "optimizer": OPTIMIZER_FROM_STEP}
     us = 1e-6  # times in seconds from the step's start (1000 µs)
     assert step["backward"] == pytest.approx([320 * us, 600 * us])
     assert step["optimizer"] == pytest.approx([720 * us, 800 * us])
@@ -187,7 +196,7 @@ def test_a_user_trace_step_is_read_by_its_ranges_and_worked_by_hand():
 def test_a_user_trace_without_backward_or_optimizer_ranges_falls_back_and_says_so():
     only_steps = [r for r in RANGES if r[0].startswith(("ProfilerStep", "nccl:"))]
     (step,) = read_trace(_user_trace(ranges=only_steps)).steps
-    assert step["found"] == {"backward": traces.BACKWARD_BEFORE_OPTIMIZER, "optimizer": traces.OPTIMIZER_AFTER_COMM}
+    assert step["found"] == {"backward": BACKWARD_BEFORE_OPTIMIZER, "optimizer": OPTIMIZER_AFTER_COMM}
     # The optimizer: the first compute kernel launched after the last NCCL kernel (launched at 1490);
     # backward: every compute kernel launched before it, forward's included.
     assert step["optimizer"][0] == pytest.approx(720e-6)
@@ -323,7 +332,7 @@ def test_a_trace_without_profiler_steps_is_one_step_spanning_it(tmp_path, capsys
     assert ddp_main(["trace", str(path), "--json", str(out)]) == 0
     assert "read as one step spanning the whole trace" in capsys.readouterr().out
     (step,) = json.loads(out.read_text())["steps"]
-    assert step["name"] == traces.WHOLE_TRACE
+    assert step["name"] == WHOLE_TRACE
     assert len(step["collectives"]) == 4  # the kernel launched after ProfilerStep#1's end counts too
 
 

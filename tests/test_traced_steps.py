@@ -1,19 +1,19 @@
-"""Traced steps (``ddp.bench.step_trace``) leave nothing attached behind them: the profiler off, the
+"""Traced steps (``ddp.bench.collectives.recording``) leave nothing attached behind them: the profiler off, the
 strategy's collective recorder detached, no hook added to a parameter, the step's own observers
 gone. On CUDA the profiler also leaves CUPTI attached to the process, which no check on a CPU can
-see: that is why traced steps run on ranks that time nothing afterwards (``ddp.bench.measure.trace``,
+see: that is why traced steps run on ranks that time nothing afterwards (``ddp.bench.rounds.measure.trace``,
 ``GridMeasurer``'s tracer), checked here by where they run, and timed on a GPU by ``gpu-check``."""
 
 from __future__ import annotations
 
 import torch
 
-from ddp.bench import step_trace
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import GridMeasurer, free
-from ddp.bench.options import RoundOptions
-from ddp.bench.step_trace import traced_steps
-from ddp.bench.trainer import Trainer
+from ddp.bench.collectives import recording
+from ddp.bench.collectives.recording import traced_steps
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.measure import GridMeasurer, free
+from ddp.bench.rounds.trainer import Trainer
 from ddp.launcher import Rank, RankGroup, on_rank, rank_info
 
 
@@ -48,11 +48,11 @@ def test_traced_steps_leave_nothing_attached(rank_group):
 
 
 class _Traced:
-    """How many traced steps this rank has run (``ddp.bench.step_trace.recorded_step`` calls)."""
+    """How many traced steps this rank has run (``ddp.bench.collectives.recording.recorded_step`` calls)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.recorded_step = step_trace.recorded_step
+        self.recorded_step = recording.recorded_step
 
 
 @on_rank
@@ -64,14 +64,14 @@ def count_traced_steps(rank: Rank) -> None:
         counter.count += 1
         return counter.recorded_step(*args, **kwargs)
 
-    step_trace.recorded_step = counted
+    recording.recorded_step = counted
 
 
 @on_rank
 def traced_so_far(rank: Rank) -> int:
     """The traced steps counted since ``count_traced_steps``, which stops counting."""
     counter = rank.keep(_Traced)
-    step_trace.recorded_step = counter.recorded_step
+    recording.recorded_step = counter.recorded_step
     count, counter.count = counter.count, 0
     return count
 

@@ -1,5 +1,5 @@
 """Why a step is slow, collective by collective: the figures behind the report's section of that
-name and its timeline plot, from each step record's ``collectives`` (``ddp.bench.records.CollectiveTrace``).
+name and its timeline plot, from each step record's ``collectives`` (``ddp.bench.results.records.CollectiveTrace``).
 
 Per step: its collectives, the share of the exposed communication each holds (they add up to the
 exposed window up to the last completion), the *tail* (the gradient collective that completed
@@ -17,7 +17,7 @@ import statistics
 from ddp.analysis.costmodel import NotModelled, plan_advice
 from ddp.analysis.figures import groups, several_models, sorted_steps
 from ddp.analysis.tables import interval_ms, mib, ms
-from ddp.bench.records import CollectiveTiming, StepRecord
+from ddp.bench.results.records import CollectiveTiming, StepRecord
 from ddp.strategies.registry import FLOOR, takes_bucket_size
 
 # A per-collective table lists the collectives exposed at least this long, the most exposed
@@ -27,7 +27,7 @@ LISTED_EXPOSED_SECONDS = 1e-4
 LISTED_MOST = 8
 
 
-def traced_steps(steps: list[StepRecord]) -> list[StepRecord]:
+def with_collectives(steps: list[StepRecord]) -> list[StepRecord]:
     """The steps that carry per-collective figures, in table order."""
     return sorted_steps([s for s in steps if s.collectives is not None and s.collectives.collectives])
 
@@ -47,7 +47,7 @@ def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
     shares added up (traced steps), the tail and the collective exposed the most."""
     with_model = several_models(steps)
     rows = []
-    for s in traced_steps(steps):
+    for s in with_collectives(steps):
         trace = s.collectives
         tail, top = trace.tail_timing, most_exposed(s)
         rows.append([
@@ -65,7 +65,7 @@ def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
 def detail_group(steps: list[StepRecord]):
     """The group whose collectives the report details: the one with the most tokens per rank (the
     heaviest step), the last in table order among equals."""
-    traced = traced_steps(steps)
+    traced = with_collectives(steps)
     if not traced:
         return None
     keys = groups(traced)
@@ -115,7 +115,7 @@ def advice_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
     the model could not be calibrated)."""
     with_model = several_models(steps)
     rows, commands = [], []
-    for step in traced_steps(steps):
+    for step in with_collectives(steps):
         if not takes_bucket_size(step.strategy) or not tail_resolved(step):
             continue
         tail = step.collectives.tail_timing

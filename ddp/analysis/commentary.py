@@ -17,7 +17,7 @@ from ddp.analysis.figures import (
     winners,
 )
 from ddp.analysis.tables import mib, ms, pct
-from ddp.bench.records import Run, StepRecord
+from ddp.bench.results.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import FLOOR, traits
 

@@ -3,12 +3,12 @@ new / old with its 95% interval, and a verdict that only a significant slowdown 
 threshold can fail.
 
 Benchmarks are matched by name. For each, the ratio of medians new / old gets a bootstrap interval
-over the two runs' rounds (``ddp.bench.stats.ratio_of_medians_ci``), and a verdict at a threshold t
-by asv's ``--factor`` rule (``ddp.bench.stats.verdict``): **a benchmark is slower when its ratio is
+over the two runs' rounds (``ddp.bench.results.stats.ratio_of_medians_ci``), and a verdict at a threshold t
+by asv's ``--factor`` rule (``ddp.bench.results.stats.verdict``): **a benchmark is slower when its ratio is
 beyond 1 + t and significant** (its 95% interval lies above 1); *unchanged* when the ratio is
 within [1 - t, 1 + t]; *faster* symmetrically; *not resolved* when the ratio is beyond a threshold
 but within noise (the interval reaches across 1), and then the gate says about how many groups of ranks
-would decide it (``ddp.bench.stats.groups_to_decide``). The gate fails only on *slower*: a 15%
+would decide it (``ddp.bench.results.stats.groups_to_decide``). The gate fails only on *slower*: a 15%
 slowdown fails a 10% gate as soon as the rounds tell it from noise, and a ratio within noise does
 not (the false-alarm rate that remains is measured: docs/regression-gate.md). No verdict but
 *not resolved* is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds in a run.
@@ -18,8 +18,8 @@ can fail it. ``gate`` is that gate, once: ``ddp compare`` and pytest's ``--ddp-f
 and ``table`` is the one comparison table, in the terminal and in the report.
 
 **Groups of ranks.** A run's rounds are spread over groups of ranks started apart
-(``ddp.bench.measure.measure_in_groups``, ``round_groups`` in the record), and every ratio's
-interval is a two-level bootstrap over them (``ddp.bench.stats``): what differs from one process
+(``ddp.bench.rounds.measure.measure_in_groups``, ``round_groups`` in the record), and every ratio's
+interval is a two-level bootstrap over them (``ddp.bench.results.stats``): what differs from one process
 to the next, and so from one run to the next, is in the interval. A run of one group (``ddp run``
 under torchrun, ``--rank-groups 1``, a file saved before groups were recorded) measures none of
 that: no slowdown is called from it (*not resolved*, saying to take it again with two groups or
@@ -43,7 +43,7 @@ nothing), so the verdict combines them, and the ``why`` column says which decide
   sleep), which it does not. With compute a share f of the step and ``local`` x L, unchanged code
   gives step / local = f + (1 - f) / L, above 1 whenever L < 1 (measured here: two unchanged runs
   of a 10 ms step, ``local`` x0.74, step / local x1.07 [1.01, 1.13]). There the *adjusted* ratio
-  (``ddp.bench.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must be judged slower too,
+  (``ddp.bench.results.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must be judged slower too,
   or the verdict is **not resolved**. On a slower machine (L > 1) the bias lowers step / local,
   so a paired *slower* stands;
 * the raw ratio judged slower and the paired ratio's interval within 1 + t: the step moved no
@@ -64,10 +64,10 @@ compared raw. ``local`` itself has nothing to pair with: it is the machine's ref
 change there is reported as ``machine slower`` (or faster), not gated.
 
 **Rounds aimed at the decision.** ``settled`` says whether more rounds could still change a
-decision; the timing loop (``ddp.bench.measure.timed_rounds``) asks it after each round when a run
+decision; the timing loop (``ddp.bench.rounds.measure.timed_rounds``) asks it after each round when a run
 is compared with a saved one (pytest's ``--benchmark-compare``), and stops once every benchmark of
 the round is settled or the budget is spent. Settled is stricter than decided: the deciding
-ratio's interval lies clear of the threshold's edges (``ddp.bench.stats.clear_of_threshold``), so
+ratio's interval lies clear of the threshold's edges (``ddp.bench.results.stats.clear_of_threshold``), so
 that a ratio near 1 + t gets every round the budget allows before the rule reads its point. This
 is sequential testing in the plainest form: the interval is recomputed as rounds arrive and the
 run stops when it clears the threshold on one side.
@@ -89,9 +89,9 @@ from dataclasses import dataclass
 from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
-from ddp.bench.records import Run
-from ddp.bench.stats import (
-    MAX_ROUNDS,
+from ddp.bench.config.parsing import MAX_ROUNDS
+from ddp.bench.results.records import Run
+from ddp.bench.results.stats import (
     Groups,
     Verdict,
     clear_of_threshold,
@@ -126,14 +126,14 @@ at all. On this project's shared 2-core machine, 10 rounds once resolved an unch
 @dataclass(frozen=True)
 class Ratio:
     """new / old with its 95% bootstrap interval, its verdict at the threshold
-    (``ddp.bench.stats.verdict``), and whether the interval lies clear of the threshold's edges."""
+    (``ddp.bench.results.stats.verdict``), and whether the interval lies clear of the threshold's edges."""
 
     point: float
     low: float
     high: float
     verdict: Verdict
     clear: bool
-    """``ddp.bench.stats.clear_of_threshold``: more rounds would hardly change the verdict."""
+    """``ddp.bench.results.stats.clear_of_threshold``: more rounds would hardly change the verdict."""
 
     @classmethod
     def judged(cls, point: float, low: float, high: float, threshold: float, rounds: int) -> Ratio:
@@ -176,9 +176,9 @@ class Decision:
     """``local``'s own raw ratio, from the rounds interleaved with this step."""
     adjusted: Ratio | None = None
     """The raw ratio with the machine's change taken out of the step's compute share only
-    (``ddp.bench.stats.machine_adjusted_ratio_ci``), where ``local`` got faster (its interval below 1)."""
+    (``ddp.bench.results.stats.machine_adjusted_ratio_ci``), where ``local`` got faster (its interval below 1)."""
     groups: tuple[int, int] = (1, 1)
-    """Groups of ranks the old and the new run's rounds came from (``ddp.bench.stats.group_count``)."""
+    """Groups of ranks the old and the new run's rounds came from (``ddp.bench.results.stats.group_count``)."""
 
     @property
     def ratio(self) -> Ratio:
@@ -315,7 +315,7 @@ class AimedRounds:
 
 
 class AimAtDecision:
-    """A ``ddp.bench.measure.StopCriterion``: rounds go on until every configuration of the round
+    """A ``ddp.bench.rounds.measure.StopCriterion``: rounds go on until every configuration of the round
     that ``old`` also measured has a ``settled`` decision against it (``local``, the machine's
     reference, is not waited for). ``name_of(config)`` is the benchmark's name in the saved run.
     ``outcomes`` keeps, per benchmark name, how its rounds ended.

@@ -21,7 +21,7 @@ term (NCCL's trees reach about the ring's bus bandwidth on large messages).
 sequence length (its median round, or its fastest with ``--statistic min``). ``--optimizer-fraction``
 of the step is the optimizer (default 0: for the models here AdamW is a few per cent of a step,
 and it runs after gradient synchronization either way, so it only shifts where backward starts);
-the rest is split evenly over the step's micro-batches (``ddp.bench.step_shape``: ``--grad-accum``),
+the rest is split evenly over the step's micro-batches (``ddp.bench.config.shape``: ``--grad-accum``),
 and within one micro-batch backward takes ``2/3`` (two matmuls per forward matmul: the gradients
 of the input and of the weight), ``3/4`` where checkpointed blocks recompute their forward
 (``StepShape.backward_share``). Only the last micro-batch's backward communicates, so only it
@@ -82,10 +82,10 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from ddp.bench.config import AXES
-from ddp.bench.records import PredictionRecord, Run, RunFileError, ValidationRecord
-from ddp.bench.step_shape import StepShape
-from ddp.bench.workloads import build_workload
+from ddp.bench.config.shape import StepShape
+from ddp.bench.config.step_config import AXES
+from ddp.bench.config.workloads import build_workload
+from ddp.bench.results.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import FLOOR, resolve_strategy, traits
@@ -281,7 +281,7 @@ def strategy_launches(
     return [(t.ready_seconds, link.collective_seconds(t.collective, t.size_bytes, world_size)) for t in schedule]
 
 
-Prediction = PredictionRecord  # the cost model's output is the saved record (ddp.bench.records)
+Prediction = PredictionRecord  # the cost model's output is the saved record (ddp.bench.results.records)
 
 
 @dataclass(frozen=True)
@@ -443,7 +443,7 @@ def _statistic(rounds: list[float] | None, median: float, statistic: str) -> flo
 
 
 def calibrate(run: Run, statistic: str = "median") -> Calibration:
-    """A ``Calibration`` from a saved run (``ddp.bench.records.load_run``); ``RunFileError`` saying
+    """A ``Calibration`` from a saved run (``ddp.bench.results.records.load_run``); ``RunFileError`` saying
     what is missing."""
     steps = run.steps
     if not steps:
@@ -570,7 +570,7 @@ def advice(model: str, shape: StepShape, local_seconds: float, world_sizes: list
 
 def service_samples(trace, world_size: int) -> list[tuple[int, int, float]]:
     """``(size_bytes, world_size, seconds)`` of each collective of a traced step
-    (``ddp.bench.records.CollectiveTrace``) as the link served it: on one channel a collective
+    (``ddp.bench.results.records.CollectiveTrace``) as the link served it: on one channel a collective
     starts when it is launched and the previous one is done, so its time on the link is its
     completion minus the later of the two (its launch to completion would count the queue)."""
     samples, previous_done = [], float("-inf")
@@ -618,7 +618,7 @@ class PlanAdvice:
 
 
 def plan_advice(step, local_seconds: float) -> PlanAdvice:
-    """The cost model on one step record of a bucketing strategy (``ddp.bench.records.StepRecord``
+    """The cost model on one step record of a bucketing strategy (``ddp.bench.results.records.StepRecord``
     with ``collectives``): its link fitted on the step's own collectives (``link_of_step``), its
     compute the ``local`` twin's step, its gradients the built-in LM's (``gradients_of``); the
     step at the measured cap, at every candidate cap, and in bf16 at the best. Raises

@@ -1,14 +1,14 @@
 """The figures a report derives from saved runs: overheads over ``local``, winners, bucket plans,
 run-to-run ratios and the machine facts that must match for them to mean anything. Pure: reads
-``ddp.bench.records`` and computes; ``markdown`` and ``plots`` render."""
+``ddp.bench.results.records`` and computes; ``markdown`` and ``plots`` render."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from ddp.bench.config import StepConfig
-from ddp.bench.records import Run, StepRecord
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import FLOOR, traits
 

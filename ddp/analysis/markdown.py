@@ -1,4 +1,4 @@
-"""``report.md``: its sections and tables from saved runs (``ddp.bench.records``), with the
+"""``report.md``: its sections and tables from saved runs (``ddp.bench.results.records``), with the
 figures of ``ddp.analysis.figures``, the commentary of ``ddp.analysis.commentary``, the comparison
 of ``ddp.analysis.compare`` and the plots of ``ddp.analysis.plots``.
 
@@ -41,8 +41,8 @@ from ddp.analysis.sharding import (
     peak_memory_rows,
 )
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
-from ddp.bench.config import AXES, StepConfig
-from ddp.bench.records import Run, RunFileError, StepRecord, load_run
+from ddp.bench.config.step_config import AXES, StepConfig
+from ddp.bench.results.records import Run, RunFileError, StepRecord, load_run
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 
 TABLE_FORMAT = "github"
@@ -124,7 +124,7 @@ def flops_section(run: Run) -> list[str]:
         "",
         "Model TFLOP/s per device: FLOPs per token (6 x matmul weights + 12 x layers x d_model x seq len, "
         f"forward and backward: {per_token}) x batch x seq len / step time. MFU divides by the device's dense peak "
-        "in the step's precision (`ddp.bench.flops.PEAK_TFLOPS`)"
+        "in the step's precision (`ddp.bench.results.flops.PEAK_TFLOPS`)"
         + (f"; none is known for {', '.join(unknown)}, so MFU is not given there." if unknown else "."),
         "",
         _table(rows, headers),
@@ -239,7 +239,7 @@ def memory_section(run: Run) -> list[str]:
             "## Peak memory per rank: predicted before building, and measured",
             "",
             "The peak each configuration was predicted to reach before anything was built (`python -m ddp memory`, "
-            "`ddp.bench.memory`: the training state from the strategy's declarations, activations and temporaries "
+            "`ddp.bench.memory.predict`: the training state from the strategy's declarations, activations and temporaries "
             "from the model's step traced on fake tensors), by category at the moment of the step it falls in, beside "
             "the measured peak: CUDA's `max_memory_allocated` over the timed steps, or on CPU PyTorch's `MemTracker` "
             "over untimed steps (its categories at its peak in the last column; a strategy's own buffers land in "
@@ -254,7 +254,7 @@ def memory_section(run: Run) -> list[str]:
         "## Memory per rank",
         "",
         "The state each strategy holds on its most loaded rank, counted as distinct tensor storages after "
-        "gradients are synchronized (`ddp.bench.state_bytes`; the same count on CPU and CUDA), beside the formula of "
+        "gradients are synchronized (`ddp.bench.memory.state`; the same count on CPU and CUDA), beside the formula of "
         "what it shards (fp32 weights, gradients, AdamW's two moments; bytes a parameter: "
         + ", ".join(f"{level} {sharding.formula}" for level, sharding in LEVELS.items())
         + "). Activations and communication buffers are not state: on CUDA the allocator's peak over the timed "
@@ -369,7 +369,7 @@ def collectives_section(run: Run) -> list[str]:
               "Times in ms from the end of backward's computation (negative: during backward); medians over the traced "
               "steps. Ready: when its data was ready to send; launched: when it was handed to the backend; done: when it "
               "completed. The timeline plot draws the same.", ""]
-    for step in collectives.traced_steps([s for s in run.steps if s.group == detail]):
+    for step in collectives.with_collectives([s for s in run.steps if s.group == detail]):
         detail_rows, note = collectives.detail_rows(step)
         lines += [f"**{step.label}** (backward began at {ms(step.collectives.backward_start_seconds, 1)} ms; "
                   f"times from {step.collectives.comm_source.replace('_', ' ')})", "", _table(detail_rows, collectives.DETAIL_HEADERS), ""]

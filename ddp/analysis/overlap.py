@@ -1,7 +1,7 @@
 """Overlap of communication with backward, from profiled steps: interval arithmetic, reading
 CUDA traces, and the figures of ``summary.json``. Pure functions of step records: no tensors, no ranks.
 
-A profiled step (``ddp.bench.profiling``) is a record of ``[start, end]`` of every phase
+A profiled step (``ddp.bench.rounds.profiling``) is a record of ``[start, end]`` of every phase
 ("forward", "backward", "gradient_sync", "optimizer"), ``backward_compute_end`` (the last gradient
 computed) and its ``collectives`` (launch and completion of each), all on the ``time.perf_counter``
 clock, one clock for every rank since ``RankGroup`` runs them on one host.
@@ -12,22 +12,22 @@ communication once backward's computation was done (the benchmarks' ``exposed_co
 ``comm_seconds`` their sum, and ``overlap_fraction`` the overlapped share of it.
 
 On CUDA the collectives' futures complete when their kernels are enqueued, not when they end, so
-there the intervals come from the trace (``ddp.bench.traces.cuda_steps_from_trace``): kernels are classified as
+there the intervals come from the trace (``ddp.bench.collectives.reading.cuda_steps_from_trace``): kernels are classified as
 Holistic Trace Analysis does (``kernel_kind``), phases and the backward window come from compute
 kernels only, and communication from NCCL kernels where a step has any, else (world size 1, or
 gloo over CUDA tensors, where there are none) from the collectives' own launch and completion
 records. ``comm_source`` says which.
 
 A user's own trace (``ddp trace``) is read into step records of the same shape
-(``ddp.bench.traces.read_trace``) and given the same figures per step (``trace_step_figures``).
+(``ddp.bench.collectives.reading.read_trace``) and given the same figures per step (``trace_step_figures``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ddp.bench.step_shape import phases_of, step_span  # the step's phases, named once
-from ddp.bench.traces import collective_exposure, comm_source, tail_of, trace_offset_us
+from ddp.bench.collectives.reading import collective_exposure, comm_source, tail_of, trace_offset_us
+from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000
@@ -61,7 +61,7 @@ def step_comm_figures(step: dict) -> dict:
     """comm, overlapped and exposed seconds of one step record (see ``profile_rank``).
 
     Exposed communication is what the step waited for: from the end of backward's computation to
-    the start of the optimizer, the figure ``ddp.bench.trainer`` defines as ``exposed_comm_seconds``
+    the start of the optimizer, the figure ``ddp.bench.rounds.trainer`` defines as ``exposed_comm_seconds``
     (a wait inside ``loss.backward()``, where PyTorch's DDP waits, counts as any other), so that
     forward + backward compute + exposed + optimizer is the step. Overlapped communication is the
     time collectives were in flight during backward's computation: hidden behind it. A step that
@@ -126,7 +126,7 @@ def exposure_figures(steps: list[dict]) -> dict:
 
 
 def trace_step_figures(step: dict) -> dict:
-    """What ``ddp trace`` reports of one step of a user's trace (``ddp.bench.traces.read_trace``), by
+    """What ``ddp trace`` reports of one step of a user's trace (``ddp.bench.collectives.reading.read_trace``), by
     the definitions ``ddp profile`` uses: each collective (in launch order) from its GPU start to
     its end with its share of the exposed window (``collective_exposure``), the step's exposed
     communication and the communication overlapped with backward's computation

@@ -1,5 +1,5 @@
 """The report's PNG plots, drawn with matplotlib (Agg, no display) from a loaded run
-(``ddp.bench.records``), every median with its 95% interval as an error bar.
+(``ddp.bench.results.records``), every median with its 95% interval as an error bar.
 
 - ``report_step_vs_bucket_seq{N}.png``: step time against bucket cap, one figure per sequence
   length, one line per batch size and bucketing strategy (in the strategy's own ``line_style``:
@@ -28,8 +28,8 @@ from matplotlib import ticker  # noqa: E402
 from ddp.analysis import collectives  # noqa: E402
 from ddp.analysis.costmodel import Prediction  # noqa: E402
 from ddp.analysis.figures import groups, several_models, sorted_steps, step_order  # noqa: E402
-from ddp.bench.config import AXES  # noqa: E402
-from ddp.bench.records import Run, strategy_label  # noqa: E402
+from ddp.bench.config.step_config import AXES  # noqa: E402
+from ddp.bench.results.records import Run, strategy_label  # noqa: E402
 from ddp.strategies.bucketed import BYTES_PER_MB  # noqa: E402
 from ddp.strategies.registry import FLOOR, traits  # noqa: E402
 
@@ -38,7 +38,7 @@ DPI = 100  # keeps each PNG well under 200 KB
 
 def _yerr_ms(steps) -> list[list[float]] | None:
     """Error bars from each step's 95% interval of its median, in ms below and above it (0 where a
-    two-level interval, ``ddp.bench.stats.median_interval``, lies wholly on one side of the median)."""
+    two-level interval, ``ddp.bench.results.stats.median_interval``, lies wholly on one side of the median)."""
     if not all(s.step_seconds_ci95 for s in steps):
         return None
     return [
@@ -186,7 +186,7 @@ def plot_collective_timeline(run: Run, path: Path) -> Path | None:
     detail = collectives.detail_group(run.steps)
     if detail is None:
         return None
-    steps = collectives.traced_steps([s for s in run.steps if s.group == detail])
+    steps = collectives.with_collectives([s for s in run.steps if s.group == detail])
     heights = [max(1.0, min(4.0, 0.12 * len(s.collectives.collectives))) for s in steps]
     figure, axes = plt.subplots(len(steps), 1, figsize=(9.0, 1.0 + sum(heights)), sharex=True, squeeze=False,
                                 gridspec_kw={"height_ratios": heights})

@@ -1,5 +1,5 @@
 """The parent side of ``ddp profile``: from the ranks' step records and the traces they saved
-(``ddp.bench.profiling.profile_on`` runs the ranks) to ``summary.json``, per-strategy timelines
+(``ddp.bench.rounds.profiling.profile_on`` runs the ranks) to ``summary.json``, per-strategy timelines
 (JSON and PNG) and the combined timeline. Reads files and records only: no rank runs here."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, strategy_summary, timeline_record
-from ddp.bench.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
-from ddp.bench.traces import cuda_steps_from_trace
+from ddp.bench.collectives.reading import cuda_steps_from_trace
+from ddp.bench.results.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
 
 
 def read_traces(rank_records: list[dict]) -> list[dict]:
@@ -47,7 +47,7 @@ def write_profile(config, rank_records: list[dict], out_dir: Path) -> tuple[Prof
 
 def write_profiles(world_size: int, backend: str, device: str, configs: list, rank_records: list[list[dict]],
                    out_dir: Path) -> ProfileSummary:
-    """From each configuration's (a ``ddp.bench.profiling.ProfileConfig``) per-rank records
+    """From each configuration's (a ``ddp.bench.rounds.profiling.ProfileConfig``) per-rank records
     (``profile_on``), write summary.json and the timelines into ``out_dir``; return the summary."""
     profiles, timelines = {}, []
     for config, records in zip(configs, rank_records, strict=True):

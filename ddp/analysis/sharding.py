@@ -5,7 +5,7 @@ The formula is the strategy's ``Sharding`` (``ddp.strategies.base``): bytes a pa
 for fp32 weights, gradients and AdamW state, before activations, communication buffers and the
 gathered FSDP unit. Whether a model fits is read against a device's memory (an H100's 80 GB by
 default), so "fits" here is necessary, not sufficient: activations come on top (on one H100 an xl
-step at batch 2 x seq 128 peaks 6 GiB above its 32 GB of state, ``../shared/gpu-runs``).
+step at batch 2 x seq 128 peaked 6 GiB above its 32 GB of state in the first H100 run).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.records import StepRecord
+from ddp.bench.results.records import StepRecord
 from ddp.model import MODEL_SIZES, build_model, num_parameters
 from ddp.strategies.base import Sharding, sharding_of
 from ddp.strategies.registry import STRATEGIES
@@ -82,7 +82,7 @@ def measured_memory_rows(steps: list[StepRecord]) -> list[list[str]]:
 
 
 PEAK_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "communication")
-# MemTracker's categories as the report shows them (ddp.bench.state_bytes.TRACKER_CATEGORIES, in the order above)
+# MemTracker's categories as the report shows them (ddp.bench.memory.state.TRACKER_CATEGORIES, in the order above)
 TRACKER_COLUMNS = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
 
 

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddp.bench.options import OptionError
-from ddp.bench.records import RunFileError
+from ddp.bench.config.options import OptionError
+from ddp.bench.results.records import RunFileError
 from ddp.strategies.registry import StrategyError
 
 COMMANDS = {

@@ -1,6 +1,6 @@
 """``python -m ddp buckets --model mypkg.mod:build``: which bucket size for my model? Measures the
 bucketing strategies (``bucketed`` and ``torch`` by default) over bucket caps on this machine, each
-paired with ``local`` (``ddp.bench.buckets``), and prints the measured best cap beside the cost
+paired with ``local`` (``ddp.bench.rounds.buckets``), and prints the measured best cap beside the cost
 model's recommendation at larger world sizes (``ddp.analysis.costmodel``)."""
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import argparse
 
 from ddp.analysis.costmodel import LINKS, advice, default_overlap_slowdown, fit_link
 from ddp.analysis.tables import interval_ms, ms, table
-from ddp.bench.buckets import link_samples, sweep
-from ddp.bench.config import StepConfig
-from ddp.bench.options import (
+from ddp.bench.config.options import (
     RoundOptions,
     add_config_options,
     add_launch_options,
@@ -20,7 +18,9 @@ from ddp.bench.options import (
     launch_options,
     round_options,
 )
-from ddp.bench.parsing import argument_type, positive_ints
+from ddp.bench.config.parsing import argument_type, positive_ints
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.buckets import link_samples, sweep
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import BUCKETED_STRATEGIES, takes_bucket_size

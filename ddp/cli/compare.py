@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from ddp.analysis.compare import DEFAULT_THRESHOLD, gate
-from ddp.bench.parsing import percent_type
-from ddp.bench.records import load_run
+from ddp.bench.config.parsing import percent_type
+from ddp.bench.results.records import load_run
 from ddp.cli import UsageError
 
 

@@ -6,7 +6,7 @@ code, the same commands, other sizes and backends) and the folder it writes into
 stage's figure, one line, or raises ``CheckFailed`` with it. Timing figures are asserted on a GPU
 and only reported in a rehearsal: two CPU cores shared with CI's other work do not time steps
 to 2%. Most stages run the suite's own pytest benchmarks in a ddp-bench checkout and read the
-pytest-benchmark JSON they write (``ddp.bench.records.load_run``), so that what is checked is
+pytest-benchmark JSON they write (``ddp.bench.results.records.load_run``), so that what is checked is
 what a user runs.
 
 What each stage holds the suite to, on one H100 (figures from ``docs/gpu-first-run.md`` and the
@@ -46,16 +46,16 @@ from pathlib import Path
 
 import torch
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import HARNESS_RATIO_BAR, GridMeasurer, NotMeasured, free, measure, trace
-from ddp.bench.memory import HEADROOM, largest_batch, predict, size_text
-from ddp.bench.options import RoundOptions
-from ddp.bench.profiling import ProfileConfig, profile_on
-from ddp.bench.rank_state import allocated_bytes
-from ddp.bench.records import StepRecord, load_run
-from ddp.bench.stats import ratio_of_medians_ci
-from ddp.bench.summary import collective_trace
-from ddp.bench.traces import kernel_kind
+from ddp.bench.collectives.reading import kernel_kind
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import HEADROOM, largest_batch, predict, size_text
+from ddp.bench.results.records import StepRecord, load_run
+from ddp.bench.results.stats import ratio_of_medians_ci
+from ddp.bench.rounds.measure import HARNESS_RATIO_BAR, GridMeasurer, NotRun, free, measure, trace
+from ddp.bench.rounds.profiling import ProfileConfig, profile_on
+from ddp.bench.rounds.rank_state import allocated_bytes
+from ddp.bench.rounds.summary import collective_trace
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import FLOOR
 
@@ -247,13 +247,13 @@ def oom(target: Target, out: Path, suite: Path) -> str:
         measurer = GridMeasurer(ranks, [hog, after], policy, "off")
         empty = ranks.run(allocated_bytes)[0]
         skipped = measurer.measurement(hog)
-        target.check(isinstance(skipped, NotMeasured), f"{hog.describe()} did not run out of memory: {skipped}")
+        target.check(isinstance(skipped, NotRun), f"{hog.describe()} did not run out of memory: {skipped}")
         reason = skipped.reason(1)
         target.check(reason.startswith("out of memory"), f"not skipped for memory: {reason}")
         back = ranks.run(allocated_bytes)[0]
         measured = measurer.measurement(after)
         free(ranks)
-    target.check(not isinstance(measured, NotMeasured), f"{after.describe()} did not run after it: {measured}")
+    target.check(not isinstance(measured, NotRun), f"{after.describe()} did not run after it: {measured}")
     memory = "" if empty is None else f"; allocated before {_gib(empty)}, after the skip {_gib(back)}"
     figure = f"skipped: {reason[:160]}...; then {after.describe()} ran, {_ms(statistics.median(measured[0].round_seconds()))}{memory}"
     target.check(empty is None or back <= empty, f"{figure}: memory not back")

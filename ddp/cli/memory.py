@@ -1,6 +1,6 @@
 """``python -m ddp memory``: will it fit? The predicted peak memory per rank of each configuration
 given (the grid options of ``pytest perf_tests``), by category, whether it fits in the device's
-memory, and the largest batch per rank that fits for each strategy (``ddp.bench.memory``).
+memory, and the largest batch per rank that fits for each strategy (``ddp.bench.memory.predict``).
 Nothing is built: the model is read on the meta device and its step traced on fake tensors, so
 the xl model at any world size takes seconds on a CPU."""
 
@@ -12,9 +12,9 @@ import dataclasses
 import torch
 
 from ddp.analysis.tables import table
-from ddp.bench.config import AXES, expand
-from ddp.bench.memory import GIB, HEADROOM, NoPrediction, fits, host_memory_bytes, largest_batch, predict, usable_bytes
-from ddp.bench.options import add_config_options, add_launch_options, config_values, option
+from ddp.bench.config.options import add_config_options, add_launch_options, config_values, option
+from ddp.bench.config.step_config import AXES, expand
+from ddp.bench.memory.predict import GIB, HEADROOM, NoPrediction, fits, host_memory_bytes, largest_batch, predict, usable_bytes
 from ddp.cli import UsageError
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
 from ddp.strategies.registry import STRATEGIES

@@ -1,5 +1,5 @@
 """``python -m ddp profile``: a few training steps under ``torch.profiler`` on every rank
-(``ddp.bench.profiling``), and how much of the gradient communication the backward pass hides
+(``ddp.bench.rounds.profiling``), and how much of the gradient communication the backward pass hides
 (``ddp.analysis.overlap``): per-rank traces, ``summary.json`` and timelines in ``--out``."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.config import AXES, StepConfig
-from ddp.bench.measure import CannotMeasure
-from ddp.bench.options import add_config_options, add_launch_options, config_values, launch_options
-from ddp.bench.parsing import argument_type, non_negative_int, positive_int
-from ddp.bench.profiling import ProfileConfig, profile_on, traced_by_comm_hook
-from ddp.bench.records import ProfileSummary
+from ddp.bench.config.options import add_config_options, add_launch_options, config_values, launch_options
+from ddp.bench.config.parsing import argument_type, non_negative_int, positive_int
+from ddp.bench.config.step_config import AXES, StepConfig
+from ddp.bench.results.records import ProfileSummary
+from ddp.bench.rounds.profiling import ProfileConfig, profile_on, traced_by_comm_hook
+from ddp.bench.rounds.trainer import CannotRun
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
             rank_records = profile_on(group, configs)
-        except CannotMeasure as error:
+        except CannotRun as error:
             raise UsageError(str(error)) from None
     summary = write_profiles(resolved.world_size, resolved.backend, resolved.device, configs, rank_records, args.out)
     print(summary_table(summary))

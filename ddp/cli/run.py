@@ -10,11 +10,11 @@ rank, on as many nodes as it likes; every process runs ``main`` here:
 (``python -m torch.distributed.run`` is ``torchrun`` with this interpreter: a ``torchrun`` found on
 PATH may belong to another Python, without ddp-bench or with another torch.)
 
-Options are perf_tests' own (``ddp.bench.options``), with the same defaults per backend, and
+Options are perf_tests' own (``ddp.bench.config.options``), with the same defaults per backend, and
 every rank validates them before joining the process group (``ddp.launcher.TorchrunRank``): a bad
 option is one line, printed once (by the first rank of a node to fail; ``ddp.cli.fail``) and
 exit status 2, with no group started. Each rank then runs,
-in-process, the same timing loop as perf_tests (``ddp.bench.grid`` through ``InProcessRanks``,
+in-process, the same timing loop as perf_tests (``ddp.bench.rounds.grid`` through ``InProcessRanks``,
 which gathers every rank's result to every rank so that all take the same decisions), and rank 0
 writes ``--json`` in pytest-benchmark's format with perf_tests' names, groups and records: compare,
 report and simulate read a multi-node run like a local one.
@@ -30,11 +30,11 @@ from pathlib import Path
 from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info
 
 from ddp.analysis.tables import interval_ms, ms, table
-from ddp.bench.benchmark_json import run_document, write_new
-from ddp.bench.grid import measure_grid
-from ddp.bench.machine import software_info
-from ddp.bench.measure import InProcessRanks
-from ddp.bench.options import LaunchOptions, add_grid_options, add_launch_options, grid_options
+from ddp.bench.config.options import LaunchOptions, add_grid_options, add_launch_options, grid_options
+from ddp.bench.results.benchmark_json import run_document, write_new
+from ddp.bench.results.machine import software_info
+from ddp.bench.rounds.grid import measure_grid
+from ddp.bench.rounds.measure import InProcessRanks
 from ddp.cli import UsageError
 from ddp.launcher import TorchrunRank
 

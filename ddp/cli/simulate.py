@@ -28,10 +28,10 @@ from ddp.analysis.costmodel import (
     validation_rows,
 )
 from ddp.analysis.tables import ms
-from ddp.bench.options import add_config_options
-from ddp.bench.parsing import argument_type, positive_float, positive_ints
-from ddp.bench.records import load_run, write_records
-from ddp.bench.step_shape import StepShape
+from ddp.bench.config.options import add_config_options
+from ddp.bench.config.parsing import argument_type, positive_float, positive_ints
+from ddp.bench.config.shape import StepShape
+from ddp.bench.results.records import load_run, write_records
 from ddp.cli import UsageError
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits

@@ -7,7 +7,7 @@ per ``ProfilerStep#N`` (``torch.profiler.schedule`` writes one per ``profiler.st
 kernel as a collective (its collective and place, ``AllReduce 3``), its GPU start and end in ms from
 the step's start and its share of the step's exposed communication; the step's exposed
 communication, its communication overlapped with backward's computation, and the tail; and how
-each phase was found. Definitions (``ddp.bench.traces.read_trace``, figures by
+each phase was found. Definitions (``ddp.bench.collectives.reading.read_trace``, figures by
 ``ddp.analysis.overlap.trace_step_figures``):
 
 - a GPU event belongs to the step whose ``ProfilerStep#N`` range contains its CPU launch (its
@@ -23,7 +23,7 @@ each phase was found. Definitions (``ddp.bench.traces.read_trace``, figures by
 - where a range is missing the step falls back to something near (the kernels launched before the
   optimizer's first, the first compute kernel after the last NCCL kernel), and says so.
 
-Argument parsing and printing only: the reading is ``ddp.bench.traces``, the figures
+Argument parsing and printing only: the reading is ``ddp.bench.collectives.reading``, the figures
 ``ddp.analysis.overlap``.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ddp.analysis.overlap import trace_step_figures
 from ddp.analysis.tables import mib, ms, table
-from ddp.bench.traces import TraceFileError, load_trace, read_trace
+from ddp.bench.collectives.reading import TraceFileError, load_trace, read_trace
 from ddp.cli import UsageError
 
 

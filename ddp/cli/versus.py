@@ -1,4 +1,4 @@
-"""``python -m ddp versus``: strategies raced on one rank group (``ddp.bench.race``), by default
+"""``python -m ddp versus``: strategies raced on one rank group (``ddp.bench.rounds.race``), by default
 ``bucketed`` against PyTorch's DistributedDataParallel, with ``local`` as the floor. Prints each
 median with its 95% interval, each contender's paired ratio over the reference (the last one
 given; below 1: faster) and its overhead over local; ``--json`` saves the ``RaceRecord``."""
@@ -11,10 +11,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.tables import interval_ms, ms
-from ddp.bench.benchmark_json import race_entry, run_document, write_new
-from ddp.bench.machine import software_info
-from ddp.bench.measure import CannotMeasure
-from ddp.bench.options import (
+from ddp.bench.config.options import (
     RoundOptions,
     add_config_options,
     add_launch_options,
@@ -23,7 +20,10 @@ from ddp.bench.options import (
     launch_options,
     round_options,
 )
-from ddp.bench.race import check_contenders, race, race_configs
+from ddp.bench.results.benchmark_json import race_entry, run_document, write_new
+from ddp.bench.results.machine import software_info
+from ddp.bench.rounds.race import check_contenders, race, race_configs
+from ddp.bench.rounds.trainer import CannotRun
 from ddp.cli import UsageError
 from ddp.launcher import RankGroup
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     with RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds) as group:
         try:
             result = race(group, values, rounds, contenders)
-        except CannotMeasure as error:
+        except CannotRun as error:
             raise UsageError(str(error)) from None
     record = result.record
     print(f"{record.configs[-1].describe()}: {record.num_parameters / 1e6:.1f}M parameters, {resolved.describe()}, "

@@ -206,7 +206,7 @@ class MemoryPlan(NamedTuple):
 
 class StepBuffers(NamedTuple):
     """What a strategy holds on a rank beyond parameters, gradients and optimizer state, by moment
-    of the step, in bytes (``ddp.bench.memory`` adds it to the training state and the activations)."""
+    of the step, in bytes (``ddp.bench.memory.predict`` adds it to the training state and the activations)."""
 
     kept_bytes: int = 0
     """Held from one step to the next (PyTorch's DDP's buckets, a bf16 copy of each bucket)."""
@@ -277,7 +277,7 @@ class Strategy(nn.Module, abc.ABC):
     records_collectives: bool = False
     """True where every gradient collective of the step goes through ``launch_all_reduce`` with the
     ``collective_recorder`` (the hand-written strategies): traced steps take its records, with their
-    ready times; otherwise the profiler's record of c10d's collectives (``ddp.bench.step_trace``)."""
+    ready times; otherwise the profiler's record of c10d's collectives (``ddp.bench.collectives.recording``)."""
 
     communicates: bool = True
     """False for a strategy that synchronizes nothing (``local``): no gradient bytes per step."""
@@ -286,7 +286,7 @@ class Strategy(nn.Module, abc.ABC):
     gradients on the rank and the first backward after it synchronizes them all (the replicated
     strategies, PyTorch's DDP; ``local``, which never communicates). False where backward
     communicates inside ``no_sync()`` too, or the class does not say: the benchmark does not time
-    gradient accumulation with it (``ddp.bench.step_shape.cannot_run``)."""
+    gradient accumulation with it (``ddp.bench.config.shape.cannot_run``)."""
     line_style: str = "-"
     """matplotlib line style of the strategy in plots (``torch`` dashed beside ``bucketed``)."""
     reference_in_reports: bool = False

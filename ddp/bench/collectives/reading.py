@@ -1,4 +1,4 @@
-"""Reading recorded steps (``ddp.bench.step_trace``) and the profiler's traces: where each
+"""Reading recorded steps (``ddp.bench.collectives.recording``) and the profiler's traces: where each
 collective's times come from, and each collective's share of a step's exposed communication. Pure
 functions of step records and trace events: no tensors, no ranks (the report and ``ddp profile``'s
 parent read them too); ``load_trace`` reads a trace file.
@@ -23,7 +23,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
-from ddp.bench.step_shape import phases_of, step_span  # the step's phases, named once
+from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
 from ddp.strategies.tracing import USED_MASK_LABEL
 
 # Where a step's communication intervals come from (the "comm_source" of steps and records):
@@ -548,7 +548,7 @@ def read_trace(trace: dict) -> TraceReading:
     ranges = {
         "autograd::engine::evaluate_function": spans(lambda name: name.startswith("autograd::engine::evaluate_function")),
         "Optimizer.step#": spans(lambda name: name.startswith("Optimizer.step#")),
-        "backward": spans(lambda name: name == "backward"),  # the suite's own phases (ddp.bench.step_trace)
+        "backward": spans(lambda name: name == "backward"),  # the suite's own phases (ddp.bench.collectives.recording)
         "optimizer": spans(lambda name: name == "optimizer"),
     }
     windows = sorted((*seconds(e), e["name"]) for e in cpu if re.fullmatch(r"ProfilerStep#\d+", e.get("name", "")))

@@ -15,7 +15,7 @@ algbw is what the caller sees; busbw corrects for the 2(n-1)/n of the data that 
 all-reduce moves over each rank's link, so that it compares with the hardware's link bandwidth
 whatever the number of ranks.
 
-Rounds go through the one timing loop (``ddp.bench.measure.timed_rounds``), every size in every
+Rounds go through the one timing loop (``ddp.bench.rounds.measure.timed_rounds``), every size in every
 round in rotating order, and the buffers are kept between rounds in the rank's ``RankBench``.
 """
 
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddp.bench.measure import active_groups, group_share, timed_rounds
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import RankBench, release
-from ddp.bench.records import AllReduceRecord
-from ddp.bench.stats import median_interval
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.results.records import AllReduceRecord
+from ddp.bench.results.stats import median_interval
+from ddp.bench.rounds.measure import active_groups, group_share, timed_rounds
+from ddp.bench.rounds.rank_state import RankBench, release
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
@@ -106,7 +106,7 @@ def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, mor
     the one timing loop, every size in every round, so that each size's rounds are spread over the
     whole measurement rather than a few seconds of its own; with ``more_groups`` (groups of ranks
     of the same size, started apart), a block of rounds on each group in turn, each round keeping
-    its group, as a step's (``ddp.bench.measure.measure_in_groups``). Raises if any element held a
+    its group, as a step's (``ddp.bench.rounds.measure.measure_in_groups``). Raises if any element held a
     wrong sum."""
     groups = active_groups([ranks, *more_groups], policy)
     warmup, rounds, labels = [], [], []

@@ -20,7 +20,7 @@ set right here:
   that saves only its output and a log-sum-exp per row. The trace asks for the fused kernel
   (``_fused_sdp_choice`` answered ``FLASH``), as the real step gets.
 - shape: everything an LM saves grows with the batch, so the prediction traces batch 1 and 2
-  and extends the line (``Trace.at_batch``, ``ddp.bench.memory.step_trace``); the suite's tests
+  and extends the line (``FakeStep.at_batch``, ``ddp.bench.memory.predict.fake_step_of``); the suite's tests
   check the line against a trace at the batch itself.
 """
 
@@ -33,8 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ddp.bench.step_shape import StepShape
-from ddp.bench.workloads import build_workload, rank_batches
+from ddp.bench.config.precision import forward_autocast  # the step's own autocast, defined once
+from ddp.bench.config.shape import StepShape
+from ddp.bench.config.workloads import build_workload, rank_batches
 
 CATEGORIES = ("activations", "temporaries", "gradients")
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
@@ -61,7 +62,7 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class Trace:
+class FakeStep:
     """One step of a workload traced: the peak of forward and loss, and backward moment by moment."""
 
     forward_peak: Sample
@@ -70,11 +71,11 @@ class Trace:
     """After each operator of backward: the activations still saved, the temporaries, and the
     gradients accumulated so far (their whole size once backward ends)."""
 
-    def at_batch(self, other: Trace, factor: float) -> Trace:
+    def at_batch(self, other: FakeStep, factor: float) -> FakeStep:
         """The trace on the line through ``other`` (factor 0) and this one (factor 1), at ``factor``."""
         if len(self.backward) != len(other.backward):
             raise ValueError("the two traces ran different operators: they are not one workload at two batches")
-        return Trace(
+        return FakeStep(
             self.forward_peak.scaled(factor, other.forward_peak),
             tuple(s.scaled(factor, o) for s, o in zip(self.backward, other.backward, strict=True)),
         )
@@ -148,14 +149,12 @@ def _key(tensor: torch.Tensor) -> int:
     return torch.multiprocessing.reductions.StorageWeakRef(tensor.untyped_storage()).cdata
 
 
-def trace_step(model: str, batch_size: int, seq_len: int, precision: str, activation_checkpointing: str = "none") -> Trace:
-    """Trace one forward, loss and backward of ``model`` at ``batch_size`` x ``seq_len`` in
+def run_fake_step(model: str, batch_size: int, seq_len: int, precision: str, activation_checkpointing: str = "none") -> FakeStep:
+    """Run one forward, loss and backward of ``model`` at ``batch_size`` x ``seq_len`` in
     ``precision`` (``fp32``/``tf32`` or ``bf16`` autocast), on fake tensors, its blocks
-    checkpointed where ``activation_checkpointing`` is ``blocks`` (``ddp.bench.step_shape``): the
+    checkpointed where ``activation_checkpointing`` is ``blocks`` (``ddp.bench.config.shape``): the
     recomputed forward's tensors are made in backward, so they count as its temporaries."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ddp.bench.trainer import forward_autocast  # the step's own autocast, defined once
 
     with torch.device("meta"):  # shapes only: no weights, no initialisation
         workload = build_workload(model, batch_size, seq_len, "meta")
@@ -180,5 +179,5 @@ def trace_step(model: str, batch_size: int, seq_len: int, precision: str, activa
                 handle.remove()
         del loss
         end = tracker.sample()
-    return Trace(tracker.forward_peak, (*tracker.samples, end))
+    return FakeStep(tracker.forward_peak, (*tracker.samples, end))
 

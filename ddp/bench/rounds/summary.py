@@ -1,7 +1,7 @@
 """From measured rounds to the figures a record holds: medians with their intervals, the overhead
 over ``local`` paired over rounds, throughput, FLOPs and MFU, memory per rank beside the
-strategy's formula and the peak predicted before it was built (``ddp.bench.memory``). The arithmetic only: the schema is ``ddp.bench.records``, the statistics
-``ddp.bench.stats``, the FLOPs ``ddp.bench.flops``."""
+strategy's formula and the peak predicted before it was built (``ddp.bench.memory.predict``). The arithmetic only: the schema is ``ddp.bench.results.records``, the statistics
+``ddp.bench.results.stats``, the FLOPs ``ddp.bench.results.flops``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import statistics
 
 import numpy as np
 
-from ddp.bench.flops import achieved_tflops, mfu, workload_flops_per_token
-from ddp.bench.memory import predict_or_none
-from ddp.bench.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
-from ddp.bench.stats import (
+from ddp.bench.collectives.reading import collective_exposure, comm_source, tail_of
+from ddp.bench.config.shape import step_span
+from ddp.bench.memory.predict import predict_or_none
+from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
+from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
+from ddp.bench.results.stats import (
     median_ci,
     median_interval,
     paired_ci,
@@ -20,8 +22,6 @@ from ddp.bench.stats import (
     paired_ratio_ci,
     relative_half_width,
 )
-from ddp.bench.step_shape import step_span
-from ddp.bench.traces import collective_exposure, comm_source, tail_of
 from ddp.strategies.base import sharding_of
 from ddp.strategies.registry import resolve_strategy
 
@@ -32,7 +32,7 @@ def mfu_without_communication(local_rounds: list[float], rounds: list[float], mf
     points of MFU synchronization costs: the median over paired rounds of local's MFU minus the
     step's, with its 95% bootstrap interval. ``mfu_seconds`` is MFU x step time, the same for both
     (the work of one step over the device's peak): a round's MFU is ``mfu_seconds / seconds``;
-    ``groups``: each round's group of ranks (the interval two-level, ``ddp.bench.stats``)."""
+    ``groups``: each round's group of ranks (the interval two-level, ``ddp.bench.results.stats``)."""
     points = 100.0 * mfu_seconds
     lost, *lost_ci = paired_ci(rounds, local_rounds, lambda step, local: np.median(points / local - points / step, axis=-1),
                                groups=groups)
@@ -40,7 +40,7 @@ def mfu_without_communication(local_rounds: list[float], rounds: list[float], mf
 
 
 def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
-    """Each collective's figures from every rank's traced steps (``ddp.bench.step_trace``), on the
+    """Each collective's figures from every rank's traced steps (``ddp.bench.collectives.recording``), on the
     rank whose traced steps were slowest: medians over its steps of each collective's times (from
     the end of backward's computation) and exposed share, with 95% intervals; the tail is the
     gradient collective that completed last. None when no rank traced a step that communicated."""
@@ -82,7 +82,7 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
 
 
 def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
-    """The record of configuration ``index`` of a ``ddp.bench.measure.Measurement``, paired with
+    """The record of configuration ``index`` of a ``ddp.bench.rounds.measure.Measurement``, paired with
     ``local_index`` (its local twin in the same rounds) when given; ``device`` is ``cpu`` or the GPU's name."""
     config = measurement.configs[index]
     setups = measurement.setups[index]
@@ -143,7 +143,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
 
 
 def race_record(measurement, backend: str, reference: str) -> RaceRecord:
-    """The record of a race (``ddp.bench.race``): ``local`` (configuration 0) and the contenders in the
+    """The record of a race (``ddp.bench.rounds.race``): ``local`` (configuration 0) and the contenders in the
     same rounds, each divided by ``reference``'s."""
     names = [config.strategy for config in measurement.configs]
     floor = names[0]

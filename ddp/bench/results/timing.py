@@ -1,7 +1,7 @@
 """Hand measured rounds to pytest-benchmark through its public interface.
 
 pytest-benchmark times a target with a timer. The rounds of ddp-bench are measured on the ranks
-(``ddp.bench.measure``: the slowest rank's step, or all-reduce, of each round), so the timer of a
+(``ddp.bench.rounds.measure``: the slowest rank's step, or all-reduce, of each round), so the timer of a
 ddp-bench benchmark is ``ROUND_CLOCK``, given per test by pytest-benchmark's own marker
 (``benchmark_marker``: ``@pytest.mark.benchmark(timer=...)``), which advances by exactly one
 measured round per call of its target: pytest-benchmark's stats, its saved JSON and
@@ -47,7 +47,7 @@ ROUND_CLOCK = RoundClock()
 
 def benchmark_options(rounds) -> dict:
     """pytest-benchmark's options of a ddp-bench benchmark, with the values its rounds were measured
-    under (a ``ddp.bench.options.RoundOptions``): what a saved run records in ``options``."""
+    under (a ``ddp.bench.config.options.RoundOptions``): what a saved run records in ``options``."""
     budget = rounds.budget_seconds
     return {"timer": ROUND_CLOCK, "disable_gc": False, "min_rounds": rounds.min_rounds,
             "max_time": budget if budget is not None and math.isfinite(budget) else None, "warmup": rounds.warmup_rounds > 0}
@@ -65,4 +65,4 @@ def record_rounds(benchmark, round_seconds: Sequence[float]) -> None:
     benchmark.pedantic(ROUND_CLOCK.next_round, rounds=len(round_seconds), warmup_rounds=0, iterations=1)
     if not benchmark.disabled and ROUND_CLOCK.reads == 0:
         raise RuntimeError("the benchmark's timer is not ddp-bench's round clock: mark the test with "
-                           "ddp.bench.timing.benchmark_marker (perf_tests/conftest.py does it for perf_tests/)")
+                           "ddp.bench.results.timing.benchmark_marker (perf_tests/conftest.py does it for perf_tests/)")

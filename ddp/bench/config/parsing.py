@@ -1,6 +1,6 @@
 """Text to values, for every option of pytest and of every ``python -m ddp`` command: each parser
 raises ``OptionError`` with a one-line message that says what to write instead. The options
-themselves are declared in ``ddp.bench.config`` (a step's axes) and ``ddp.bench.options`` (the
+themselves are declared in ``ddp.bench.config.step_config`` (a step's axes) and ``ddp.bench.config.options`` (the
 launch, the rounds, the grid's run)."""
 
 from __future__ import annotations
@@ -8,6 +8,13 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+
+# The default cap on a benchmark's rounds. The precision target, the comparison a run aims at and
+# the time budget decide when rounds stop; the cap only bounds the bootstrap (``ddp.bench.results.stats``)'s arrays (2000
+# resamples x 2000 rounds x 8 bytes = 32 MB each). A small model's step of 10 ms on 2 CPU cores
+# scatters over x2.4 between its 10th and 90th percentiles: 200 rounds left its median uncertain by
+# +-5% and a 15% slowdown unresolved (docs/regression-gate.md).
+MAX_ROUNDS = 2000
 
 
 class OptionError(ValueError):

@@ -8,7 +8,7 @@ measurement compares is never separated by drift in the machine. A round's figur
 configuration is its slowest rank's step time: the next step cannot start before that rank is done.
 
 Rounds are added until at least ``min_rounds`` have run and the 95% interval of every
-configuration's median is within ``target_precision`` of it (``ddp.bench.stats.relative_half_width``),
+configuration's median is within ``target_precision`` of it (``ddp.bench.results.stats.relative_half_width``),
 or the rounds have taken the budget, or ``max_rounds`` have run: noisy benchmarks get more rounds,
 steady ones fewer, and each record says the precision it reached. A run compared with a saved one
 aims its rounds at that comparison instead: given a ``StopCriterion`` (pytest's
@@ -27,12 +27,12 @@ two or more groups of ranks started independently, one block of rounds after the
 group builds and warms up its own models; the budget, the minimum and maximum rounds are shared
 among the groups, so the rounds in all are as many as one group would run), and every round keeps
 its group (``Measurement.round_groups``). The intervals over such rounds are two-level bootstraps,
-groups and then rounds (``ddp.bench.stats``), so the spread between processes is in them, and the
+groups and then rounds (``ddp.bench.results.stats``), so the spread between processes is in them, and the
 regression gate judges with them (``ddp.analysis.compare``). pyperf spawns 20 worker processes
 per benchmark for the same reason (psf/pyperf#136), asv runs each in several (``processes``).
 On CUDA every group is a set of processes on the same GPUs with CUDA contexts of their own: a
 group's models are freed and its cached blocks handed back before the next group builds where the
-two would not fit together (``ddp.bench.memory.fit``); NCCL creates one communicator per group, as
+two would not fit together (``ddp.bench.memory.predict.fit``); NCCL creates one communicator per group, as
 for any two jobs sharing GPUs.
 
 ``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
@@ -51,12 +51,14 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ddp.bench.config import StepConfig
-from ddp.bench.memory import NotBuilt, device_memory_bytes, fit, too_large
-from ddp.bench.options import INTERLEAVE, RoundOptions
-from ddp.bench.rank_state import (
+from ddp.bench.config.options import INTERLEAVE, RoundOptions
+from ddp.bench.config.shape import cannot_run
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import NotBuilt, device_memory_bytes, fit, too_large
+from ddp.bench.results.stats import relative_half_width
+from ddp.bench.rounds.rank_state import (
     OutOfMemory,
-    Unsupported,
+    RankCannotRun,
     first_withdrawn,
     prepare,
     release,
@@ -65,9 +67,7 @@ from ddp.bench.rank_state import (
     timed_round,
     traced,
 )
-from ddp.bench.stats import relative_half_width
-from ddp.bench.step_shape import cannot_run
-from ddp.bench.trainer import StepSetup, StepTiming
+from ddp.bench.rounds.trainer import StepSetup, StepTiming
 from ddp.launcher import Rank, call_on_rank
 from ddp.strategies.registry import FLOOR
 
@@ -89,7 +89,7 @@ class Measurement:
     """The widest relative half-width of a median's 95% interval among the configurations."""
     target_precision: float
     traces: list[list[list[dict]]] | None = None
-    """Per configuration, per rank, its traced steps (``ddp.bench.step_trace``: each collective's
+    """Per configuration, per rank, its traced steps (``ddp.bench.collectives.recording``: each collective's
     ready, launch and completion), run apart from the timed rounds (``trace``); None if none ran."""
     round_groups: list[int] | None = None
     """Per timed round, the group of ranks it ran in (``measure_in_groups``); None: one group."""
@@ -116,22 +116,17 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class NotMeasured:
+class NotRun:
     """A measurement that did not run: some rank ran out of memory, or cannot run the configuration."""
 
     config: StepConfig
-    marker: OutOfMemory | Unsupported | NotBuilt
+    marker: OutOfMemory | RankCannotRun | NotBuilt
 
     def reason(self, world_size: int) -> str:
-        """A one-line skip reason naming the configuration (``ddp.bench.rank_state.skip_reason``)."""
+        """A one-line skip reason naming the configuration (``ddp.bench.rounds.rank_state.skip_reason``)."""
         if isinstance(self.marker, NotBuilt):
             return self.marker.message
         return skip_reason(self.config, world_size, self.marker)
-
-
-class CannotMeasure(Exception):
-    """A measurement that cannot be made here: predicted not to fit, out of memory, or a
-    configuration this machine cannot run; the message is one line saying which and what to do."""
 
 
 StopCriterion = Callable[[Sequence[StepConfig], list[list[float]], "list[int] | None"], "bool | None"]
@@ -142,11 +137,11 @@ judge (the precision target then decides)."""
 
 
 def timed_rounds(run_round: Callable[[int], list], policy: RoundOptions, budget_scale: int = 1,
-                 settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory | Unsupported:
+                 settled: Callable[[list[list]], bool | None] | None = None) -> tuple[list[list], float] | OutOfMemory | RankCannotRun:
     """The loop: call ``run_round(index)`` (per-rank results of one round: on each rank a list of
     timings with ``seconds``, one per configuration or all-reduce size) until the policy says stop; returns
     the rounds and the precision reached (the worst configuration's), or the first
-    marker (``OutOfMemory``, ``Unsupported``) a rank returned. ``budget_scale`` multiplies the time budget: a round of a
+    marker (``OutOfMemory``, ``RankCannotRun``) a rank returned. ``budget_scale`` multiplies the time budget: a round of a
     group of n benchmarks holds n benchmarks' steps. ``settled(rounds)``, when given and not None,
     replaces the precision target as the reason to stop before the budget."""
     rounds: list[list] = []
@@ -191,7 +186,7 @@ def _worst_precision(rounds: list[list]) -> float:
 
 def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
             stop: StopCriterion | None = None, before: tuple[list[list[float]], list[int]] | None = None,
-            group: int = 0) -> Measurement | NotMeasured:
+            group: int = 0) -> Measurement | NotRun:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
     ``stop`` (if given) says the rounds are settled. The configurations stay built on the ranks
@@ -203,7 +198,7 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     setups = ranks.run(prepare, configs, policy.warmup_rounds, group == 0)
     marker = first_withdrawn(setups)
     if marker is not None:
-        return NotMeasured(configs[0], marker)
+        return NotRun(configs[0], marker)
 
     seconds_before, groups_before = before or ([[] for _ in configs], [])
 
@@ -213,8 +208,8 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
 
     outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks,
                            settled=None if stop is None else settled)
-    if isinstance(outcome, (OutOfMemory, Unsupported)):
-        return NotMeasured(configs[0], outcome)
+    if isinstance(outcome, (OutOfMemory, RankCannotRun)):
+        return NotRun(configs[0], outcome)
     per_round, precision = outcome
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
@@ -251,7 +246,7 @@ def active_groups(groups: Sequence, policy: RoundOptions) -> list:
 
 
 def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
-                      stop: StopCriterion | None = None, keep_built: bool = True) -> Measurement | NotMeasured:
+                      stop: StopCriterion | None = None, keep_built: bool = True) -> Measurement | NotRun:
     """``measure`` with the rounds spread over ``groups`` of ranks, a block on each in turn
     (module docstring), each block's round policy ``group_share``; ``stop`` judges the last
     group's rounds together with the others' (the earlier blocks stop on their precision target
@@ -269,7 +264,7 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
         last = index == len(groups) - 1
         share = group_share(policy, len(groups), index)
         result = measure(ranks, configs, share, benchmarks, stop if last else None, (seconds, labels), index)
-        if isinstance(result, NotMeasured):
+        if isinstance(result, NotRun):
             for earlier in groups[:index + 1]:
                 free(earlier)
             return result
@@ -290,7 +285,7 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
 
 def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[list[list[dict]]] | None:
     """``policy.traced_steps`` traced steps of each configuration on ``ranks``
-    (``ddp.bench.rank_state.traced``: each built and warmed up there unless it is, then traced, then
+    (``ddp.bench.rounds.rank_state.traced``: each built and warmed up there unless it is, then traced, then
     everything freed): per configuration, per rank, the step records; None when a rank could not
     run them (out of memory under the profiler): the record then has no collectives.
 
@@ -339,7 +334,7 @@ class InProcessRanks:
                     f"rank {result.rank} ran out of memory alone ({result.message}) and the other ranks are waiting "
                     "in a collective it left: ending the job; use a smaller --batch-sizes, --seq-lens or --model"
                 ) from error
-            if isinstance(result, Unsupported):
+            if isinstance(result, RankCannotRun):
                 raise RuntimeError(
                     f"rank {result.rank} alone cannot run this configuration ({result.message}) and the other ranks are "
                     "waiting in a collective it left: ending the job"
@@ -351,14 +346,14 @@ class InProcessRanks:
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
 
-    - ``group``: every strategy of one group (``StepConfig.group_key``) in the same rounds, ``local``
+    - ``group``: every strategy of one group (``StepConfig.group``) in the same rounds, ``local``
       included (added if the grid lacks it): each round holds one step of each, so every
       comparison inside the group, the overhead over ``local`` too, is paired over rounds, and no
       step is spent on a local twin per benchmark. Holds the group's models at once.
     - ``local``: each configuration with a ``local`` twin in the same rounds (two models at once).
     - ``off``: each configuration alone (one model at once; no paired overhead).
 
-    A configuration predicted not to fit alone (``ddp.bench.memory``) is never built: it is
+    A configuration predicted not to fit alone (``ddp.bench.memory.predict``) is never built: it is
     skipped with its predicted and available memory, and the next one runs. A group predicted not
     to fit together is measured one configuration at a time, each with its ``local`` twin where
     the two fit; a group that runs out of memory all the same is measured again that way, so that
@@ -391,12 +386,12 @@ class GridMeasurer:
         self.interleave = interleave
         self.stop = stop
         self.tracer = tracer
-        self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotMeasured] = {}
+        self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotRun] = {}
         self._alone: set[StepConfig] = set()
         self._memory_bytes = memory_bytes
 
     def _memory(self) -> int:
-        """The smallest memory a rank may use (``ddp.bench.memory.device_memory_bytes``), asked once."""
+        """The smallest memory a rank may use (``ddp.bench.memory.predict.device_memory_bytes``), asked once."""
         if self._memory_bytes is None:
             self._memory_bytes = min(self.ranks.run(device_memory_bytes))
         return self._memory_bytes
@@ -406,7 +401,7 @@ class GridMeasurer:
         cannot run, or a peak predicted not to fit), or None."""
         return cannot_run(config) or too_large(config, self.ranks.world_size, self._memory())
 
-    def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotMeasured:
+    def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotRun:
         """``members`` measured on every group of ranks; each group keeps them built where the
         groups' builds fit in a device's memory together (one process per rank and group)."""
         together = fit(members * len(self.groups), self._memory(), self.ranks.world_size).together
@@ -420,17 +415,12 @@ class GridMeasurer:
         for ranks in self.groups:
             free(ranks)
 
-    @staticmethod
-    def _key(config: StepConfig) -> StepConfig:
-        """The group: what a step's compute depends on besides its strategy (``StepConfig.group_key``)."""
-        return config.group_key
-
-    def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotMeasured:
+    def measurement(self, config: StepConfig) -> tuple[Measurement, int, int | None] | NotRun:
         """(measurement, index of ``config`` in it, index of its local or None), or the out of memory."""
         if config not in self._measured and (reason := self._not_built(config)):
-            self._measured[config] = NotMeasured(config, NotBuilt(reason))
+            self._measured[config] = NotRun(config, NotBuilt(reason))
         if config not in self._measured:
-            if self.interleave == "group" and self._key(config) not in self._alone:
+            if self.interleave == "group" and config.group not in self._alone:
                 self._measure_group(config)
             elif self.interleave == FLOOR and config.strategy == FLOOR:
                 self._measure_local_from_twins(config)
@@ -442,9 +432,9 @@ class GridMeasurer:
         """With ``interleave`` local, the ``local`` benchmark is its twin's rounds while every other
         strategy of its group was measured: spread over the whole group's time rather than a few
         seconds of its own, so that a burst of load on a shared machine moves its median little."""
-        others = [c for c in self.configs if self._key(c) == self._key(local) and c.strategy != FLOOR]
+        others = [c for c in self.configs if c.group == local.group and c.strategy != FLOOR]
         pairs = [self.measurement(c) for c in others]
-        pairs = [p for p in pairs if not isinstance(p, NotMeasured)]
+        pairs = [p for p in pairs if not isinstance(p, NotRun)]
         if not pairs:
             return  # nothing measured beside it: measured alone
         rounds = [[round_[twin]] for measurement, _, twin in pairs for round_ in measurement.rounds]
@@ -456,16 +446,16 @@ class GridMeasurer:
         self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
-        group = [c for c in self.configs if self._key(c) == self._key(config) and not self._not_built(c)]
+        group = [c for c in self.configs if c.group == config.group and not self._not_built(c)]
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
         if self._not_built(local) or not fit(members, self._memory(), self.ranks.world_size).together:
-            self._alone.add(self._key(config))
+            self._alone.add(config.group)
             return
         result = self._timed(members, benchmarks=len(group))
-        if isinstance(result, NotMeasured):
+        if isinstance(result, NotRun):
             self._free()
-            self._alone.add(self._key(config))
+            self._alone.add(config.group)
             return
         if self.tracer is not None:
             self._trace(result, self.tracer)
@@ -478,12 +468,12 @@ class GridMeasurer:
             paired = False  # each fits alone, not the two at once
         members = [config, config.local_twin()] if paired else [config]
         result = self._timed(members)
-        if isinstance(result, NotMeasured) and paired and isinstance(result.marker, OutOfMemory):
+        if isinstance(result, NotRun) and paired and isinstance(result.marker, OutOfMemory):
             # Predicted to fit together, but ran out of memory: alone, as a group that does.
             self._free()
             paired, members = False, [config]
             result = self._timed(members)
-        if isinstance(result, NotMeasured):
+        if isinstance(result, NotRun):
             self._free()
             self._measured[config] = result
             return
@@ -518,7 +508,7 @@ class GridMeasurer:
         """Trace every measurement on ``self.ranks``, once nothing more is timed on them (``ddp run``)."""
         done = set()
         for result in self._measured.values():
-            if not isinstance(result, NotMeasured) and id(result[0]) not in done and result[0].traces is None:
+            if not isinstance(result, NotRun) and id(result[0]) not in done and result[0].traces is None:
                 done.add(id(result[0]))
                 self._trace(result[0], self.ranks)
 
@@ -527,7 +517,7 @@ BLOCKS = 2  # forward then reversed order: the fewest blocks in which a linear d
 
 
 def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions, collect=None, collect_for=None,
-                      blocks: int = BLOCKS) -> tuple[Measurement | NotMeasured, dict]:
+                      blocks: int = BLOCKS) -> tuple[Measurement | NotRun, dict]:
     """``measure`` for configurations that do not fit in memory together: each is built alone,
     runs a block of rounds and is freed, in the order given and then reversed (A B C, C B A, ...).
 
@@ -552,7 +542,7 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions
         order = configs if block % 2 == 0 else configs[::-1]
         for config in order:
             result = measure(ranks, [config], block_policy)
-            if isinstance(result, NotMeasured):
+            if isinstance(result, NotRun):
                 free(ranks)
                 return result, collected
             setups.setdefault(config, result.setups[0])

@@ -62,12 +62,6 @@ import numpy as np
 # 2000, so a few hundred rounds stay within tens of MB.
 DEFAULT_RESAMPLES = 2000
 
-# The default cap on a benchmark's rounds. The precision target, the comparison a run aims at and
-# the time budget decide when rounds stop; the cap only bounds the bootstrap's arrays (2000
-# resamples x 2000 rounds x 8 bytes = 32 MB each). A small model's step of 10 ms on 2 CPU cores
-# scatters over x2.4 between its 10th and 90th percentiles: 200 rounds left its median uncertain by
-# +-5% and a 15% slowdown unresolved (docs/regression-gate.md).
-MAX_ROUNDS = 2000
 
 Statistic = Callable[[np.ndarray, np.ndarray], np.ndarray]
 

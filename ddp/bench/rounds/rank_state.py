@@ -12,7 +12,7 @@ dropped held, and says what is left otherwise.
 ``OutOfMemory`` marker, so the caller decides (perf_tests skip with its ``reason``). It is freed
 outside the ``except`` block: the exception's traceback holds the frames of the failed step, and
 with them its activations and autograd graph. A configuration this machine cannot run
-(``ddp.bench.trainer.CannotRun``) returns an ``Unsupported`` marker the same way.
+(``ddp.bench.rounds.trainer.CannotRun``) returns an ``RankCannotRun`` marker the same way.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from ddp.bench.config import StepConfig
-from ddp.bench.step_trace import traced_steps
-from ddp.bench.trainer import CannotRun, StepSetup, StepTiming, Trainer
+from ddp.bench.collectives.recording import traced_steps
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.trainer import CannotRun, StepSetup, StepTiming, Trainer
 from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import steps_to_settle
@@ -69,7 +69,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class Unsupported(Withdrawn):
+class RankCannotRun(Withdrawn):
     """Returned instead of a result by a rank that cannot run a configuration (``CannotRun``); it
     has freed its state."""
 
@@ -106,12 +106,12 @@ class RankBench:
         first step, and PyTorch's DDP reduces everything in one bucket in its first step, rebuilds
         its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
         third; a user's class may do the same. ``count_memory``: each setup's training state
-        counted (``Trainer.setup``), once per build.
+        counted (``Trainer.count_setup``), once per build.
         """
 
         def build() -> list[StepSetup]:
             self._build(info, configs, warmup_steps)
-            return [self.trainers[config].setup(count_memory) for config in configs]
+            return [self.trainers[config].count_setup(count_memory) for config in configs]
 
         return self._withdrawing(info, build)
 
@@ -126,7 +126,7 @@ class RankBench:
                     kept[config].step()
                 continue
             # Built and warmed up one at a time, so that on CUDA what each holds between its steps
-            # is what the allocator gained meanwhile (``ddp.bench.trainer.own_peak_bytes`` reads it).
+            # is what the allocator gained meanwhile (``ddp.bench.rounds.trainer.own_peak_bytes`` reads it).
             before = _allocated_bytes(info)
             trainer = self.trainers[config] = Trainer(config, info)
             steps = max(steps_to_settle(config.strategy), warmup_steps)
@@ -156,7 +156,7 @@ class RankBench:
         return self._withdrawing(info, run)
 
     def trace(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, steps: int) -> list[list[dict]] | Withdrawn:
-        """``steps`` traced steps of each configuration (``ddp.bench.step_trace.traced_steps``), one
+        """``steps`` traced steps of each configuration (``ddp.bench.collectives.recording.traced_steps``), one
         configuration after the other, each built and warmed up first (as ``prepare`` does) unless
         it is built already, and everything freed afterwards; per configuration the step records
         (none for a configuration that communicates nothing).
@@ -165,7 +165,7 @@ class RankBench:
         the process once done (Kineto tears it down only when TEARDOWN_CUPTI says so, and then
         lazily: pytorch#144455, kineto#1264, #1554), which slows every kernel launched after it by
         10-20% in the reports there. So this runs on ranks that time nothing afterwards
-        (``ddp.bench.measure.trace``)."""
+        (``ddp.bench.rounds.measure.trace``)."""
 
         def run() -> list[list[dict]]:
             self._build(info, configs, warmup_steps)
@@ -177,7 +177,7 @@ class RankBench:
         return self._withdrawing(info, run)
 
     def _withdrawing(self, info: RankInfo, work: Callable[[], T]) -> T | Withdrawn:
-        """``work()``, or the marker of why it could not run (``CannotRun``: ``Unsupported``; out of
+        """``work()``, or the marker of why it could not run (``CannotRun``: ``RankCannotRun``; out of
         memory: ``OutOfMemory``), this rank's state freed."""
         try:
             return work()
@@ -192,7 +192,7 @@ class RankBench:
         if failure is not None:
             return self.out_of_memory(info, failure)
         self.release(info)
-        return Unsupported(info.rank, message)
+        return RankCannotRun(info.rank, message)
 
     @staticmethod
     def _failure(info: RankInfo, error: BaseException) -> _Failure:
@@ -304,7 +304,7 @@ WEIGHT_SAMPLE = 1024
 def weights_sample(rank: Rank, config: StepConfig) -> list[tuple[float, torch.Tensor]]:
     """The trained parameters of a configuration on this rank, in brief, on the CPU: per parameter
     its norm (in float64, every element counted) and up to ``WEIGHT_SAMPLE`` of its elements at
-    evenly spaced places, the same places for every contender (``ddp.bench.race``)."""
+    evenly spaced places, the same places for every contender (``ddp.bench.rounds.race``)."""
     sampled = []
     for param in gather_full_params(rank.keep(RankBench).trainer(config).model).values():
         flat = param.detach().reshape(-1)
@@ -314,14 +314,14 @@ def weights_sample(rank: Rank, config: StepConfig) -> list[tuple[float, torch.Te
     return sampled
 
 
-def first_withdrawn(results: Sequence) -> OutOfMemory | Unsupported | None:
+def first_withdrawn(results: Sequence) -> OutOfMemory | RankCannotRun | None:
     """The first rank's marker among per-rank results, if any rank ran out of memory or could not run."""
     return next((r for r in results if isinstance(r, Withdrawn)), None)
 
 
-def skip_reason(config: StepConfig, world_size: int, marker: OutOfMemory | Unsupported) -> str:
+def skip_reason(config: StepConfig, world_size: int, marker: OutOfMemory | RankCannotRun) -> str:
     """Why ``config`` was not measured: the rank's out-of-memory figures, or why it cannot run."""
-    if isinstance(marker, Unsupported):
+    if isinstance(marker, RankCannotRun):
         return f"cannot run {config.describe()}: {marker.message}"
     return oom_reason(config, world_size, marker)
 

@@ -3,15 +3,15 @@ DistributedDataParallel, any list of contenders alike.
 
 Every contender, and ``local`` (the floor with no communication), wraps the same workload built
 from the same seed, with the same bucket size where it takes one, and trains the same shards with
-the same step (``ddp.bench.trainer``). Every round runs one step of each in an order that rotates
-from round to round (``ddp.bench.measure``), so that drift in the machine falls on all of them
+the same step (``ddp.bench.rounds.trainer``). Every round runs one step of each in an order that rotates
+from round to round (``ddp.bench.rounds.measure``), so that drift in the machine falls on all of them
 alike; each contender's ratio over the reference (the last contender given: PyTorch's DDP by
 default) and each one's overhead over ``local`` are paired over rounds, with intervals.
 
-When the contenders do not fit in memory together (``ddp.bench.memory``: xl on one 80 GB GPU
+When the contenders do not fit in memory together (``ddp.bench.memory.predict``: xl on one 80 GB GPU
 needs about 3 x 35 GiB), they race one at a time in alternating blocks of rounds instead
-(``ddp.bench.measure.measure_in_blocks``, which states what that pairing guarantees); when even
-one does not fit alone, the race is refused before anything is built (``CannotMeasure``).
+(``ddp.bench.rounds.measure.measure_in_blocks``, which states what that pairing guarantees); when even
+one does not fit alone, the race is refused before anything is built (``CannotRun``).
 
 After the race, every contender must hold the reference's weights (each parameter's norm and
 evenly spaced elements, compared in the parent): the correctness check inside the performance run,
@@ -27,13 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import CannotMeasure, NotMeasured, free, measure, measure_in_blocks
-from ddp.bench.memory import fit_on
-from ddp.bench.options import RoundOptions
-from ddp.bench.rank_state import OutOfMemory, weights_sample
-from ddp.bench.records import RaceRecord
-from ddp.bench.summary import race_record
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import fit_on
+from ddp.bench.results.records import RaceRecord
+from ddp.bench.rounds.measure import NotRun, free, measure, measure_in_blocks
+from ddp.bench.rounds.rank_state import OutOfMemory, weights_sample
+from ddp.bench.rounds.summary import race_record
+from ddp.bench.rounds.trainer import CannotRun
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
 
 
@@ -65,7 +66,7 @@ def race_configs(contenders: Sequence[str], values: Mapping) -> list[StepConfig]
 def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:
     """Race the contenders on ``ranks`` with ``values`` (``StepConfig`` fields by name): built
     together when they fit in memory (a step of each per round, in rotating order), else one at a
-    time in alternating blocks of rounds. Raises ``CannotMeasure`` with a one-line reason when one
+    time in alternating blocks of rounds. Raises ``CannotRun`` with a one-line reason when one
     cannot fit even alone (before anything is built), a rank ran out of memory, or one cannot run here."""
     configs = race_configs(contenders, values)
     # Every contender warms up as long as the slowest to settle, so that all have trained the same
@@ -75,11 +76,11 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
     communicating = [c for c in configs if traits(c.strategy).communicates]
     memory = fit_on(ranks, configs)
     if memory.too_large():
-        raise CannotMeasure(memory.too_large())
+        raise CannotRun(memory.too_large())
     measurement = measure(ranks, configs, policy) if memory.together else None
-    if isinstance(measurement, NotMeasured) and not isinstance(measurement.marker, OutOfMemory):
-        raise CannotMeasure(measurement.reason(ranks.world_size))
-    if measurement is not None and not isinstance(measurement, NotMeasured):
+    if isinstance(measurement, NotRun) and not isinstance(measurement.marker, OutOfMemory):
+        raise CannotRun(measurement.reason(ranks.world_size))
+    if measurement is not None and not isinstance(measurement, NotRun):
         weights = {c.strategy: ranks.run(weights_sample, c)[0] for c in communicating}
         interleaving = "built together, one step of each per round in rotating order"
     else:
@@ -88,8 +89,8 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
         why = f"they do not fit in memory together: {memory.explain()}" if measurement is None else \
             "they ran out of memory built together"
         measurement, collected = measure_in_blocks(ranks, configs, policy, collect=weights_sample, collect_for=communicating)
-        if isinstance(measurement, NotMeasured):
-            raise CannotMeasure(measurement.reason(ranks.world_size))
+        if isinstance(measurement, NotRun):
+            raise CannotRun(measurement.reason(ranks.world_size))
         weights = {c.strategy: collected[c][0] for c in communicating}
         interleaving = f"one at a time in alternating blocks of rounds ({why})"
     record = race_record(measurement, ranks.backend, communicating[-1].strategy)
@@ -102,7 +103,7 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
 
 
 def weights_difference(actual: list[tuple[float, torch.Tensor]], expected: list[tuple[float, torch.Tensor]]) -> str | None:
-    """Where two contenders' trained parameters (``ddp.bench.rank_state.weights_sample``: each
+    """Where two contenders' trained parameters (``ddp.bench.rounds.rank_state.weights_sample``: each
     one's norm and evenly spaced elements) differ beyond float rounding, or None."""
     for index, ((norm, sample), (expected_norm, expected_sample)) in enumerate(zip(actual, expected, strict=True)):
         try:

@@ -19,7 +19,7 @@ bytes of each of its categories at the moment the total peaked. What a rank held
 registered with it first (the module, every optimizer's state, and the tensors the strategy
 keeps: buckets, gathered units), and the peak is taken over two steps, so that a buffer it only
 sees once an operator returns it (PyTorch's DDP's buckets) is counted in the second. It is the measured
-figure a step's predicted peak (``ddp.bench.memory``) is set beside; on CUDA that is the
+figure a step's predicted peak (``ddp.bench.memory.predict``) is set beside; on CUDA that is the
 allocator's ``max_memory_allocated``.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.step_shape import ACCUMULATE
+from ddp.bench.config.shape import ACCUMULATE
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.
 
 
 class _GradientCounter:
-    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) counting gradients after synchronization."""
+    """A step observer (``ddp.bench.config.shape.StepObserver``'s shape) counting gradients after synchronization."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -155,7 +155,7 @@ def _module_hooks_removed_afterwards() -> Iterator[None]:
 
 
 class _FreshModuleStats:
-    """A step observer (``ddp.bench.trainer.StepObserver``'s shape) that clears ``MemTracker``'s
+    """A step observer (``ddp.bench.config.shape.StepObserver``'s shape) that clears ``MemTracker``'s
     per-module figures before every forward of the model, each micro-batch's (the tracker refuses
     a second forward of the root without it; its peak is kept), around ``observer``'s phases."""
 
@@ -191,7 +191,7 @@ def tracked_peak(trainer, observer=None) -> dict[str, int]:
 
 
 def measure_memory(trainer) -> StateMemory:
-    """Run an untimed step of ``trainer`` (a ``ddp.bench.trainer.Trainer``) and count its state; on
+    """Run an untimed step of ``trainer`` (a ``ddp.bench.rounds.trainer.Trainer``) and count its state; on
     CPU the steps of ``tracked_peak``, for the measured peak."""
     counter = _GradientCounter(trainer.model)
     peak = None

@@ -1,8 +1,8 @@
 """Steps recorded collective by collective, on a rank: when each phase ran, when backward's
 computation ended, and each collective's ready, launch and completion, on the ``time.perf_counter``
-clock. ``ddp profile`` records its steps here (``ddp.bench.profiling``), and so do the untimed
+clock. ``ddp profile`` records its steps here (``ddp.bench.rounds.profiling``), and so do the untimed
 *traced steps* of every benchmark (``traced_steps``, their number ``RoundOptions.traced_steps``),
-run on ranks that time nothing afterwards (``ddp.bench.measure.trace``), so that a timed step never
+run on ranks that time nothing afterwards (``ddp.bench.rounds.measure.trace``), so that a timed step never
 carries a recorder nor follows a profiler in its process.
 
 Where the collectives' times come from (a step's ``comm_source``):
@@ -17,7 +17,7 @@ Where the collectives' times come from (a step's ``comm_source``):
 - ``nccl_kernels``: on NCCL the futures complete when the kernels are enqueued, so the GPU times of
   NCCL's kernels (``cuda_steps_from_trace``), and the compute kernels' for the phases.
 
-Reading them (the sources, each collective's share of the exposed window) is ``ddp.bench.traces``.
+Reading them (the sources, each collective's share of the exposed window) is ``ddp.bench.collectives.reading``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp.bench.traces import cpu_steps_from_trace, cuda_steps_from_trace
-from ddp.bench.trainer import StepObserver, Trainer
+from ddp.bench.collectives.reading import cpu_steps_from_trace, cuda_steps_from_trace
+from ddp.bench.config.shape import StepObserver
 from ddp.strategies import tracing
 
 # How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
@@ -44,7 +44,7 @@ COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
 
 class PhaseRecorder(StepObserver):
     """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``:
-    each of the step's phases (``ddp.bench.step_shape.StepShape.phases``) once; a phase entered
+    each of the step's phases (``ddp.bench.config.shape.StepShape.phases``) once; a phase entered
     again in the same step (``accumulate``, once per micro-batch) spans from its first start to its
     last end, never only the last."""
 
@@ -77,8 +77,9 @@ def wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
         time.sleep(0.001)
 
 
-def recorded_step(trainer: Trainer, together: bool = False) -> dict:
-    """One step of ``trainer`` with its phases and its collectives recorded: ``[start, end]`` of each
+def recorded_step(trainer, together: bool = False) -> dict:
+    """One step of ``trainer`` (a ``ddp.bench.rounds.trainer.Trainer``: handed in, not imported, as
+    the rounds that drive it sit above this folder) with its phases and its collectives recorded: ``[start, end]`` of each
     phase, ``backward_compute_end`` and the strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
     ``together``: every rank starts it at once (a barrier first, as a timed round of several
     configurations does)."""
@@ -98,7 +99,7 @@ def recorded_step(trainer: Trainer, together: bool = False) -> dict:
     return step
 
 
-def traced_steps(trainer: Trainer, steps: int) -> list[dict]:
+def traced_steps(trainer, steps: int) -> list[dict]:
     """``steps`` recorded steps, each started by every rank at once, with each collective's times
     from the best source (module docstring): the strategy's records where it keeps them
     (``Strategy.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``

@@ -4,7 +4,7 @@ model's recommendation for larger world sizes beside it).
 
 Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
 round (or, where the two do not fit in memory together, one at a time in alternating blocks of
-rounds: ``ddp.bench.measure.measure_in_blocks``), so its cost is a paired overhead over ``local``
+rounds: ``ddp.bench.rounds.measure.measure_in_blocks``), so its cost is a paired overhead over ``local``
 with a 95% interval: caps are compared on what synchronizing costs, not on step times that drift with the machine. The best measured cap is
 the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
 (then the data do not tell them apart). ``fitted_link`` measures all-reduces on the same ranks for
@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.config import StepConfig
-from ddp.bench.machine import device_name
-from ddp.bench.measure import NotMeasured, free, measure, measure_in_blocks
-from ddp.bench.memory import device_memory_bytes, fit
-from ddp.bench.options import RoundOptions
-from ddp.bench.records import StepRecord
-from ddp.bench.summary import step_record
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import device_memory_bytes, fit
+from ddp.bench.results.machine import device_name
+from ddp.bench.results.records import StepRecord
+from ddp.bench.rounds.allreduce import measure_all_reduces, size_bytes_of
+from ddp.bench.rounds.measure import NotRun, free, measure, measure_in_blocks
+from ddp.bench.rounds.summary import step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
 
 # All-reduce sizes the link is fitted on when no preset is given (MiB): latency- and bandwidth-bound.
@@ -66,7 +66,7 @@ def sweep(ranks, values: Mapping, caps_mb: tuple[float, ...], policy: RoundOptio
                 result = measure(ranks, pair, policy)
             else:
                 result, _ = measure_in_blocks(ranks, pair, policy)
-            if isinstance(result, NotMeasured):
+            if isinstance(result, NotRun):
                 free(ranks)
                 skipped.append(result.reason(ranks.world_size))
                 continue

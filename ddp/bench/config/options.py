@@ -2,7 +2,7 @@
 definition each, with their defaults and their validation.
 
 Every flag is an ``Option`` (its flag, the field it fills, its parser, its help). A step's axes are
-declared in ``ddp.bench.config`` (``AXES``) and become options here, in their form of one value
+declared in ``ddp.bench.config.step_config`` (``AXES``) and become options here, in their form of one value
 (``--batch-size``, for a command that trains one configuration) or of the grid's list
 (``--batch-sizes``); the launch (``LaunchOptions``: backend, world size, device, timeout), the
 rounds of a measurement (``RoundOptions``) and the rest of a grid's run (``GridOptions``: the
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ddp.bench.config import AXES, Axis, StepConfig, expand
-from ddp.bench.parsing import (
+from ddp.bench.config.parsing import (
+    MAX_ROUNDS,
     OptionError,
     argument_type,
     choice,
@@ -37,12 +37,12 @@ from ddp.bench.parsing import (
     positive_int,
     positive_ints,
 )
-from ddp.bench.stats import MAX_ROUNDS
+from ddp.bench.config.step_config import AXES, Axis, StepConfig, expand
 from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, default_device, unavailable_reason
 from ddp.strategies.registry import FLOOR
 
 DEVICES = ("cpu", "cuda")
-# How a grid's configurations share rounds (``ddp.bench.measure.GridMeasurer``).
+# How a grid's configurations share rounds (``ddp.bench.rounds.measure.GridMeasurer``).
 INTERLEAVE = ("group", FLOOR, "off")
 
 # Bounds of a benchmark's share of the session's round budget: at least enough for the minimum
@@ -205,13 +205,13 @@ def launch_options(get: Callable[[str], object], world_size: int | None = None) 
 
 
 # Traced steps a benchmark runs by default: 6 is the fewest whose extremes are a 95% interval of
-# their median (order statistics: 1 - 2/2^6 = 96.9%, ``ddp.bench.stats.median_ci``).
+# their median (order statistics: 1 - 2/2^6 = 96.9%, ``ddp.bench.results.stats.median_ci``).
 TRACED_STEPS = 6
 
 
 @dataclass(frozen=True)
 class RoundOptions:
-    """How many rounds a measurement runs (``ddp.bench.measure``): at least ``min_rounds``, then
+    """How many rounds a measurement runs (``ddp.bench.rounds.measure``): at least ``min_rounds``, then
     more until the median is precise enough or the budget is spent, at most ``max_rounds``."""
 
     min_rounds: int
@@ -228,7 +228,7 @@ class RoundOptions:
     a grid's defaults: each benchmark gets a share of the session's budget (``GridOptions``)."""
     traced_steps: int = 0
     """Untimed steps after the timed rounds in which each collective is timed
-    (``ddp.bench.step_trace``): the per-collective figures of the record; 0 for none."""
+    (``ddp.bench.collectives.recording``): the per-collective figures of the record; 0 for none."""
 
     def __post_init__(self) -> None:
         if self.min_rounds > self.max_rounds:
@@ -305,7 +305,7 @@ class GridOptions:
     """What a benchmark run times, and how long it may take."""
 
     axes: Mapping[str, tuple]
-    """Each axis's values by ``StepConfig`` field name (``ddp.bench.config.AXES``); the grid runs
+    """Each axis's values by ``StepConfig`` field name (``ddp.bench.config.step_config.AXES``); the grid runs
     every combination (``configs``)."""
     rounds: RoundOptions
     """The rounds of each measurement; ``budget_seconds`` None shares ``session_budget_seconds``
@@ -317,7 +317,7 @@ class GridOptions:
     interleave: str
     """``group``: every strategy of one group in the same rounds, local included, so every
     comparison in the group (the overhead over local too) is paired; ``local``: each strategy with a
-    local twin in the same rounds; ``off``: each alone. See ``ddp.bench.measure.GridMeasurer``;
+    local twin in the same rounds; ``off``: each alone. See ``ddp.bench.rounds.measure.GridMeasurer``;
     group holds the group's models in memory at once."""
     allreduce_sizes_mb: tuple[float, ...]
     """float32 all-reduce sizes in MiB."""
@@ -325,10 +325,10 @@ class GridOptions:
     """Ranks for the all-reduce benchmark."""
     device_memory_bytes: int | None = None
     """The memory of one rank's device the grid fits its configurations in (``--device-memory``);
-    None: what each rank has (``ddp.bench.memory.device_memory_bytes``)."""
+    None: what each rank has (``ddp.bench.memory.predict.device_memory_bytes``)."""
     rank_groups: int = RANK_GROUPS
     """Groups of ranks, each started apart (fresh processes), that every measurement's rounds are
-    spread over (``ddp.bench.measure.measure_in_groups``): 2 or more measure the spread from one
+    spread over (``ddp.bench.rounds.measure.measure_in_groups``): 2 or more measure the spread from one
     run to the next, which the regression gate needs to call a slowdown; 1 saves a start-up and a
     build per configuration. A torchrun run (``ddp run``) is one group."""
 
@@ -351,7 +351,7 @@ class GridOptions:
         return self.values("strategy")
 
     def configs(self) -> list[StepConfig]:
-        """Every step configuration, in the order the suite runs them (``ddp.bench.config.expand``)."""
+        """Every step configuration, in the order the suite runs them (``ddp.bench.config.step_config.expand``)."""
         return expand(self.axes)
 
     @property

@@ -1,7 +1,7 @@
 """What one training step does, declared once: its micro-batches, its tokens, its phases, which
 backward overlaps communication, and what forward saves for backward.
 
-A configuration's step (``StepConfig``) on one rank, as ``ddp.bench.trainer.Trainer`` runs it:
+A configuration's step (``StepConfig``) on one rank, as ``ddp.bench.rounds.trainer.Trainer`` runs it:
 
 1. phase ``accumulate`` (only when ``grad_accum`` > 1): ``grad_accum - 1`` micro-batches, each
    forward, loss and backward, under the strategy's ``no_sync()``: gradients accumulate on the
@@ -24,7 +24,7 @@ largest ``nn.ModuleList``, the LM's transformer blocks) runs under ``torch.utils
 inputs only, and backward runs the block's forward again before the block's own backward. The
 parameters' names do not change (the block's ``forward`` is wrapped in place, no wrapper module),
 so strategies, sharding units and saved parameters see the same model. Model FLOPs, MFU's numerator,
-do not count the recomputation (PaLM's definition, ``ddp.bench.flops``); the compute the cost model
+do not count the recomputation (PaLM's definition, ``ddp.bench.results.flops``); the compute the cost model
 schedules does (``backward_share``).
 
 **On CUDA and NCCL** the shape is the same: ``no_sync()`` keeps NCCL's collectives out of the
@@ -47,6 +47,7 @@ the last backward only) and the correctness references.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ class StepShape:
 
     @classmethod
     def of(cls, config) -> StepShape:
-        """The shape of a ``ddp.bench.config.StepConfig``."""
+        """The shape of a ``ddp.bench.config.step_config.StepConfig``."""
         return cls(config.batch_size, config.seq_len, config.grad_accum, config.activation_checkpointing)
 
     # ----------------------------------------------------------------------- counts
@@ -92,10 +93,6 @@ class StepShape:
     def tokens_per_step(self) -> int:
         """Tokens one rank trains in a step: micro-batches x batch x sequence length."""
         return self.samples_per_step * self.seq_len
-
-    def flops_per_step(self, flops_per_token: float | None) -> float | None:
-        """Model FLOPs one rank computes in a step (no recomputation counted); None where unknown."""
-        return None if flops_per_token is None else flops_per_token * self.tokens_per_step
 
     @property
     def loss_scale(self) -> float | None:
@@ -122,11 +119,6 @@ class StepShape:
         backward = 2.0 + (1.0 if self.recomputes_forward else 0.0)
         return backward / (1.0 + backward)
 
-    def overlapped_backward_share(self) -> float:
-        """The share of a step's forward and backward compute that the synchronizing backward, the
-        last micro-batch's, takes: the only compute that communication can overlap."""
-        return self.backward_share / self.micro_batches
-
     # ----------------------------------------------------------------------- the loop
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
@@ -138,6 +130,18 @@ class StepShape:
         ``ValueError`` saying what to expose where the model has no repeated blocks."""
         if self.recomputes_forward:
             checkpoint_blocks(module)
+
+
+class StepObserver:
+    """What a tool attaches to the step: ``phase(name)`` wraps each of the step's phases
+    (``StepShape.phases``), once a step, and ``accumulate`` once per micro-batch
+    before the last. The default does nothing."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+NO_OBSERVER = StepObserver()
 
 
 def step_span(step: dict) -> tuple[float, float]:
@@ -184,7 +188,7 @@ def checkpoint_blocks(module: nn.Module) -> None:
 def cannot_run(config) -> str | None:
     """Why ``config``'s step cannot run with its strategy and model, in one line saying what to do;
     None where it can (module docstring). Asked in the parent, before any rank builds it."""
-    from ddp.bench.workloads import meta_module  # the model's structure, nothing allocated
+    from ddp.bench.config.workloads import meta_module  # the model's structure, nothing allocated
     from ddp.strategies.registry import traits
 
     shape = StepShape.of(config)

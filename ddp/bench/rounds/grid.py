@@ -1,21 +1,21 @@
 """A whole benchmark grid measured outside pytest (``ddp run``, whose process is itself one of
 torchrun's ranks): the step benchmarks of a ``GridOptions`` through ``GridMeasurer``, as
 ``--interleave`` says, then its all-reduce sizes, returned as pytest-benchmark entries under
-perf_tests' names (``ddp.bench.benchmark_json``), so that a torchrun run
+perf_tests' names (``ddp.bench.results.benchmark_json``), so that a torchrun run
 compares, reports and simulates like a pytest one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddp.bench.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.benchmark_json import allreduce_entry, step_entry
-from ddp.bench.config import StepConfig
-from ddp.bench.machine import device_name
-from ddp.bench.measure import GridMeasurer, NotMeasured, free
-from ddp.bench.options import GridOptions
-from ddp.bench.records import StepRecord
-from ddp.bench.summary import step_record
+from ddp.bench.config.options import GridOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.benchmark_json import allreduce_entry, step_entry
+from ddp.bench.results.machine import device_name
+from ddp.bench.results.records import StepRecord
+from ddp.bench.rounds.allreduce import measure_all_reduces, size_bytes_of
+from ddp.bench.rounds.measure import GridMeasurer, NotRun, free
+from ddp.bench.rounds.summary import step_record
 
 
 def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig, StepRecord | str], None]) -> list[dict]:
@@ -23,7 +23,7 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
     benchmark once every benchmark is timed (``record`` is the skip reason when it could not be
     measured). The traced steps run last, on the same ranks (``GridMeasurer.trace_all``): this
     process is one of torchrun's ranks and has no group of its own to trace on, and on CUDA no
-    timed round may follow the profiler in a process (``ddp.bench.measure.trace``)."""
+    timed round may follow the profiler in a process (``ddp.bench.rounds.measure.trace``)."""
     policy = grid.round_options()
     configs = grid.configs()
     benchmarks = []
@@ -34,7 +34,7 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
         records = measure_all_reduces(ranks, [size_bytes_of(mb) for mb in grid.allreduce_sizes_mb], policy)
         measurer.trace_all()
         for config, result in results:
-            if isinstance(result, NotMeasured):
+            if isinstance(result, NotRun):
                 on_step(config, result.reason(ranks.world_size))
                 continue
             measurement, index, local_index = result

@@ -1,13 +1,13 @@
 """The one training step that every tool times, and what one step reports.
 
 **The step**, defined here once and driven by perf_tests/, ``ddp run``, ``ddp versus`` and
-``ddp profile`` alike, in the shape ``ddp.bench.step_shape`` declares: forward, loss and
+``ddp profile`` alike, in the shape ``ddp.bench.config.shape`` declares: forward, loss and
 ``loss.backward()`` of each micro-batch (all but the last under ``no_sync()``),
 ``finish_gradient_synchronization()``, ``AdamW.step()`` and ``zero_grad(set_to_none=True)``
 (PyTorch's default: what a user's loop does, and the path on which ``bucketed`` folds averaging
 into its one copy per gradient). On CUDA the step ends with ``torch.cuda.synchronize()``, so that
 its clock stops when the GPU is done. Every rank trains its own shard of a seeded global batch
-(``ddp.bench.workloads.rank_batches``), the same micro-batches every step: the data does not change
+(``ddp.bench.config.workloads.rank_batches``), the same micro-batches every step: the data does not change
 a step's time, and a fixed batch keeps host-to-device copies out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, built by the strategy (``make_optimizer``: a sharded
 one for ZeRO), its implementation ``StepConfig.optimizer``:
 ``foreach`` (``AdamW(foreach=True)``, torch's default on CUDA; asked for explicitly, since torch's
@@ -67,56 +67,29 @@ step and its ``local`` twin's (``overhead_seconds``) counts both.
 strategy's own ``close()`` (``ddp.strategies.base.Strategy``) removes its hooks, and then every
 hook still hung on a parameter (a user's class that has no ``close``) is dropped, since a hook
 that refers back to its strategy is a cycle through autograd that Python's collector cannot free
-(``../shared/evidence``: xl kept one to three fp32 copies of the model per earlier configuration).
+(measured on xl before this was done: one to three fp32 copies of the model kept per earlier
+configuration; ``tests/test_release.py`` holds it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ddp.bench.config import StepConfig
-from ddp.bench.state_bytes import StateMemory, measure_memory
-from ddp.bench.step_shape import ACCUMULATE, cannot_run, repeated_blocks
-from ddp.bench.workloads import Workload, build_workload, rank_batches
+from ddp.bench.config.precision import forward_autocast, numerics
+from ddp.bench.config.shape import ACCUMULATE, NO_OBSERVER, StepObserver, cannot_run, repeated_blocks
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.workloads import Workload, build_workload, rank_batches
+from ddp.bench.memory.state import StateMemory, measure_memory
 from ddp.launcher import RankInfo
 from ddp.strategies.base import make_optimizer, trainable_parameters
 from ddp.strategies.registry import make_ddp
 
 LEARNING_RATE = 1e-4  # the value does not change the time of a step; any small one trains sanely
-# What each of ``ddp.bench.config.PRECISIONS`` sets: torch's float32 matmul precision, cudnn's TF32
-# switch, the autocast dtype (see the module docstring).
-_NUMERICS = {
-    "fp32": ("highest", False, None),
-    "tf32": ("high", True, None),
-    "bf16": ("highest", False, torch.bfloat16),
-}
-
-
-@contextlib.contextmanager
-def numerics(precision: str) -> Iterator[None]:
-    """The matmul and convolution precision of ``precision`` for the length of the block, the
-    previous settings restored afterwards."""
-    matmul, cudnn_tf32, _ = _NUMERICS[precision]
-    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    torch.set_float32_matmul_precision(matmul)
-    torch.backends.cudnn.allow_tf32 = cudnn_tf32
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous[0])
-        torch.backends.cudnn.allow_tf32 = previous[1]
-
-
-def forward_autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """What wraps forward and loss: ``torch.autocast`` for ``bf16``, nothing otherwise."""
-    dtype = _NUMERICS[precision][2]
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -136,7 +109,7 @@ class StepSetup:
     bytes_per_step: int
     """Gradient bytes this rank all-reduces per step (0 for ``local``)."""
     memory: StateMemory | None = None
-    """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.state_bytes``)."""
+    """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.memory.state``)."""
     communicates: bool = True
     """Whether a step launches any collective (``Trainer.communicates``): what is traced."""
 
@@ -171,18 +144,6 @@ def own_peak_bytes(peak_bytes: int, allocated_at_start_bytes: int, resident_byte
     if resident_bytes is None:
         return peak_bytes
     return peak_bytes - max(0, allocated_at_start_bytes - resident_bytes)
-
-
-class StepObserver:
-    """What a tool attaches to the step: ``phase(name)`` wraps each of the step's phases
-    (``ddp.bench.step_shape.StepShape.phases``), once a step, and ``accumulate`` once per micro-batch
-    before the last. The default does nothing."""
-
-    def phase(self, name: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-
-NO_OBSERVER = StepObserver()
 
 
 class BackwardComputeEnd:
@@ -231,9 +192,11 @@ def compile_in_place(module: nn.Module) -> None:
 
 
 class CannotRun(Exception):
-    """Raised while building or stepping a configuration that this machine cannot run (a
-    compiler it lacks, a strategy that does not support an option): the suite skips the
-    configuration with this message as the reason, and the next one runs."""
+    """A configuration that cannot run here, its message one line saying why and what to do.
+    Raised on a rank while building or stepping it (a compiler the machine lacks, a shape its
+    strategy or model cannot run: the rank returns ``RankCannotRun`` and the suite skips it), and
+    by the parent for a measurement that cannot be made (predicted not to fit, out of memory:
+    ``ddp versus`` and ``ddp profile`` print it and exit)."""
 
 
 def drop_parameter_hooks(module: nn.Module) -> None:
@@ -299,16 +262,19 @@ class Trainer:
         self.backward_compute_end = BackwardComputeEnd(self.cuda)
         self.counted_collectives: int | None = None  # see count_collectives
         self.memory: StateMemory | None = None
-        """The training state ``setup`` counted, kept for the next ``setup``."""
+        """The training state ``count_setup`` counted, kept for the next ``count_setup``."""
         self.resident_bytes: int | None = None
         """On CUDA, what this configuration keeps allocated between its steps (parameters, optimizer
         state, the strategy's buffers, the batch), set by ``RankBench.prepare`` once built and
         warmed up; ``own_peak_bytes`` reads it."""
 
-    def setup(self, count_memory: bool = True) -> StepSetup:
-        """What this configuration is, for the record; ``count_memory``: its training state counted
-        (``ddp.bench.state_bytes.measure_memory``: an untimed step, under MemTracker on CPU) once
-        per build, the same count after (sizes do not change from step to step), or None."""
+    def count_setup(self, count_memory: bool = True) -> StepSetup:
+        """What this configuration is, for the record, counted by training untimed steps where a
+        count needs them: ``count_memory``, its training state (``ddp.bench.memory.state.measure_memory``:
+        one step, two under MemTracker on CPU), once per build and the same count after (sizes do
+        not change from step to step), else None; its collectives, by one step under the profiler
+        where the strategy does not say (``count_collectives``; ``RankBench.prepare`` has made that
+        the last warm-up step)."""
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
         if count_memory and self.memory is None:
             self.memory = measure_memory(self)

@@ -5,7 +5,7 @@ Runs are pytest-benchmark JSON (``--benchmark-json``, ``--benchmark-save``, or `
 Each benchmark's ``extra_info`` holds one record: ``StepRecord``, ``AllReduceRecord`` or
 ``RaceRecord``, told apart by their ``kind``, with ``schema_version``. The dataclasses below are
 the schema: their fields are the keys, documented once, with units. A step's configuration is one
-nested object, ``config`` (``ddp.bench.config.StepConfig``: every axis by name; an axis a file
+nested object, ``config`` (``ddp.bench.config.step_config.StepConfig``: every axis by name; an axis a file
 predates reads at its default), and its training state another, ``memory`` (``StateRecord``).
 Every reader (report, simulate, compare, versus) goes through ``load_run``, which fails with one
 ``RunFileError`` naming the file and saying what to do; a file of another schema version is
@@ -18,8 +18,8 @@ figures per strategy (``ddp profile``'s ``summary.json``: ``ProfileSummary``).
 
 Per-round data is saved in the record itself (``round_seconds``), because pytest-benchmark saves
 ``stats.data`` only with ``--benchmark-save-data``: a comparison needs the rounds for its intervals.
-How the figures are computed from the rounds is ``ddp.bench.summary``; how a run measured outside
-pytest is written as pytest-benchmark JSON is ``ddp.bench.benchmark_json``.
+How the figures are computed from the rounds is ``ddp.bench.rounds.summary``; how a run measured outside
+pytest is written as pytest-benchmark JSON is ``ddp.bench.results.benchmark_json``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ddp.bench.config import AXES, StepConfig
+from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.strategies.base import Sharding
 
 SCHEMA_VERSION = 6
@@ -53,7 +53,7 @@ class RunFileError(Exception):
 
 @dataclass(frozen=True)
 class MemoryPrediction:
-    """What one rank is predicted to hold at its step's peak (``ddp.bench.memory``), by category, in bytes."""
+    """What one rank is predicted to hold at its step's peak (``ddp.bench.memory.predict``), by category, in bytes."""
 
     parameters_bytes: int
     buffers_bytes: int
@@ -64,7 +64,7 @@ class MemoryPrediction:
     communication_bytes: int
     moment: str
     """When the peak falls: ``forward``, ``backward``, ``synchronization``, ``optimizer`` or
-    ``gather`` (``ddp.bench.memory.MOMENTS``)."""
+    ``gather`` (``ddp.bench.memory.predict.MOMENTS``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -99,7 +99,7 @@ class CollectiveTiming:
     exposed_seconds: float
     """Its share of the step's exposed communication: the part of the exposed window, in the order
     collectives completed, from the previous completion (or backward's end) to its own
-    (``ddp.bench.traces.collective_exposure``)."""
+    (``ddp.bench.collectives.reading.collective_exposure``)."""
     exposed_seconds_ci95: list[float]
 
     @classmethod
@@ -110,13 +110,14 @@ class CollectiveTiming:
 @dataclass(frozen=True)
 class CollectiveTrace:
     """Each collective of a step, timed in untimed traced steps on ranks that time nothing
-    (``ddp.bench.step_trace``), on the rank whose traced steps were slowest."""
+    (``ddp.bench.collectives.recording``), on the rank whose traced steps were slowest."""
 
     rank: int
     steps: int
     """Traced steps the medians are over."""
     comm_source: str
-    """Where the collectives' times came from (``ddp.bench.traces.COMM_FROM_*``)."""
+    """Where the collectives' times came from (``ddp.bench.collectives.reading.comm_source``: ``collective_records``,
+    ``profiler``, ``nccl_kernels`` or ``mixed``)."""
     backward_start_seconds: float
     """When backward started, from the end of its computation (negative)."""
     exposed_comm_seconds: float
@@ -144,7 +145,7 @@ class CollectiveTrace:
 @dataclass(frozen=True)
 class StateRecord:
     """Each rank's training state after a step, counted as distinct tensor storages
-    (``ddp.bench.state_bytes``), beside what the strategy's ``Sharding`` says it holds."""
+    (``ddp.bench.memory.state``), beside what the strategy's ``Sharding`` says it holds."""
 
     parameters_bytes: list[int]
     """Each rank's parameters, in bytes (a DTensor's local shard)."""
@@ -156,7 +157,7 @@ class StateRecord:
     """What the strategy splits over the ranks; None for a user's class that does not say."""
     tracked_peak_bytes: list[dict[str, int]] | None = None
     """On CPU, each rank's measured peak: PyTorch's ``MemTracker`` over untimed steps, bytes by its
-    category at the moment the total peaked, and ``Total`` (``ddp.bench.state_bytes.tracked_peak``);
+    category at the moment the total peaked, and ``Total`` (``ddp.bench.memory.state.tracked_peak``);
     None on CUDA (``StepRecord.peak_memory_bytes`` is the measured peak there)."""
 
     @property
@@ -177,7 +178,7 @@ class StateRecord:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One configuration's training step (``ddp.bench.trainer``), timed over rounds."""
+    """One configuration's training step (``ddp.bench.rounds.trainer``), timed over rounds."""
 
     config: StepConfig
     """What was trained: strategy, model, batch per rank, sequence length, bucket cap, precision, ..."""
@@ -206,7 +207,7 @@ class StepRecord:
     """Each rank's median step time."""
     exposed_comm_seconds: float
     """Median over rounds of the slowest rank's exposed communication: from the end of backward's
-    computation to gradients synchronized (``ddp.bench.trainer``)."""
+    computation to gradients synchronized (``ddp.bench.rounds.trainer``)."""
     exposed_comm_fraction: float
     """Median over rounds of exposed communication / step time."""
     exposed_comm_fraction_ci95: list[float]
@@ -221,12 +222,12 @@ class StepRecord:
     """``local``'s step time in the same rounds, interleaved (None when not paired)."""
     tokens_per_step: int | None = None
     """Tokens one rank trains in a step, over its micro-batches: grad accum x batch x seq len
-    (``ddp.bench.step_shape.StepShape.tokens_per_step``); None in files saved before it was recorded."""
+    (``ddp.bench.config.shape.StepShape.tokens_per_step``); None in files saved before it was recorded."""
     round_groups: list[int] | None = None
     """Per round, the group of ranks (fresh processes) it ran in, 0 to groups - 1
-    (``ddp.bench.measure.measure_in_groups``): the intervals of ``step_seconds``, of the
+    (``ddp.bench.rounds.measure.measure_in_groups``): the intervals of ``step_seconds``, of the
     comparison with another run and ``reached_precision`` are two-level bootstraps over them
-    (``ddp.bench.stats``). All 0: one group (a torchrun run, ``--rank-groups 1``), from which the
+    (``ddp.bench.results.stats``). All 0: one group (a torchrun run, ``--rank-groups 1``), from which the
     regression gate calls no slowdown; None in files saved before groups were recorded (read as one)."""
     overhead_seconds: float | None = None
     """Median over rounds of (step - local step) in the same round: what synchronizing costs."""
@@ -235,13 +236,13 @@ class StepRecord:
     """Median over rounds of step / local step in the same round."""
     overhead_ratio_ci95: list[float] | None = None
     model_flops_per_token: float | None = None
-    """Training FLOPs per token, 6 * N + 12 * layers * d_model * seq len (``ddp.bench.flops``);
+    """Training FLOPs per token, 6 * N + 12 * layers * d_model * seq len (``ddp.bench.results.flops``);
     None for workloads other than the built-in LM."""
     achieved_tflops: float | None = None
     """Model TFLOP/s per device at ``step_seconds``: FLOPs per token x ``tokens_per_step`` / step time."""
     mfu: float | None = None
     """``achieved_tflops`` over the device's dense peak in the step's precision (a fraction); None
-    on CPU and on devices not in ``ddp.bench.flops.PEAK_TFLOPS``."""
+    on CPU and on devices not in ``ddp.bench.results.flops.PEAK_TFLOPS``."""
     local_mfu: float | None = None
     """The MFU of the ``local`` twin in the same rounds, at its median step: the step without
     communication (None where ``mfu`` is, or the step was not paired with local)."""
@@ -254,7 +255,7 @@ class StepRecord:
     memory: StateRecord | None = None
     """Each rank's training state, counted in an untimed step after warm-up."""
     predicted_memory: MemoryPrediction | None = None
-    """The peak memory per rank predicted before anything was built (``ddp.bench.memory``), by
+    """The peak memory per rank predicted before anything was built (``ddp.bench.memory.predict``), by
     category and moment of the step; None where the model's step could not be traced."""
     collectives: CollectiveTrace | None = None
     """Each collective of the step with its ready, launch and completion times and its share of the
@@ -276,7 +277,7 @@ class StepRecord:
     def group(self) -> StepConfig:
         """What a step's time depends on besides the strategy (its ``local`` twin): steps of one
         group are compared with each other, and with its ``local``."""
-        return self.config.group_key
+        return self.config.group
 
     @property
     def compute_seconds(self) -> float:
@@ -293,7 +294,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class AllReduceRecord:
-    """One all-reduce size on one number of ranks (``ddp.bench.allreduce``)."""
+    """One all-reduce size on one number of ranks (``ddp.bench.rounds.allreduce``)."""
 
     backend: str
     world_size: int
@@ -314,7 +315,7 @@ class AllReduceRecord:
 
 @dataclass(frozen=True)
 class RaceRecord:
-    """Strategies raced on one rank group, a step of each per round (``ddp versus``, ``ddp.bench.race``)."""
+    """Strategies raced on one rank group, a step of each per round (``ddp versus``, ``ddp.bench.rounds.race``)."""
 
     configs: list[StepConfig]
     """Each contender's configuration, ``local``'s first: one model, batch, sequence length and
@@ -587,7 +588,8 @@ class ProfileRecord:
     exposed_comm_seconds: float
     overlapped_comm_seconds: float
     comm_source: str
-    """Where the communication intervals came from (``ddp.bench.traces.COMM_FROM_*``)."""
+    """Where the communication intervals came from (``ddp.bench.collectives.reading.comm_source``: ``collective_records``,
+    ``profiler``, ``nccl_kernels`` or ``mixed``)."""
     slowest_rank: int
     ranks: list[dict]
     """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""

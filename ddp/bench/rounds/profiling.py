@@ -1,7 +1,7 @@
-"""The rank side of ``ddp profile``: a few training steps of the one step (``ddp.bench.trainer``)
+"""The rank side of ``ddp profile``: a few training steps of the one step (``ddp.bench.rounds.trainer``)
 under ``torch.profiler``, with every collective's launch and completion recorded.
 
-What a profiled step attaches to the trainer (``ddp.bench.step_trace.recorded_step``: a ``PhaseRecorder``): each phase
+What a profiled step attaches to the trainer (``ddp.bench.collectives.recording.recorded_step``: a ``PhaseRecorder``): each phase
 ("forward", "backward", "gradient_sync", "optimizer") as a profiler range, an NVTX range of the
 same name on CUDA (so Nsight Systems shows the same phases), and its ``[start, end]`` on the
 ``time.perf_counter`` clock. Collectives are recorded by ``ddp.strategies.tracing`` (gloo completes
@@ -21,12 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp.bench.config import StepConfig
-from ddp.bench.measure import CannotMeasure
-from ddp.bench.rank_state import Unsupported, first_withdrawn, skip_reason
-from ddp.bench.records import file_stem
-from ddp.bench.step_trace import recorded_step
-from ddp.bench.trainer import CannotRun, Trainer
+from ddp.bench.collectives.recording import recorded_step
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import file_stem
+from ddp.bench.rounds.rank_state import RankCannotRun, first_withdrawn, skip_reason
+from ddp.bench.rounds.trainer import CannotRun, Trainer
 from ddp.launcher import Rank, on_rank
 from ddp.strategies import tracing
 from ddp.strategies.registry import resolve_strategy
@@ -90,7 +89,7 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     except CannotRun as error:
         if trainer is not None:
             trainer.close()
-        return Unsupported(info.rank, str(error))
+        return RankCannotRun(info.rank, str(error))
     try:
         dist.barrier()
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -111,12 +110,12 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
 def profile_on(ranks, configs: list[ProfileConfig]) -> list[list[dict]]:
     """Profile each configuration on ``ranks`` (a ``RankGroup``): per configuration, each rank's
     record (its steps and the trace file it wrote). ``ddp.analysis.profiles`` reads them. Raises
-    ``CannotMeasure`` naming the configuration when a rank cannot run it (``CannotRun``)."""
+    ``CannotRun`` naming the configuration when a rank cannot run it (``CannotRun``)."""
     records = []
     for config in configs:
         results = ranks.run(profile_rank, config)
         marker = first_withdrawn(results)
         if marker is not None:
-            raise CannotMeasure(skip_reason(config.step, ranks.world_size, marker))
+            raise CannotRun(skip_reason(config.step, ranks.world_size, marker))
         records.append(results)
     return records

@@ -6,7 +6,7 @@ its grid form for a comma-separated list, its parser and checks, the grid's defa
 gloo on CPU and with CUDA, the strategies it applies to, and how a value is named. Everything
 else follows from those declarations, here and nowhere else:
 
-- the options of pytest and of every ``python -m ddp`` command (``ddp.bench.options`` binds ``AXES``);
+- the options of pytest and of every ``python -m ddp`` command (``ddp.bench.config.options`` binds ``AXES``);
 - a grid's expansion into configurations (``expand``), in the order the suite runs them;
 - test ids, benchmark group names, ``describe()`` and the labels of report columns;
 - the ``config`` object nested in a saved step record (``to_dict``, ``from_dict``).
@@ -20,7 +20,7 @@ An axis has one of four roles:
 - ``member``: an option that applies to some strategies only (the bucket cap, the dtype gradients
   are communicated in), named with the strategy; a strategy it does not apply to has its default.
 
-Configurations that differ only in their strategy and members form a *group* (``group_key``: the
+Configurations that differ only in their strategy and members form a *group* (``group``: the
 configuration of the floor, ``local``, with the same shape and options): the strategies of a group
 are timed side by side and each is paired with the group's ``local``.
 """
@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp.bench.parsing import OptionError, choice, parse_list, positive_float, positive_int
-from ddp.bench.step_shape import ACTIVATION_CHECKPOINTING, StepShape
-from ddp.bench.workloads import check_workload, max_seq_len
+from ddp.bench.config.parsing import OptionError, choice, parse_list, positive_float, positive_int
+from ddp.bench.config.shape import ACTIVATION_CHECKPOINTING, StepShape
+from ddp.bench.config.workloads import check_workload, max_seq_len
 from ddp.strategies.registry import (
     DEFAULT_GRID_STRATEGIES,
     FLOOR,
@@ -133,7 +133,7 @@ def _context_length(config: StepConfig) -> str | None:
     return None
 
 
-PRECISIONS = ("fp32", "tf32", "bf16")  # what each means: ddp.bench.trainer
+PRECISIONS = ("fp32", "tf32", "bf16")  # what each means: ddp.bench.rounds.trainer
 OPTIMIZERS = ("foreach", "fused")
 GRAD_COMMS = ("fp32", "bf16")
 COMPILE = ("off", "on")
@@ -155,7 +155,7 @@ class StepConfig:
         "own as package.module:build",
         parse=workload_name, cpu=("mini",), gpu=("xl",), text=lambda v: f"model {v}",
     )
-    """A workload (``ddp.bench.workloads``): an LM size, a named model or ``package.module:build``."""
+    """A workload (``ddp.bench.config.workloads``): an LM size, a named model or ``package.module:build``."""
     batch_size: int = _axis(
         role="shape", flag="--batch-size", grid_flag="--batch-sizes", plural="batch sizes",
         help="samples (sequences) per rank in a micro-batch: the step's batch per rank at --grad-accum 1",
@@ -184,7 +184,7 @@ class StepConfig:
         "(autocast around forward and loss, fp32 weights, gradients and AdamW); see docs/perf-suite.md",
         parse=choice("--precision", PRECISIONS), cpu=("fp32",), gpu=("fp32",), text=str, id=str,
     )
-    """``fp32``, ``tf32`` or ``bf16``: what the step computes in (``ddp.bench.trainer``)."""
+    """``fp32``, ``tf32`` or ``bf16``: what the step computes in (``ddp.bench.rounds.trainer``)."""
     optimizer: str = _axis(
         "foreach", role="option", flag="--optimizer", plural="AdamW implementations", choices=OPTIMIZERS,
         help="AdamW's implementation: foreach or fused", parse=choice("--optimizer", OPTIMIZERS),
@@ -206,7 +206,7 @@ class StepConfig:
         parse=choice("--compile", COMPILE), cpu=("off",), gpu=("off",),
         text=lambda v: "compiled" if v == "on" else "eager", id=lambda v: "compile" if v == "on" else "eager",
     )
-    """``on``: the model compiled by ``torch.compile`` (``ddp.bench.trainer``); ``off``: eager."""
+    """``on``: the model compiled by ``torch.compile`` (``ddp.bench.rounds.trainer``); ``off``: eager."""
     grad_accum: int = _axis(
         1, role="option", flag="--grad-accum", plural="micro-batch counts", valid=lambda v: v >= 1,
         help="micro-batches of --batch-size samples each a step trains per rank, all but the last under the strategy's "
@@ -215,7 +215,7 @@ class StepConfig:
         parse=positive_int, cpu=(1,), gpu=(1,),
         text=lambda v: f"{v} micro-batches", id=lambda v: f"accum{v}",
     )
-    """Micro-batches a step (``ddp.bench.step_shape``): 1, no accumulation."""
+    """Micro-batches a step (``ddp.bench.config.shape``): 1, no accumulation."""
     activation_checkpointing: str = _axis(
         "none", role="option", flag="--activation-checkpointing", plural="activation checkpointing policies",
         choices=ACTIVATION_CHECKPOINTING,
@@ -225,7 +225,7 @@ class StepConfig:
         text=lambda v: "checkpointed blocks" if v == "blocks" else "no checkpointing",
         id=lambda v: "ckpt" if v == "blocks" else "nockpt",
     )
-    """``blocks``: the model's repeated blocks recomputed in backward (``ddp.bench.step_shape``); ``none``."""
+    """``blocks``: the model's repeated blocks recomputed in backward (``ddp.bench.config.shape``); ``none``."""
     seed: int = 0
     """Seeds the model's weights and the global batch (not an axis: every configuration uses 0)."""
 
@@ -316,13 +316,13 @@ class StepConfig:
                                      if AXES.get(name) is None or AXES[name].role != "member"})
 
     @property
-    def group_key(self) -> StepConfig:
+    def group(self) -> StepConfig:
         """What the strategies of one group share: its ``local`` twin."""
         return self.local_twin()
 
     @property
     def step_shape(self) -> StepShape:
-        """What the step does (``ddp.bench.step_shape``): micro-batches, tokens, phases, checkpointing."""
+        """What the step does (``ddp.bench.config.shape``): micro-batches, tokens, phases, checkpointing."""
         return StepShape.of(self)
 
     @property

@@ -1,7 +1,7 @@
 """Runs measured outside pytest (``ddp run`` under torchrun, ``ddp versus --json``), written as
 pytest-benchmark writes ``--benchmark-json``: benchmarks under perf_tests' names and groups, their
 stats computed by pytest-benchmark's own ``Stats`` from the measured rounds, their options those
-ddp-bench gives pytest-benchmark's marker in a pytest run (``ddp.bench.timing.benchmark_options``:
+ddp-bench gives pytest-benchmark's marker in a pytest run (``ddp.bench.results.timing.benchmark_options``:
 the round clock, the rounds and budget they were measured under), the record in ``extra_info``.
 So ``ddp compare``, ``ddp report`` and ``ddp simulate`` read such a run like a pytest one."""
 
@@ -15,9 +15,9 @@ from pytest_benchmark import __version__ as pytest_benchmark_version
 from pytest_benchmark.stats import Stats
 from pytest_benchmark.utils import funcname, get_commit_info
 
-from ddp.bench.config import StepConfig
-from ddp.bench.records import AllReduceRecord, RaceRecord, RunFileError, StepRecord, to_extra_info
-from ddp.bench.timing import benchmark_options
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.results.records import AllReduceRecord, RaceRecord, RunFileError, StepRecord, to_extra_info
+from ddp.bench.results.timing import benchmark_options
 
 # The test file and function whose results step and all-reduce rows stand for: comparisons match
 # benchmarks on their names, the same for a pytest run and a torchrun run.

@@ -16,7 +16,7 @@ peaked):
 
 A compiled model (``--compile on``) is predicted as its eager step: the compiler may save less.
 
-The step's shape (``ddp.bench.step_shape``) enters twice: the trace is one micro-batch's forward and
+The step's shape (``ddp.bench.config.shape``) enters twice: the trace is one micro-batch's forward and
 backward, made with the step's activation checkpointing (forward then saves each block's input, and
 backward's temporaries include the block's recomputed forward); and where a step accumulates
 micro-batches, the last one's forward and backward run beside the whole gradients the earlier ones
@@ -34,7 +34,7 @@ the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) an
   (``Strategy``'s defaults);
 - the parameters' sizes and dtypes from the model built on the meta device (nothing allocated);
 - activations, temporaries and the growth of gradients during backward from one step of the
-  model traced on fake tensors in the step's precision (``ddp.bench.memory_trace``); the trace is
+  model traced on fake tensors in the step's precision (``ddp.bench.memory.fake_step``); the trace is
   the same for every strategy and world size, so it is made once per model, sequence length and
   precision (two traces, batch 1 and 2, and the line through them).
 
@@ -61,10 +61,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.config import StepConfig
-from ddp.bench.memory_trace import Trace, trace_step
-from ddp.bench.records import MemoryPrediction
-from ddp.bench.workloads import meta_module
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.workloads import meta_module
+from ddp.bench.memory.fake_step import FakeStep, run_fake_step
+from ddp.bench.results.records import MemoryPrediction
 from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import REPLICATED, MemoryPlan, StepBuffers, sharding_of
 from ddp.strategies.registry import StrategyError, resolve_strategy, traits
@@ -141,28 +141,28 @@ def model_shape(config: StepConfig) -> ModelShape:
 
 
 @functools.lru_cache(maxsize=16)
-def _traces(model: str, seq_len: int, precision: str, activation_checkpointing: str) -> tuple[Trace, Trace] | str:
+def _fake_steps(model: str, seq_len: int, precision: str, activation_checkpointing: str) -> tuple[FakeStep, FakeStep] | str:
     """Batch 1 and 2 traced, or why not (kept, so that a model that cannot be traced is tried once)."""
     try:
-        one, two = (trace_step(model, batch, seq_len, precision, activation_checkpointing) for batch in (1, 2))
+        one, two = (run_fake_step(model, batch, seq_len, precision, activation_checkpointing) for batch in (1, 2))
         two.at_batch(one, 1)  # the two ran the same operators
     except Exception as error:  # the trace runs the user's own code: any error it raises means no trace
         return f"its step could not be traced on fake tensors ({type(error).__name__}: {str(error).strip()[:200]})"
     return one, two
 
 
-def step_trace(config: StepConfig) -> Trace:
-    """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory_trace``),
+def fake_step_of(config: StepConfig) -> FakeStep:
+    """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory.fake_step``),
     its blocks checkpointed as the step's are; ``NoPrediction`` where the model's step cannot be traced."""
     # TF32 changes how matmuls compute, not what a step allocates: traced once with fp32 (a trace
     # of xl takes about 10 s of CPU).
     precision = "fp32" if config.precision == "tf32" else config.precision
-    return _trace_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size)
+    return _fake_step_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size)
 
 
 @functools.lru_cache(maxsize=256)
-def _trace_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int) -> Trace:
-    traces = _traces(model, seq_len, precision, activation_checkpointing)
+def _fake_step_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int) -> FakeStep:
+    traces = _fake_steps(model, seq_len, precision, activation_checkpointing)
     if isinstance(traces, str):
         raise NoPrediction(f"model {model}: {traces}")
     one, two = traces
@@ -199,7 +199,7 @@ def predict(config: StepConfig, world_size: int) -> MemoryPrediction:
 def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPrediction]:
     """What a rank holds at each of ``MOMENTS`` of ``config``'s step, by category."""
     shape = model_shape(config)
-    trace = step_trace(config)
+    trace = fake_step_of(config)
     sharding = sharding_of(_strategy_class(config)) or REPLICATED
     buffers = step_buffers(config, shape, world_size)
 
@@ -210,7 +210,7 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     optimizer_state = share(ADAMW_MOMENTS * shape.trainable_bytes, sharding.optimizer_state)
     gradients_whole = share(shape.trainable_bytes, sharding.gradients)
     # Whole from the step's start where the strategy keeps them, and through the last micro-batch
-    # where earlier ones accumulated them (``ddp.bench.step_shape``): its forward and backward run
+    # where earlier ones accumulated them (``ddp.bench.config.shape``): its forward and backward run
     # beside every gradient.
     kept_gradients = gradients_whole if buffers.gradients_kept or config.grad_accum > 1 else 0
     common = dict(parameters_bytes=parameters, buffers_bytes=shape.buffer_bytes, optimizer_state_bytes=optimizer_state)
@@ -298,7 +298,7 @@ def largest_batch(config: StepConfig, world_size: int, memory_bytes: int, limit:
 class NotBuilt:
     """Why a configuration was not built, decided in the parent: its predicted peak does not fit
     (``too_large``), or its strategy or model cannot run its step's shape
-    (``ddp.bench.step_shape.cannot_run``)."""
+    (``ddp.bench.config.shape.cannot_run``)."""
 
     message: str
 
