@@ -40,24 +40,27 @@ import torch
 import torch.distributed as dist
 
 from correctness_tests.models import MODEL_CASES
+from correctness_tests.precision_reference import (
+    BATCH_SIZE,
+    BUCKET_SIZE_MB,
+    FLOOR_FACTOR,
+    FP32_SLACK,
+    MODEL,
+    SEQ_LEN,
+    STEPS,
+    _round_bf16,
+    train_and_references,
+    within_tolerance,
+)
 from correctness_tests.selection import only_those_taking, strategies_under_test, takes
 from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload, rank_batches
 from ddp.bench.rounds.trainer import LEARNING_RATE, Trainer
-from ddp.launcher import rank_info
+from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import make_ddp, supports_no_sync, takes_bucket_size, takes_comm_dtype, traits
 
-STEPS = 3
-MODEL, BATCH_SIZE, SEQ_LEN = "tiny", 2, 32
-BUCKET_SIZE_MB = 0.05  # the tiny LM's 1 MB of gradients in several buckets
-FLOOR_FACTOR = 2.0
-"""How far above the floor a strategy may be: the floor is one correct reordering, a strategy's is
-another (its own sum order, its own bf16 casts), of the same size but not the same values."""
-FP32_SLACK = 1e-6
-"""Absolute: fp32 sums in another order differ in their last bits (2**-24 relative on weights of
-about 0.02, amplified by AdamW to at most a few times that in 3 steps), far below 1e-6."""
 ADAMW_REACH = 2 * LEARNING_RATE * sum(math.sqrt(step) for step in range(1, STEPS + 1))
 """How far apart two AdamW runs from the same weights can drift per weight in ``STEPS`` steps,
 whatever their gradients: a bias-corrected Adam step moves a weight by at most ``lr * sqrt(t)`` at
@@ -70,84 +73,6 @@ this share of every weight drifting ``ADAMW_REACH`` apart. bf16 rounds each grad
 the worst case leaves room for those and none for a wrong sum (measured on the tiny LM: 0.017% with fp32 steps, 0.007% with bf16)."""
 
 
-def _numerics(precision: str, device: torch.device):
-    """The reference's own statement of each precision (the step's is ``ddp.bench.rounds.trainer``)."""
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-
-
-def _round_bf16(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to(torch.bfloat16).to(tensor.dtype)
-
-
-def reference_parameters(config: StepConfig, world_size: int, device: torch.device, split: bool) -> list[torch.Tensor]:
-    """One process training ``config``'s whole global batch, every rank's micro-batches at once,
-    without checkpointing (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
-    rank's sum rounded as a bf16 all-reduce rounds them when ``config.grad_comm`` is bf16)."""
-    previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
-    try:
-        torch.manual_seed(config.seed)
-        workload = build_workload(config.model, config.batch_size, config.seq_len, device)
-        model = workload.module
-        implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, **implementation)
-        pieces = config.grad_accum * world_size  # the micro-batches of the whole global batch
-        shards = [rank_batches(workload, config.seed, rank, world_size, device, config.grad_accum) for rank in range(world_size)]
-        for _ in range(STEPS):
-            if split:
-                shard_grads = []
-                for micro_batches in shards:
-                    rank_grads = None
-                    for inputs, targets in micro_batches:
-                        with _numerics(config.precision, device):
-                            loss = workload.loss(model(inputs), targets)
-                        grads = [g.float() / pieces for g in torch.autograd.grad(loss, list(model.parameters()))]
-                        rank_grads = grads if rank_grads is None else [a + g for a, g in zip(rank_grads, grads)]
-                    shard_grads.append(rank_grads)
-                for param, *per_shard in zip(model.parameters(), *shard_grads):
-                    if config.grad_comm == "bf16":
-                        param.grad = _round_bf16(sum(_round_bf16(g) for g in per_shard))
-                    else:
-                        param.grad = sum(per_shard)
-            else:
-                inputs = torch.cat([inputs for micro_batches in shards for inputs, _ in micro_batches])
-                targets = torch.cat([targets for micro_batches in shards for _, targets in micro_batches])
-                with _numerics(config.precision, device):
-                    loss = workload.loss(model(inputs), targets)
-                loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return [p.detach().cpu() for _, p in sorted(model.named_parameters())]  # by name, as the strategy's
-    finally:
-        torch.set_float32_matmul_precision(previous[0])
-        torch.backends.cudnn.allow_tf32 = previous[1]
-
-
-def train_and_references(config: StepConfig) -> dict:
-    """Runs on every rank: the strategy's parameters after ``STEPS`` steps of the benchmark's step;
-    rank 0 also trains the two references."""
-    info = rank_info()
-    trainer = Trainer(config, info)
-    try:
-        for _ in range(STEPS):
-            trainer.step()
-        full = gather_full_params(trainer.model)  # whole parameters, sharded strategies' too
-        result = {"trained": [full[name].detach().cpu() for name in sorted(full)]}
-    finally:
-        trainer.close()
-    if info.rank == 0:
-        result["reference"] = reference_parameters(config, info.world_size, info.device, split=False)
-        result["floor"] = reference_parameters(config, info.world_size, info.device, split=True)
-    return result
-
-
-def distance(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> dict[str, float]:
-    """Largest and mean absolute difference over every parameter element."""
-    diffs = torch.cat([(a.double() - e.double()).abs().reshape(-1) for a, e in zip(actual, expected, strict=True)])
-    return {"max": diffs.max().item(), "mean": diffs.mean().item()}
-
-
 def relative_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> dict[str, float]:
     """``max``: the largest, over parameter tensors, of max |a - e| / max |e|; ``mean``: sum |a - e| /
     sum |e| over every element (elementwise ratios would blow up on weights near zero)."""
@@ -155,14 +80,6 @@ def relative_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]
     largest = max(((a - e).abs().max() / e.abs().max()).item() for a, e in pairs)
     total = sum((a - e).abs().sum().item() for a, e in pairs) / sum(e.abs().sum().item() for _, e in pairs)
     return {"max": largest, "mean": total}
-
-
-def within_tolerance(results: list[dict]) -> tuple[dict, dict, bool]:
-    """(the strategy's distance from the reference, the floor's, whether it is within tolerance) on rank 0."""
-    trained, reference, floor = results[0]["trained"], results[0]["reference"], results[0]["floor"]
-    mine, floors = distance(trained, reference), distance(floor, reference)
-    ok = all(mine[key] <= FLOOR_FACTOR * floors[key] + FP32_SLACK for key in ("max", "mean"))
-    return mine, floors, ok
 
 
 def cases(strategies: tuple[str, ...]) -> list:
@@ -236,9 +153,10 @@ def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepC
     )
 
 
-def bf16_against_fp32_communication(strategy: str, precision: str) -> list[dict]:
+@on_rank
+def bf16_against_fp32_communication(rank: Rank, strategy: str, precision: str) -> list[dict]:
     """Runs on every rank: the same steps with fp32 and with bf16 gradient communication."""
-    info = rank_info()
+    info = rank.info
     trained = {}
     for comm in ("fp32", "bf16"):
         bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
@@ -272,12 +190,13 @@ def test_bf16_communication_error_is_measured_and_bounded(rank_group, comm_dtype
     print(f"  summed difference: {summed / worst:.3%} of every weight drifting as far as AdamW can")
 
 
-def bf16_sync_against_emulation(strategy: str, accumulate: bool) -> None:
+@on_rank
+def bf16_sync_against_emulation(rank: Rank, strategy: str, accumulate: bool) -> None:
     """Runs on every rank: one synchronizing step of ``routed_mlp`` (expert 0 used on rank 0 only,
     expert 2 on none) with ``comm_dtype=torch.bfloat16``, each gradient checked against what a bf16
     all-reduce of the ranks' own gradients gives: every rank's share g / world size rounded to bf16,
     the sum rounded again (exact for 2 ranks: one bf16 addition), a gradient no rank produced left None."""
-    info = rank_info()
+    info = rank.info
     case = MODEL_CASES["routed_mlp"]
     torch.manual_seed(0)
     module = case.build().to(info.device)
@@ -335,10 +254,11 @@ class _GradientsAfterSync:
             self.gradients = {n: p.grad.detach().cpu().clone() for n, p in self.module.named_parameters() if p.grad is not None}
 
 
-def synchronized_gradients(config: StepConfig) -> dict:
+@on_rank
+def synchronized_gradients(rank: Rank, config: StepConfig) -> dict:
     """Runs on every rank: the gradients the benchmark's step leaves after synchronization in its
     first step; rank 0 also the gradients of one process on the whole global batch, without checkpointing."""
-    info = rank_info()
+    info = rank.info
     trainer = Trainer(config, info)
     try:
         observer = _GradientsAfterSync(trainer.model.module)

@@ -148,22 +148,10 @@ def call_on_rank(rank: Rank, fn: Callable[..., T], args: tuple, kwargs: dict) ->
     return fn(rank, *args, **kwargs) if getattr(fn, "takes_rank", False) else fn(*args, **kwargs)
 
 
-_entered: Rank | None = None
-
-
 def enter_rank(info: RankInfo) -> Rank:
-    """Make this process's ``Rank``: the one place that says where a rank process runs."""
-    global _entered
-    _entered = Rank(info)
-    return _entered
-
-
-def rank_info() -> RankInfo:
-    """The calling rank's rank, world size, backend and device, for code run on a rank that is not
-    handed its ``Rank`` (a test's function, a user's strategy)."""
-    if _entered is None:
-        raise RuntimeError("rank_info() is only available on a rank (inside RankGroup.run, or under torchrun once joined)")
-    return _entered.info
+    """Make this process's ``Rank``: the one place that says where a rank process runs. It is
+    handed to every function marked ``on_rank``: no module keeps it."""
+    return Rank(info)
 
 
 def share_cores(ranks_on_this_machine: int) -> None:

@@ -9,13 +9,13 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.measure import Measurement, NotRun, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.trainer import CannotRun
-from ddp.launcher import rank_info
 from ddp.model import build_model
 from ddp.strategies.local import LocalTraining
 from ddp.strategies.overlap import OverlapDDP
@@ -83,7 +83,7 @@ class OutOfMemoryOnRankOneInBackward(OverlapDDP):
 
     def _maybe_run_out(self, param) -> None:
         self._gradients_seen += 1
-        if rank_info().rank == 1 and self._steps > self.steps_before_failing and self._gradients_seen % 3 == 0:
+        if dist.get_rank() == 1 and self._steps > self.steps_before_failing and self._gradients_seen % 3 == 0:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory on one rank only. Tried to allocate 1.00 GiB")
 
 

@@ -111,3 +111,10 @@ def run_json(benchmarks: list[dict], **machine_facts) -> dict:
 def write(path: Path, document: dict) -> Path:
     path.write_text(json.dumps(document))
     return path
+
+
+def strategy_benchmark(name: str, rounds: list[float], local: list[float] | None = None, groups: int | list[int] = 2) -> dict:
+    """A step benchmark of strategy ``name`` (not checked: a saved run may name any) with these rounds,
+    paired with ``local``'s when given, spread over ``groups`` groups of ranks (in blocks) or as given."""
+    config = StepConfig.from_dict({"strategy": name, "model": "mini", "batch_size": 4, "seq_len": 64})
+    return step_benchmark(step(config, rounds, local_rounds=local, groups=groups))

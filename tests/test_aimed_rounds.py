@@ -17,7 +17,8 @@ from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import Run, run_from_data
 from ddp.bench.rounds.measure import measure, measure_in_groups
 from ddp.bench.rounds.rank_state import prepare, timed_round
-from tests.test_compare import run, step
+from tests.synthetic import run_json as run
+from tests.synthetic import strategy_benchmark as step
 
 
 @dataclass(frozen=True)

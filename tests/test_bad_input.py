@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import ddp
-from ddp.launcher import RankGroup, rank_info
+from ddp.launcher import Rank, RankGroup, on_rank
 
 
 def test_unknown_strategy_lists_known_names():
@@ -86,8 +86,9 @@ def test_torch_refuses_a_module_without_trainable_parameters(rank_group):
         rank_group.run(wrap_torch_around_a_module_without_parameters)
 
 
-def backward_twice_without_finishing(strategy: str) -> None:
-    device = rank_info().device  # NCCL maps only CUDA tensors: build on the rank's device
+@on_rank
+def backward_twice_without_finishing(rank: Rank, strategy: str) -> None:
+    device = rank.info.device  # NCCL maps only CUDA tensors: build on the rank's device
     model = ddp.make_ddp(strategy, nn.Linear(4, 2, device=device))
     model(torch.ones(1, 4, device=device)).sum().backward()
     model(torch.ones(1, 4, device=device)).sum().backward()

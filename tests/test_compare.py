@@ -9,23 +9,11 @@ import numpy as np
 import pytest
 
 from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
-from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_run
 from ddp.bench.results.stats import Verdict, groups_to_decide
 from ddp.cli import main as ddp_main
-from tests import synthetic
-
-
-def step(name: str, rounds: list[float], local: list[float] | None = None, groups: int | list[int] = 2) -> dict:
-    """A step benchmark of strategy ``name`` (not checked: a saved run may name any) with these rounds,
-    paired with ``local``'s when given, spread over ``groups`` groups of ranks (in blocks) or as given."""
-    record = synthetic.step(StepConfig.from_dict({"strategy": name, "model": "mini", "batch_size": 4, "seq_len": 64}), rounds,
-                            local_rounds=local, groups=groups)
-    return synthetic.step_benchmark(record)
-
-
-def run(benchmarks: list[dict], torch_version: str = "2.13.0+cpu") -> dict:
-    return synthetic.run_json(benchmarks, torch_version=torch_version)
+from tests.synthetic import run_json as run
+from tests.synthetic import strategy_benchmark as step
 
 
 def noisy(median: float, n: int, seed: int, spread: float = 0.05) -> list[float]:

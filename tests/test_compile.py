@@ -12,7 +12,7 @@ from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.measure import Measurement, NotRun, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.trainer import CannotRun, Trainer
-from ddp.launcher import rank_info
+from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
 
@@ -32,10 +32,11 @@ def test_compile_is_an_option_of_the_grid_off_by_default():
     assert [c.test_id for c in grid.configs()] == ["local-b2-s32", "naive-b2-s32", "local-b2-s32-compile", "naive-b2-s32-compile"]
 
 
-def trained(strategy: str) -> dict:
+@on_rank
+def trained(rank: Rank, strategy: str) -> dict:
     """Runs on every rank: ``STEPS`` of the benchmark's step, eager and compiled, from the same
     seed; returns each one's parameters, or why the compiled one cannot run (``cannot_run``)."""
-    info = rank_info()
+    info = rank.info
     out = {}
     for compile_ in ("off", "on"):
         config = StepConfig(strategy, "tiny", 2, 32, 1.0 if takes_bucket_size(strategy) else None, compile=compile_)
@@ -76,7 +77,8 @@ def test_every_strategy_compiled_is_measured_or_skipped_with_the_compilers_reaso
         rank_group.run(release)
 
 
-def compiled_graphs(strategy: str) -> int:
+@on_rank
+def compiled_graphs(rank: Rank, strategy: str) -> int:
     """Runs on every rank: the graphs AOTAutograd compiled for two steps of ``strategy`` compiled at
     a 0.05 MiB bucket cap (tiny's blocks hold 0.2 MiB of gradients each: several buckets a block)."""
     import torch._dynamo
@@ -84,7 +86,7 @@ def compiled_graphs(strategy: str) -> int:
 
     torch._dynamo.reset()
     counters.clear()
-    trainer = Trainer(StepConfig(strategy, "tiny", 2, 32, 0.05, compile="on"), rank_info())
+    trainer = Trainer(StepConfig(strategy, "tiny", 2, 32, 0.05, compile="on"), rank.info)
     try:
         for _ in range(2):
             trainer.step()

@@ -26,9 +26,9 @@ from correctness_tests.diagnose import (
     named_values,
 )
 from correctness_tests.models import FrozenMLP, TiedLM
-from correctness_tests.test_strategies import train_against_reference
+from correctness_tests.training import train_against_reference
 from ddp.launcher import RankError
-from tests.test_launcher import sum_of_ranks
+from tests.on_ranks import sum_of_ranks
 
 WRONG = "tests.wrong_ddps:"
 

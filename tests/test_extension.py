@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from correctness_tests.models import MODEL_CASES
-from correctness_tests.test_strategies import train_against_reference
+from correctness_tests.training import train_against_reference
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.results.records import load_run
 from ddp.bench.rounds.race import race
 from ddp.cli import main as ddp_main
-from ddp.strategies.base import DataParallel, Transfer
+from ddp.strategies.base import DataParallel
+from ddp.strategies.declarations import Transfer
 
 ROOT = Path(__file__).parents[1]
 NAME = f"{__name__}:ChunkedDDP"
@@ -66,7 +67,7 @@ class ChunkedDDP(DataParallel):
 
 @pytest.mark.parametrize("model_name", list(MODEL_CASES))
 def test_it_trains_like_one_process(rank_group, model_name):
-    per_rank = rank_group.run(train_against_reference, NAME, "few_per_bucket", model_name, "adamw", True)
+    per_rank = rank_group.run(train_against_reference, NAME, "few_per_bucket", model_name, "adamw", 2)
     for params in per_rank[1:]:
         for mine, rank0 in zip(params, per_rank[0]):
             torch.testing.assert_close(mine, rank0, rtol=0, atol=0)

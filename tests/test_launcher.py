@@ -7,34 +7,30 @@ import os
 import time
 
 import pytest
-import torch
 import torch.distributed as dist
 
-from ddp.launcher import RankError, RankGroup, rank_info
+from ddp.launcher import Rank, RankError, RankGroup, on_rank
+from tests.on_ranks import sum_of_ranks
 
 
-def sum_of_ranks() -> float:
-    # on the rank's device: a group initialized with NCCL maps only CUDA tensors
-    tensor = torch.tensor([float(rank_info().rank)], device=rank_info().device)
-    dist.all_reduce(tensor)
-    return tensor.item()
-
-
-def raise_on_rank_one() -> None:
-    if rank_info().rank == 1:
+@on_rank
+def raise_on_rank_one(rank: Rank) -> None:
+    if rank.info.rank == 1:
         raise ValueError("rank one cannot go on")
     dist.barrier()  # rank 0 waits for a rank that will never arrive
 
 
-def hang_in_a_collective_on_rank_zero() -> None:
-    if rank_info().rank == 0:
+@on_rank
+def hang_in_a_collective_on_rank_zero(rank: Rank) -> None:
+    if rank.info.rank == 0:
         dist.barrier()
     else:
         time.sleep(3600)
 
 
-def exit_on_rank_one() -> None:
-    if rank_info().rank == 1:
+@on_rank
+def exit_on_rank_one(rank: Rank) -> None:
+    if rank.info.rank == 1:
         os._exit(3)
     dist.barrier()
 

@@ -142,3 +142,20 @@ def test_analysis_only_reads_saved_data():
     }
     assert not wrong, f"analysis modules that reach code that starts or runs on ranks: {wrong}"
     assert RANK_MODULES <= set(edges), "a module named in RANK_MODULES no longer exists: update the list"
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in modules that are not tests (``tests/synthetic.py``,
+    ``correctness_tests/training.py``, ...): importing a test module runs its collection-time code
+    and couples two suites' cases."""
+    root = PACKAGE.parent
+    wrong = []
+    for folder in ("tests", "correctness_tests", "perf_tests"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+                    if isinstance(node, ast.ImportFrom) else [])
+                wrong += [f"{path.relative_to(root)} imports {name}" for name in names
+                          if name.split(".")[-1].startswith("test_")]
+    assert not wrong, "; ".join(wrong)

@@ -14,7 +14,7 @@ import pytest
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.rank_state import prepare, release
-from ddp.strategies.base import Sharding
+from ddp.strategies.declarations import Sharding
 from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
 
 KINDS = ("parameters", "gradients", "optimizer_state")

@@ -38,6 +38,8 @@ from ddp.bench.rounds.trainer import Trainer
 from ddp.launcher import on_rank
 from ddp.strategies.registry import STRATEGIES, takes_bucket_size
 
+pytestmark = pytest.mark.slow  # every strategy's real steps under MemTracker: about 5 minutes on 2 cores
+
 TOLERANCE = 0.10
 USER_CLASS = "examples.toy:AveragingDDP"
 CASES = [(model, precision, "foreach", {}) for model in ("tiny", "mini") for precision in ("fp32", "bf16")]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from correctness_tests.test_precision import BATCH_SIZE, MODEL, SEQ_LEN, train_and_references, within_tolerance
+from correctness_tests.precision_reference import BATCH_SIZE, MODEL, SEQ_LEN, train_and_references, within_tolerance
 from ddp.bench.config.step_config import StepConfig
 
 

@@ -22,15 +22,25 @@ from ddp.bench.collectives.reading import collective_exposure, cuda_steps_from_t
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_profile_summary
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
-
-
-def _collective(launch: float, done: float, size_bytes: int = 4) -> dict:
-    return {"label": "c", "size_bytes": size_bytes, "launch_seconds": launch, "done_seconds": done}
-
-
-def _step(forward, backward, compute_end, sync, optimizer, collectives) -> dict:
-    return {"forward": forward, "backward": backward, "backward_compute_end": compute_end,
-            "gradient_sync": sync, "optimizer": optimizer, "collectives": collectives}
+from tests.cuda_traces import (
+    ADAM,
+    AMPERE_GEMM,
+    BACKWARD,
+    COPY_KERNEL,
+    CUDNN,
+    ELEMENTWISE,
+    FLASH,
+    FORWARD,
+    HOPPER_GEMM,
+    MEM_EFFICIENT,
+    NCCL_2_18_ALL_REDUCE,
+    NCCL_2_19_ALL_REDUCE,
+    OPTIMIZER,
+    SYNC,
+    collective,
+    cuda_trace,
+    step_record,
+)
 
 
 def test_union_merges_overlapping_and_touching_intervals_and_drops_empty_ones():
@@ -50,8 +60,8 @@ def test_covered_seconds_within_a_window_counts_each_instant_once():
 def test_step_figures_split_communication_at_the_end_of_backward_compute():
     # backward called over [1, 4], its computation done at 3.5; collectives in flight over [2, 6]
     # and [7, 8]; the optimizer starts at 8. The step waited from 3.5 to 8, gaps included.
-    step = _step([0, 1], [1, 4], 3.5, [4, 8], [8, 9],
-                 [_collective(2.0, 5.0), _collective(3.0, 6.0), _collective(7.0, 8.0)])
+    step = step_record([0, 1], [1, 4], 3.5, [4, 8], [8, 9],
+                 [collective(2.0, 5.0), collective(3.0, 6.0), collective(7.0, 8.0)])
     figures = step_comm_figures(step)
     assert figures["overlapped_comm_seconds"] == pytest.approx(1.5)  # [2, 3.5]
     assert figures["exposed_comm_seconds"] == pytest.approx(4.5)  # [3.5, 8]
@@ -61,7 +71,7 @@ def test_step_figures_split_communication_at_the_end_of_backward_compute():
 def test_a_wait_inside_backward_is_exposed():
     # PyTorch's DDP: backward() returns at 6 after waiting for its buckets from 3 (computation done)
     # to 6; its collective records (gloo over CUDA) completed early, at 3. The step waited 3 s.
-    step = _step([0, 1], [1, 6], 3.0, [6, 6], [6, 7], [_collective(2.0, 3.0)])
+    step = step_record([0, 1], [1, 6], 3.0, [6, 6], [6, 7], [collective(2.0, 3.0)])
     figures = step_comm_figures(step)
     assert figures["exposed_comm_seconds"] == pytest.approx(3.0)
     assert figures["overlapped_comm_seconds"] == pytest.approx(1.0)
@@ -70,8 +80,8 @@ def test_a_wait_inside_backward_is_exposed():
 
 
 def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
-    hidden = _step([0, 1], [1, 4], 4, [4, 4], [4, 5], [_collective(1.0, 4.0, 8)])  # 3 s, all hidden
-    exposed = _step([5, 6], [6, 7], 7, [7, 8], [8, 9], [_collective(7.0, 8.0, 8)])  # 1 s, all exposed
+    hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 4.0, 8)])  # 3 s, all hidden
+    exposed = step_record([5, 6], [6, 7], 7, [7, 8], [8, 9], [collective(7.0, 8.0, 8)])  # 1 s, all exposed
     figures = rank_figures([hidden, exposed])
     assert figures["comm_seconds"] == pytest.approx(2.0)
     assert figures["exposed_comm_seconds"] == pytest.approx(0.5)
@@ -81,33 +91,18 @@ def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
 
 
 def test_no_communication_has_no_overlap_fraction():
-    figures = rank_figures([_step([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])
+    figures = rank_figures([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])
     assert figures["comm_seconds"] == 0.0 and figures["overlap_fraction"] is None
 
 
 def test_summary_reports_the_slowest_rank():
-    fast = {"rank": 0, "trace_file": "t0", "steps": [_step([0, 1], [1, 2], 2, [2, 3], [3, 4], [_collective(2, 3)])]}
-    slow = {"rank": 1, "trace_file": "t1", "steps": [_step([0, 1], [1, 3], 3, [3, 4], [4, 6], [_collective(2, 4)])]}
+    fast = {"rank": 0, "trace_file": "t0", "steps": [step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(2, 3)])]}
+    slow = {"rank": 1, "trace_file": "t1", "steps": [step_record([0, 1], [1, 3], 3, [3, 4], [4, 6], [collective(2, 4)])]}
     summary = strategy_summary([fast, slow])
     assert summary["slowest_rank"] == 1
     assert summary["step_seconds"] == pytest.approx(6.0)
     assert summary["overlap_fraction"] == pytest.approx(0.5)
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
-
-
-# Real names from PyTorch CUDA traces (Kineto), long template arguments cut where marked "...".
-NCCL_2_19_ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-NCCL_2_18_ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
-ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, ...>(...)"
-COPY_KERNEL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
-               "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}...>(...)")
-HOPPER_GEMM = ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1"
-               "_execute_segment_k_off_kernel")
-AMPERE_GEMM = "ampere_sgemm_128x64_nn"
-CUDNN = "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>(...)"
-FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, ...>(...)"
-MEM_EFFICIENT = "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, ...>::Params)"
-ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::...>(...)"
 
 
 @pytest.mark.parametrize(
@@ -143,32 +138,9 @@ def test_kernel_kind_refuses_an_event_that_is_not_a_gpu_event():
         kernel_kind("aten::add", "cpu_op")
 
 
-# A synthetic CUDA trace. CPU ranges in perf_counter seconds; the trace clock is 1000 µs ahead.
-TRACE_OFFSET_US = 1000.0
-# One profiled step's CPU ranges; collectives added per case.
-FORWARD, BACKWARD, SYNC, OPTIMIZER = [1.0, 2.0], [2.0, 3.0], [3.0, 3.5], [3.5, 4.0]
-
-
-def _cuda_trace(gpu_events) -> list[dict]:
-    """Trace events for ``gpu_events``: (correlation, launch s, start s, end s, name, category) each,
-    with a cudaLaunchKernel (or cudaMemcpyAsync) runtime event carrying the same correlation id."""
-
-    def at(seconds):
-        return seconds * 1e6 + TRACE_OFFSET_US
-
-    events = [{"name": "forward", "cat": "user_annotation", "ph": "X", "ts": at(FORWARD[0]), "dur": 1e6}]
-    for correlation, launch, start, end, name, category in gpu_events:
-        launcher = "cudaMemcpyAsync" if category == "gpu_memcpy" else "cudaLaunchKernel"
-        events.append({"cat": "cuda_runtime", "name": launcher, "ph": "X", "ts": at(launch), "dur": 5,
-                       "args": {"correlation": correlation}})
-        events.append({"cat": category, "name": name, "ph": "X", "ts": at(start), "dur": (end - start) * 1e6,
-                       "args": {"correlation": correlation}})
-    return events
-
-
 def test_cuda_intervals_come_from_kernels_by_launch_range():
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
+    events = cuda_trace([
         (1, 1.5, 1.6, 2.4, "gemm", "kernel"),  # forward
         (2, 2.1, 2.5, 3.2, "gemm_backward", "kernel"),
         (3, 2.5, 2.6, 3.6, "ncclDevKernel_AllReduce_Sum_f32", "kernel"),  # launched by a hook in backward
@@ -190,8 +162,8 @@ def test_cuda_intervals_come_from_kernels_by_launch_range():
 def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
     # The record of an NCCL all-reduce completes when its kernel is enqueued: [2.5, 2.55].
     record = {"label": "bucket0", "size_bytes": 1024, "launch_seconds": 2.5, "done_seconds": 2.55}
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
         (3, 2.5, 2.6, 3.6, NCCL_2_19_ALL_REDUCE, "kernel"),
@@ -232,8 +204,8 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
         {"label": "bucket0", "size_bytes": 4096, "launch_seconds": 2.5, "done_seconds": 3.2},
         {"label": "bucket1", "size_bytes": 2048, "launch_seconds": 2.8, "done_seconds": 3.4},
     ]
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, records)
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, records)
+    events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 2.9, ELEMENTWISE, "kernel"),
         (3, 2.2, 2.9, 3.1, AMPERE_GEMM, "kernel"),
@@ -263,8 +235,8 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
 def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
     # NCCL at world size 1 runs no NCCL kernel: an out-of-place all-reduce is one device copy.
     record = {"label": "bucket0", "size_bytes": 512, "launch_seconds": 2.95, "done_seconds": 3.05}
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
         (3, 2.95, 3.0, 3.05, "Memcpy DtoD (Device -> Device)", "gpu_memcpy"),
@@ -285,7 +257,7 @@ def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
 
 def test_summary_says_where_communication_times_came_from():
     def rank(rank_id, sources, step_end):
-        steps = [{**_step([0, 1], [1, 2], 2, [2, 3], [3, step_end], [_collective(1.5, 2.5)]), "comm_source": source}
+        steps = [{**step_record([0, 1], [1, 2], 2, [2, 3], [3, step_end], [collective(1.5, 2.5)]), "comm_source": source}
                  for source in sources]
         return {"rank": rank_id, "trace_file": f"t{rank_id}", "steps": steps}
 
@@ -295,7 +267,7 @@ def test_summary_says_where_communication_times_came_from():
     summary = strategy_summary([rank(0, ["nccl_kernels", "collective_records"], 4)])
     assert summary["comm_source"] == "mixed"
     # Steps of the CPU path carry no comm_source: their collectives are the records.
-    cpu_steps = [_step([0, 1], [1, 2], 2, [2, 3], [3, 4], [_collective(1.5, 2.5)])]
+    cpu_steps = [step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(1.5, 2.5)])]
     assert rank_figures(cpu_steps)["comm_source"] == "collective_records"
 
 
@@ -351,8 +323,8 @@ def test_the_nccl_branch_of_the_profile_check_on_recorded_cuda_traces(tmp_path):
                        (5, 3.6, 3.7, 3.9, ADAM, "kernel")]
             kernels += [(10 + i, launch, launch + 0.05, launch + 0.15, NCCL_2_19_ALL_REDUCE, "kernel") for i, launch in enumerate(at)]
             path = tmp_path / f"trace_{name}_rank{rank}.json"
-            path.write_text(json.dumps({"traceEvents": _cuda_trace(kernels)}))
-            step = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [_collective(launch, launch + 0.01) for launch in at])
+            path.write_text(json.dumps({"traceEvents": cuda_trace(kernels)}))
+            step = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [collective(launch, launch + 0.01) for launch in at])
             records.append({"rank": rank, "device": f"cuda:{rank}", "trace_file": str(path), "steps": [step]})
         rank_records.append(records)
     summary = write_profiles(2, "nccl", "cuda", configs, rank_records, tmp_path)
@@ -363,9 +335,9 @@ def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_n
     # backward's computation done at 3; the optimizer starts at 8. Collectives a, b, c complete at
     # 2.5 (hidden behind backward), 5 and 7.5: the step waits 3 -> 5 for b, 5 -> 7.5 for c, and
     # 7.5 -> 8 for no collective (copies back).
-    collectives = [dict(_collective(1.0, 2.5), label="a"), dict(_collective(2.0, 5.0), label="b"),
-                   dict(_collective(4.0, 7.5, 16), label="c")]
-    step = _step([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
+    collectives = [dict(collective(1.0, 2.5), label="a"), dict(collective(2.0, 5.0), label="b"),
+                   dict(collective(4.0, 7.5, 16), label="c")]
+    step = step_record([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
     shares = {s["label"]: s["exposed_seconds"] for s in collective_exposure(step)}
     assert shares == pytest.approx({"a": 0.0, "b": 2.0, "c": 2.5})
     figures = rank_figures([step, step])
@@ -375,9 +347,9 @@ def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_n
     # the shares and what no collective accounts for add up to the step's exposed communication
     assert sum(shares.values()) + figures["unattributed_exposed_seconds"] == pytest.approx(step_comm_figures(step)["exposed_comm_seconds"])
     # The tail is the gradient collective that completed last, exposed or not; the used mask is none.
-    masked = _step([0, 1], [1, 3], 3.0, [3, 8], [8, 9], [*collectives, dict(_collective(3.0, 7.8, 4), label="used_mask")])
+    masked = step_record([0, 1], [1, 3], 3.0, [3, 8], [8, 9], [*collectives, dict(collective(3.0, 7.8, 4), label="used_mask")])
     assert rank_figures([masked])["tail"] == "c"
-    hidden = _step([0, 1], [1, 4], 4, [4, 4], [4, 5], [_collective(1.0, 3.0)])
+    hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 3.0)])
     figures = rank_figures([hidden])
     assert figures["tail"] == "c" and figures["collective_exposed_seconds"] == {"c": 0.0}
-    assert rank_figures([_step([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])["tail"] is None  # nothing launched
+    assert rank_figures([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])["tail"] is None  # nothing launched

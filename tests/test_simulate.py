@@ -282,7 +282,7 @@ def test_sharded_strategies_move_the_bytes_their_collectives_need():
 
 
 def test_full_sharding_is_modelled_on_the_units_the_strategy_gathers():
-    """The units come from the strategy's own declaration (``Strategy.units``), not from a naming
+    """The units come from the strategy's own declaration (``Traits.units``), not from a naming
     convention: a model whose blocks are ``layers.<i>`` is three units and a root here, as ``fsdp``
     shards it; a strategy that shards parameters and names no units is not modelled."""
     module = torch.nn.Sequential()

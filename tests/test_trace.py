@@ -25,7 +25,7 @@ from ddp.bench.collectives.reading import (
     read_trace,
 )
 from ddp.cli import main as ddp_main
-from tests.test_profile import (
+from tests.cuda_traces import (
     ADAM,
     AMPERE_GEMM,
     BACKWARD,
@@ -35,8 +35,8 @@ from tests.test_profile import (
     OPTIMIZER,
     SYNC,
     TRACE_OFFSET_US,
-    _cuda_trace,
-    _step,
+    cuda_trace,
+    step_record,
 )
 
 # Real kernel names from PyTorch CUDA traces, NCCL before 2.19 (the A100 trace's: NCCL 2.17) and since.
@@ -95,8 +95,8 @@ def test_ddp_buffer_broadcast_leaves_the_plan_buckets_named():
     # one Broadcast kernel), its backward all-reduces the plan's 2 buckets; an all-reduce launched by
     # the optimizer (a gradient norm) is no bucket either. 4 kernels for a plan of 2 buckets.
     plan = [4096, 2048]
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])  # DDP records no collective itself
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])  # DDP records no collective itself
+    events = cuda_trace([
         (1, 1.1, 1.15, 1.2, NCCL_2_18_BROADCAST, "kernel"),
         (2, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (3, 2.3, 2.4, 2.8, NCCL_2_18_ALL_REDUCE, "kernel"),
@@ -116,8 +116,8 @@ def test_ddp_buffer_broadcast_leaves_the_plan_buckets_named():
 def test_a_generic_kernel_is_named_by_the_nccl_range_on_its_own_thread():
     # Two ncclDevKernel_Generic: one launched inside the training thread's nccl:broadcast range, one
     # at the same time from another thread (not that collective's launch: no range says what it is).
-    cpu = _step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
-    events = _cuda_trace([
+    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
+    events = cuda_trace([
         (1, 1.1, 1.15, 1.2, NCCL_GENERIC, "kernel"),
         (2, 1.1, 1.25, 1.3, NCCL_GENERIC, "kernel"),
         (3, 3.6, 3.7, 3.9, ADAM, "kernel"),

@@ -14,16 +14,17 @@ from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.measure import GridMeasurer, free
 from ddp.bench.rounds.trainer import Trainer
-from ddp.launcher import Rank, RankGroup, on_rank, rank_info
+from ddp.launcher import Rank, RankGroup, on_rank
 
 
 def _hooks(module: torch.nn.Module) -> int:
     return sum(len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {}) for p in module.parameters())
 
 
-def attached_after_traced_steps(strategy: str) -> dict:
+@on_rank
+def attached_after_traced_steps(rank: Rank, strategy: str) -> dict:
     """Runs on every rank: what is attached before and after three traced steps of ``strategy``."""
-    trainer = Trainer(StepConfig(strategy, "tiny", 2, 16, 1.0), rank_info())
+    trainer = Trainer(StepConfig(strategy, "tiny", 2, 16, 1.0), rank.info)
     try:
         for _ in range(3):
             trainer.step()  # settled: PyTorch's DDP has rebuilt its buckets

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from correctness_tests.test_strategies import train_against_reference
+from correctness_tests.training import train_against_reference
 from ddp.strategies.registry import supports_no_sync
 
 

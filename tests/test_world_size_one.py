@@ -9,17 +9,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.launcher import rank_info
+from ddp.launcher import Rank, on_rank
 from ddp.model import build_model, language_model_loss, random_batch
 from ddp.strategies.registry import make_ddp, takes_bucket_size
 
 HAND_WRITTEN = ("naive", "flat", "overlap", "bucketed")
 
 
-def step_alone(name: str) -> dict:
+@on_rank
+def step_alone(rank: Rank, name: str) -> dict:
     """Runs on every rank: one step of ``name`` in a process group of this rank alone, under the
     profiler; the collectives c10d saw and the gradients, beside those of the same step unwrapped."""
-    info = rank_info()
+    info = rank.info
     alone = [dist.new_group([rank]) for rank in range(info.world_size)][info.rank]  # every rank makes every group
     inputs, targets = random_batch(build_model("tiny").config, 2, 16, generator=torch.Generator().manual_seed(0))
 

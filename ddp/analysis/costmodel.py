@@ -50,10 +50,10 @@ Transformer block, then the root: embeddings, final norm, head) are all-gathered
 forward and again before their backward, and their gradients reduce-scattered when their backward
 ends (the root's last): 3 x (n-1)/n x the gradient bytes on the wire, 1.5 times an all-reduce's.
 Forward is half of backward, split over the units like backward, in proportion to their FLOPs.
-The units are the strategy's own (``Strategy.units``: for ``fsdp`` and ``torch_fsdp`` each child of
+The units are the strategy's own (``Traits.units``: for ``fsdp`` and ``torch_fsdp`` each child of
 an ``nn.ModuleList``, then the root). A strategy that does not prefetch (``fsdp``) gathers a unit
 when it starts (waiting for reduce-scatters queued before it on the channel); one with
-``Strategy.prefetches_next_unit`` (``torch_fsdp``) issues the next unit's gather when the current
+``Traits.prefetches_next_unit`` (``torch_fsdp``) issues the next unit's gather when the current
 one starts computing (``fully_sharded_step``).
 
 ``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
@@ -87,7 +87,7 @@ from ddp.bench.config.step_config import AXES
 from ddp.bench.config.workloads import build_workload
 from ddp.bench.results.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.model import MODEL_SIZES, build_model
-from ddp.strategies.base import sharding_of
+from ddp.strategies.declarations import sharding_of
 from ddp.strategies.registry import FLOOR, resolve_strategy, traits
 
 ALGORITHMS = ("ring", "tree")
@@ -267,7 +267,7 @@ def channel_end(launches: list[tuple[float, float]]) -> float:
 
 
 class NotModelled(ValueError):
-    """A strategy whose class gives no cost schedule (``Strategy.communication_schedule``)."""
+    """A strategy whose class gives no cost schedule (``Traits.communication_schedule``)."""
 
 
 def strategy_launches(
@@ -339,7 +339,7 @@ def predict_step(
             raise NotModelled(f"strategy {strategy!r} shards parameters: its accumulating micro-batches are not modelled")
         units = described.units(module) if module is not None else None
         if units is None:
-            raise NotModelled(f"strategy {strategy!r} shards parameters but says no units (Strategy.units) for this model")
+            raise NotModelled(f"strategy {strategy!r} shards parameters but says no units (Traits.units) for this model")
         sizes = units_of(gradients, [name for name, _ in units])
         return fully_sharded_step(compute, sizes, link, world_size, described.prefetches_next_unit, overlap_slowdown)
     launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
@@ -350,7 +350,7 @@ def predict_step(
 
 
 def units_of(gradients: list[Gradient], unit_names: list[str]) -> list[tuple[float, float]]:
-    """``(bytes, backward FLOPs per token)`` of each unit a strategy gathers (``Strategy.units``:
+    """``(bytes, backward FLOPs per token)`` of each unit a strategy gathers (``Traits.units``:
     their names, the root ``""`` last), in forward order with the root first: each gradient counts
     in the innermost unit whose name prefixes its parameter's name, else in the root."""
     named = sorted((name for name in unit_names if name), key=len, reverse=True)

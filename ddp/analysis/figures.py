@@ -90,7 +90,7 @@ class Win:
     winner: StepRecord
     runner_up: StepRecord | None
     references: list[StepRecord]
-    """Each strategy the report measures a winner against (``Strategy.reference_in_reports``:
+    """Each strategy the report measures a winner against (``Traits.reference_in_reports``:
     PyTorch's DDP, ``naive``) that ran here, at its best bucket cap."""
 
 

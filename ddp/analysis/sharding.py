@@ -16,7 +16,7 @@ import torch
 
 from ddp.bench.results.records import StepRecord
 from ddp.model import MODEL_SIZES, build_model, num_parameters
-from ddp.strategies.base import Sharding, sharding_of
+from ddp.strategies.declarations import Sharding, sharding_of
 from ddp.strategies.registry import STRATEGIES
 
 H100_BYTES = 80 * 10**9  # an H100 SXM's 80 GB (the GPU the suite's GPU evidence comes from)

@@ -1,8 +1,9 @@
 """The data-parallel strategies, one file each, behind one interface (``base.Strategy``), and the
 registry of their names (``registry``)."""
 
-from ddp.strategies.base import DataParallel, Sharding, Strategy, Traits, Transfer, gather_full_params, make_optimizer
+from ddp.strategies.base import DataParallel, Strategy, gather_full_params, make_optimizer
 from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.declarations import Sharding, Traits, Transfer
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.fsdp import FullyShardedDP
 from ddp.strategies.local import LocalTraining

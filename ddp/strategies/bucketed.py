@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer, check_bucket_size_mb, check_comm_dtype
+from ddp.strategies.base import DataParallel, check_bucket_size_mb, check_comm_dtype
+from ddp.strategies.declarations import MemoryPlan, StepBuffers, Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -89,30 +90,6 @@ def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> in
 
 class BucketedDDP(DataParallel):
     """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
-
-    records_collectives = True  # every gradient collective through launch_all_reduce
-
-    steps_to_settle = 3  # re-plans its buckets in the order of its first backward (see _rebuild_buckets_in_ready_order)
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """The buckets of ``plan_buckets`` in backward order, each launched when its last
-        gradient is ready (and, on one channel, after its predecessors)."""
-        plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
-        return [
-            Transfer(
-                max(ready_seconds[i] for i in bucket),
-                buffer_bytes(sum(gradients[i].size_bytes for i in bucket), len(bucket), gradients[bucket[0]].element_size),
-            )
-            for bucket in plan
-        ]
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """The gradients live in the buckets, whole all step; with ``comm_dtype`` each bucket has a
-        copy in that dtype, kept too."""
-        copies = plan.gradient_bytes * plan.comm_itemsize // plan.gradient_itemsize if plan.comm_itemsize else 0
-        return StepBuffers(kept_bytes=copies, gradients_kept=True)
 
     def __init__(self, module, *, bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
@@ -285,3 +262,33 @@ class BucketedDDP(DataParallel):
             self._rebuild_buckets_in_ready_order()
             self._buckets_follow_ready_order = True
         self._reset()
+
+
+def buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """The buckets of ``plan_buckets`` in backward order, each launched when its last gradient is
+    ready (and, on one channel, after its predecessors)."""
+    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
+    return [
+        Transfer(
+            max(ready_seconds[i] for i in bucket),
+            buffer_bytes(sum(gradients[i].size_bytes for i in bucket), len(bucket), gradients[bucket[0]].element_size),
+        )
+        for bucket in plan
+    ]
+
+
+def gradients_in_buckets(plan: MemoryPlan) -> StepBuffers:
+    """The gradients live in the buckets, whole all step; with ``comm_dtype`` each bucket has a copy
+    in that dtype, kept too."""
+    copies = plan.gradient_bytes * plan.comm_itemsize // plan.gradient_itemsize if plan.comm_itemsize else 0
+    return StepBuffers(kept_bytes=copies, gradients_kept=True)
+
+
+# What the harness, the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(
+    BucketedDDP,
+    records_collectives=True,  # every gradient collective through launch_all_reduce
+    steps_to_settle=3,  # re-plans its buckets in the order of its first backward (_rebuild_buckets_in_ready_order)
+    communication_schedule=buckets_as_they_fill,
+    step_buffers=gradients_in_buckets,
+)

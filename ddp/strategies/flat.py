@@ -9,24 +9,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, MemoryPlan, StepBuffers, Transfer
+from ddp.strategies.base import DataParallel
+from ddp.strategies.declarations import MemoryPlan, StepBuffers, Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
 class FlatDDP(DataParallel):
     """Copy every gradient into one buffer per dtype and device, all-reduce it, copy back."""
-
-    records_collectives = True  # every gradient collective through launch_all_reduce
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """One flattened copy of every gradient while it is all-reduced."""
-        return StepBuffers(synchronization_bytes=plan.gradient_bytes)
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """After backward, one all-reduce of all gradient bytes."""
-        return [Transfer(backward_seconds, sum(g.size_bytes for g in gradients))]
 
     def __init__(self, module, *, process_group=None) -> None:
         super().__init__(module, process_group=process_group)
@@ -67,3 +56,22 @@ class FlatDDP(DataParallel):
                     else:
                         param.grad.copy_(averaged)
                 offset += numel
+
+
+def one_flattened_copy(plan: MemoryPlan) -> StepBuffers:
+    """One flattened copy of every gradient while it is all-reduced."""
+    return StepBuffers(synchronization_bytes=plan.gradient_bytes)
+
+
+def after_backward_at_once(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """After backward, one all-reduce of all gradient bytes."""
+    return [Transfer(backward_seconds, sum(g.size_bytes for g in gradients))]
+
+
+# What the harness, the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(
+    FlatDDP,
+    records_collectives=True,  # every gradient collective through launch_all_reduce
+    step_buffers=one_flattened_copy,
+    communication_schedule=after_backward_at_once,
+)

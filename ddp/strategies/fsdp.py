@@ -34,15 +34,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ddp.strategies.base import (
-    MemoryPlan,
-    Sharding,
-    StepBuffers,
-    Strategy,
-    broadcast_from_rank0,
-    gathered_unit_buffers,
-    require_process_group,
-)
+from ddp.strategies.base import Strategy, broadcast_from_rank0, require_process_group
+from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, declare, gathered_unit_buffers
 
 
 @dataclass
@@ -97,23 +90,6 @@ ROOT_COPIES_AT_BACKWARD_END = 4  # see FullyShardedDP.step_buffers
 class FullyShardedDP(Strategy):
     """Parameters sharded per unit, all-gathered before each unit's forward and backward, freed
     after; gradients reduce-scattered to the shards; optional ``compute_dtype`` over fp32 shards."""
-
-    sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
-    prefetches_next_unit = False  # gathers when a unit starts
-
-    @classmethod
-    def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]]:
-        return plan_units(module)
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """``fully_shard``'s (``gathered_unit_buffers``), and at backward's end the root's: its
-        gathered parameters, and its whole gradient built from one root-sized gradient per view
-        of ``unit.full`` (``slice_backward``), summed: MemTracker saw 3.9 roots of temporaries
-        there on mini (its 19.5 MiB root: embedding and lm_head), so 4 roots in all."""
-        buffers = gathered_unit_buffers(plan, cls.prefetches_next_unit)
-        root = plan.unit_bytes[-1] if plan.unit_bytes else 0
-        return buffers._replace(synchronization_bytes=ROOT_COPIES_AT_BACKWARD_END * root)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()
@@ -285,3 +261,23 @@ class FullyShardedDP(Strategy):
             else:
                 gathered[name] = others[name].detach()
         return gathered
+
+
+def units_and_root_copies(plan: MemoryPlan) -> StepBuffers:
+    """``fully_shard``'s (``gathered_unit_buffers``), and at backward's end the root's: its gathered
+    parameters, and its whole gradient built from one root-sized gradient per view of ``unit.full``
+    (``slice_backward``), summed: MemTracker saw 3.9 roots of temporaries there on mini (its 19.5
+    MiB root: embedding and lm_head), so 4 roots in all."""
+    buffers = gathered_unit_buffers(plan, prefetches_next_unit=False)
+    root = plan.unit_bytes[-1] if plan.unit_bytes else 0
+    return buffers._replace(synchronization_bytes=ROOT_COPIES_AT_BACKWARD_END * root)
+
+
+# What the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(
+    FullyShardedDP,
+    sharding=Sharding(parameters=True, gradients=True, optimizer_state=True),
+    prefetches_next_unit=False,  # gathers when a unit starts
+    units=plan_units,
+    step_buffers=units_and_root_copies,
+)

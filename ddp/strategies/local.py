@@ -8,14 +8,11 @@ import contextlib
 from torch import nn
 
 from ddp.strategies.base import Strategy, trainable_parameters
+from ddp.strategies.declarations import declare
 
 
 class LocalTraining(Strategy):
     """The same interface as the strategies, communicating nothing at all."""
-
-    communicates = False
-    accumulates_locally = True  # it never communicates
-    line_style = ":"  # drawn as the floor under the others
 
     def __init__(self, module: nn.Module, *, process_group=None) -> None:
         super().__init__()
@@ -33,3 +30,12 @@ class LocalTraining(Strategy):
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to synchronize."""
+
+
+# What the harness and the report read of it (ddp.strategies.declarations).
+declare(
+    LocalTraining,
+    communicates=False,
+    accumulates_locally=True,  # it never communicates
+    line_style=":",  # drawn as the floor under the others
+)

@@ -9,22 +9,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, Transfer
+from ddp.strategies.base import DataParallel
+from ddp.strategies.declarations import Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
 class NaiveDDP(DataParallel):
     """All-reduce each gradient after backward (``finish_gradient_synchronization``)."""
-
-    records_collectives = True  # every gradient collective through launch_all_reduce
-
-    reference_in_reports = True  # the baseline the report measures the fastest strategy against
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """After backward, one all-reduce per parameter, one after the other (the used-mask's
-        few bytes are left out)."""
-        return [Transfer(backward_seconds, g.size_bytes) for g in gradients]
 
     @property
     def num_allreduce_calls_per_step(self) -> int:
@@ -46,3 +37,18 @@ class NaiveDDP(DataParallel):
                 param.grad = torch.zeros_like(param)
             launch_all_reduce(param.grad, op, self.process_group, f"param{index}", self.collective_recorder,
                               ready).wait()
+
+
+def after_backward_one_by_one(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """After backward, one all-reduce per parameter, one after the other (the used mask's few
+    bytes are left out)."""
+    return [Transfer(backward_seconds, g.size_bytes) for g in gradients]
+
+
+# What the harness, the report and the cost model read of it (ddp.strategies.declarations).
+declare(
+    NaiveDDP,
+    records_collectives=True,  # every gradient collective through launch_all_reduce
+    reference_in_reports=True,  # the baseline the report measures the fastest strategy against
+    communication_schedule=after_backward_one_by_one,
+)

@@ -11,19 +11,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp.strategies.base import DataParallel, Transfer
+from ddp.strategies.base import DataParallel
+from ddp.strategies.declarations import Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce
 
 
 class OverlapDDP(DataParallel):
     """One asynchronous all-reduce per parameter, launched from its gradient hook."""
-
-    records_collectives = True  # every gradient collective through launch_all_reduce
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """One all-reduce per parameter, launched when its gradient is ready."""
-        return [Transfer(ready, g.size_bytes) for ready, g in zip(ready_seconds, gradients, strict=True)]
 
     def __init__(self, module, *, process_group=None) -> None:
         super().__init__(module, process_group=process_group)
@@ -94,3 +88,16 @@ class OverlapDDP(DataParallel):
                 if used_somewhere[position]:
                     self._order[position].grad = averaged
         self._reset()
+
+
+def each_as_it_is_ready(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """One all-reduce per parameter, launched when its gradient is ready."""
+    return [Transfer(ready, g.size_bytes) for ready, g in zip(ready_seconds, gradients, strict=True)]
+
+
+# What the harness and the cost model read of it (ddp.strategies.declarations).
+declare(
+    OverlapDDP,
+    records_collectives=True,  # every gradient collective through launch_all_reduce
+    communication_schedule=each_as_it_is_ready,
+)

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from ddp.importing import load_object
-from ddp.strategies.base import REQUIRED_METHODS, Strategy, Traits, sharding_of, traits_of
+from ddp.strategies.base import REQUIRED_METHODS, Strategy
 from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.declarations import Traits, sharding_of, traits_of
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.fsdp import FullyShardedDP
 from ddp.strategies.local import LocalTraining

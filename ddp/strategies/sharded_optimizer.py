@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import MemoryPlan, Sharding, StepBuffers, Transfer
-from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.bucketed import BucketedDDP, buckets_as_they_fill, gradients_in_buckets
+from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, Transfer, declare
 
 
 def assign_to_ranks(numels: list[int], load: list[int]) -> list[int]:
@@ -131,25 +131,29 @@ def parameters_gathered_after(gradients, backward_seconds: float) -> Transfer:
 class ShardedOptimizerDDP(BucketedDDP):
     """``bucketed``'s gradient averaging, and an optimizer that shards its state (ZeRO-1)."""
 
-    sharding = Sharding(optimizer_state=True)
     sharded_optimizer_class: type[torch.optim.Optimizer] = ShardedOptimizer
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """``bucketed``'s buckets, then the updated parameters all-gathered (the owners' broadcasts)."""
-        buckets = BucketedDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
-        return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """``bucketed``'s, and after the step two owners' flattened parameters at once (the next
-        one is built before the previous is freed): 2/N of the parameters, all of them at N = 2
-        (MemTracker on mini: 35.5 MiB)."""
-        gathered = plan.gradient_bytes * min(2, plan.world_size) // plan.world_size
-        return super().step_buffers(plan)._replace(gather_bytes=gathered)
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         return self.sharded_optimizer_class(self.module.parameters(), optimizer_cls, **kwargs)
+
+
+def buckets_then_gather(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """``bucketed``'s buckets, then the updated parameters all-gathered (the owners' broadcasts)."""
+    buckets = buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size_mb)
+    return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
+
+
+def buckets_and_owners_parameters(plan: MemoryPlan) -> StepBuffers:
+    """``bucketed``'s, and after the step two owners' flattened parameters at once (the next one
+    is built before the previous is freed): 2/N of the parameters, all of them at N = 2 (MemTracker
+    on mini: 35.5 MiB)."""
+    gathered = plan.gradient_bytes * min(2, plan.world_size) // plan.world_size
+    return gradients_in_buckets(plan)._replace(gather_bytes=gathered)
+
+
+# What the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(ShardedOptimizerDDP, sharding=Sharding(optimizer_state=True), communication_schedule=buckets_then_gather,
+        step_buffers=buckets_and_owners_parameters)
 
 
 def sharded_optimizer_strategy(optimizer_class: type[torch.optim.Optimizer]) -> type[ShardedOptimizerDDP]:

@@ -11,7 +11,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp.strategies.base import Strategy, check_bucket_size_mb, check_comm_dtype, require_process_group, trainable_parameters
-from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, BucketedDDP
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, buckets_as_they_fill
+from ddp.strategies.declarations import declare
 
 
 def bf16_compress_any_backend(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -30,23 +31,6 @@ class TorchDDP(Strategy):
     ``comm_dtype`` ``torch.bfloat16`` or ``torch.float16`` registers PyTorch's compress hook of that
     dtype (each bucket cast, divided by the world size, all-reduced, copied back into the fp32 bucket).
     """
-
-    # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
-    # and records the new plan (which bucket_sizes_bytes reads) in the third.
-    steps_to_settle = 3
-
-    line_style = "--"  # dashed beside bucketed's solid line at the same bucket caps
-    reference_in_reports = True  # the one to beat
-    first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB, whatever bucket_cap_mb says
-    keeps_gradient_buckets = True  # gradient_as_bucket_view is left False, PyTorch's default
-    accumulates_locally = True  # DistributedDataParallel.no_sync(): its reducer launches nothing
-    closes_bucket_after_cap = True
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """``bucketed``'s plan (PyTorch plans a 1 MiB first bucket and then re-plans by observed
-        order; the same plan for both is an approximation)."""
-        return BucketedDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
 
     def __init__(
         self,
@@ -112,3 +96,22 @@ class TorchDDP(Strategy):
 
     def finish_gradient_synchronization(self) -> None:
         """Nothing to do: the reducer waited for every bucket at the end of backward."""
+
+
+# What the harness, the memory prediction, the cost model and the report read of it
+# (ddp.strategies.declarations).
+declare(
+    TorchDDP,
+    # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
+    # and records the new plan (which bucket_sizes_bytes reads) in the third.
+    steps_to_settle=3,
+    line_style="--",  # dashed beside bucketed's solid line at the same bucket caps
+    reference_in_reports=True,  # the one to beat
+    first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES,  # 1 MiB, whatever bucket_cap_mb says
+    keeps_gradient_buckets=True,  # gradient_as_bucket_view is left False, PyTorch's default
+    accumulates_locally=True,  # DistributedDataParallel.no_sync(): its reducer launches nothing
+    closes_bucket_after_cap=True,
+    # bucketed's plan: PyTorch plans a 1 MiB first bucket and then re-plans by observed order; the
+    # same plan for both is an approximation
+    communication_schedule=buckets_as_they_fill,
+)

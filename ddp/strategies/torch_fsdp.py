@@ -18,37 +18,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp.strategies.base import (
-    MemoryPlan,
-    Sharding,
-    StepBuffers,
-    Strategy,
-    broadcast_from_rank0,
-    gathered_unit_buffers,
-    require_process_group,
-)
+from ddp.strategies.base import Strategy, broadcast_from_rank0, require_process_group
+from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, declare, gathered_unit_buffers
 from ddp.strategies.fsdp import check_compute_dtype, plan_units
 
 
 class TorchFSDP(Strategy):
     """``fully_shard`` per unit; ``compute_dtype`` becomes its ``MixedPrecisionPolicy(param_dtype=...)``
     with fp32 gradient reduction."""
-
-    sharding = Sharding(parameters=True, gradients=True, optimizer_state=True)
-    prefetches_next_unit = True  # fully_shard's implicit prefetching
-
-    @classmethod
-    def units(cls, module: nn.Module) -> list[tuple[str, nn.Module]]:
-        return plan_units(module)  # the units it passes to fully_shard
-
-    @classmethod
-    def step_buffers(cls, plan: MemoryPlan) -> StepBuffers:
-        """``gathered_unit_buffers``, and at backward's end the root's: its gathered parameters,
-        its whole gradient and the reduce-scatter's output, a 1/N share of it (MemTracker on mini:
-        48.8 MiB, 2.5 of its 19.5 MiB roots at N = 2)."""
-        root = plan.unit_bytes[-1] if plan.unit_bytes else 0
-        buffers = gathered_unit_buffers(plan, cls.prefetches_next_unit)
-        return buffers._replace(synchronization_bytes=2 * root + root // plan.world_size)
 
     def __init__(self, module: nn.Module, *, compute_dtype: torch.dtype | str | None = None, process_group=None) -> None:
         super().__init__()
@@ -108,3 +85,22 @@ class TorchFSDP(Strategy):
             name: p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
             for name, p in self.module.named_parameters()
         }
+
+
+def prefetched_units_and_root(plan: MemoryPlan) -> StepBuffers:
+    """``gathered_unit_buffers``, and at backward's end the root's: its gathered parameters, its
+    whole gradient and the reduce-scatter's output, a 1/N share of it (MemTracker on mini: 48.8 MiB,
+    2.5 of its 19.5 MiB roots at N = 2)."""
+    root = plan.unit_bytes[-1] if plan.unit_bytes else 0
+    buffers = gathered_unit_buffers(plan, prefetches_next_unit=True)
+    return buffers._replace(synchronization_bytes=2 * root + root // plan.world_size)
+
+
+# What the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(
+    TorchFSDP,
+    sharding=Sharding(parameters=True, gradients=True, optimizer_state=True),
+    prefetches_next_unit=True,  # fully_shard's implicit prefetching
+    units=plan_units,  # the units it passes to fully_shard
+    step_buffers=prefetched_units_and_root,
+)

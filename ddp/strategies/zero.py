@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from ddp.strategies.base import Sharding
+from ddp.strategies.bucketed import buckets_as_they_fill
+from ddp.strategies.declarations import Sharding, Transfer, declare
 from ddp.strategies.sharded_optimizer import parameters_gathered_after
 from ddp.strategies.torch_ddp import TorchDDP
 
 
 class ZeroDDP(TorchDDP):
     """``TorchDDP`` whose ``make_optimizer`` returns a ``ZeroRedundancyOptimizer``."""
-
-    sharding = Sharding(optimizer_state=True)
-
-    @classmethod
-    def communication_schedule(cls, gradients, ready_seconds, backward_seconds, bucket_size_mb):
-        """PyTorch's DDP's buckets, then ZeroRedundancyOptimizer's broadcasts of the updated parameters."""
-        buckets = TorchDDP.communication_schedule(gradients, ready_seconds, backward_seconds, bucket_size_mb)
-        return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
 
     def make_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
         # imported here: torch.distributed.optim takes seconds to import (it scripts its functional
@@ -34,3 +27,13 @@ class ZeroDDP(TorchDDP):
         return ZeroRedundancyOptimizer(
             self.module.parameters(), optimizer_class=optimizer_cls, process_group=self.process_group, **kwargs
         )
+
+
+def buckets_then_broadcasts(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
+    """PyTorch's DDP's buckets, then ZeroRedundancyOptimizer's broadcasts of the updated parameters."""
+    buckets = buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size_mb)
+    return [*buckets, parameters_gathered_after(gradients, backward_seconds)]
+
+
+# What the memory prediction and the cost model read of it (ddp.strategies.declarations).
+declare(ZeroDDP, sharding=Sharding(optimizer_state=True), communication_schedule=buckets_then_broadcasts)

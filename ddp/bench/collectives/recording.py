@@ -102,7 +102,7 @@ def recorded_step(trainer, together: bool = False) -> dict:
 def traced_steps(trainer, steps: int) -> list[dict]:
     """``steps`` recorded steps, each started by every rank at once, with each collective's times
     from the best source (module docstring): the strategy's records where it keeps them
-    (``Strategy.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``
+    (``Traits.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``
     training steps, whatever the source."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
     if not nccl and getattr(trainer.model, "records_collectives", False):

@@ -29,7 +29,7 @@ the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) an
 
 - the training state from the strategy's declarations, never its name: its ``Sharding`` (which of
   parameters, gradients and optimizer state a rank holds a 1/N share of) and its ``step_buffers``
-  (``ddp.strategies.base.StepBuffers``: buckets, gathered units, copies, sized by the model's
+  (``ddp.strategies.declarations.StepBuffers``: buckets, gathered units, copies, sized by the model's
   gradients and the strategy's ``units``); a user's class that says nothing is replicated
   (``Strategy``'s defaults);
 - the parameters' sizes and dtypes from the model built on the meta device (nothing allocated);
@@ -66,7 +66,7 @@ from ddp.bench.config.workloads import meta_module
 from ddp.bench.memory.fake_step import FakeStep, run_fake_step
 from ddp.bench.results.records import MemoryPrediction
 from ddp.launcher import Rank, on_rank
-from ddp.strategies.base import REPLICATED, MemoryPlan, StepBuffers, sharding_of
+from ddp.strategies.declarations import REPLICATED, MemoryPlan, StepBuffers, sharding_of
 from ddp.strategies.registry import StrategyError, resolve_strategy, traits
 
 HEADROOM = 0.10  # of the memory: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp.bench.config.step_config import AXES, StepConfig
-from ddp.strategies.base import Sharding
+from ddp.strategies.declarations import Sharding
 
 SCHEMA_VERSION = 6
 

@@ -22,7 +22,7 @@ from ddp.bench.results.stats import (
     paired_ratio_ci,
     relative_half_width,
 )
-from ddp.strategies.base import sharding_of
+from ddp.strategies.declarations import sharding_of
 from ddp.strategies.registry import resolve_strategy
 
 
