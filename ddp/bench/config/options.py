@@ -427,9 +427,9 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         axes={name: axis.cpu for name, axis in AXES.items()},
         rounds=RoundOptions(min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
                             traced_steps=TRACED_STEPS),
-        # 200 s of rounds: the builds, warm-ups and memory counts of the 40 step configurations
-        # take about 280 s more, and with 270 s the default run took 10 min 27 s (2026-11-23); the
-        # traced steps of the 24 that communicate about 100 s (11 min 8 s in all, 2026-11-24).
+        # 200 s of rounds for the whole grid: the rest of a default run is the 40 step
+        # configurations' builds, warm-ups and memory counts on two groups of ranks and the traced
+        # steps of the 24 that communicate (docs/perf-suite.md gives the run's measured length).
         session_budget_seconds=200.0, interleave=FLOOR,
         allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),
     )
