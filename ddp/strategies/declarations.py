@@ -13,6 +13,7 @@ not say. None of the readers names a strategy: a new strategy is one file.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol
@@ -248,27 +249,24 @@ def traits_of(cls: type) -> Traits:
     """The ``Traits`` of any strategy class: what it declares (``declare``, or class attributes of
     the same names, a user's class included), ``Traits``' defaults for the rest."""
     given = {name: getattr(cls, name) for name in DECLARABLE if getattr(cls, name, None) is not None}
+    if not isinstance(given.get("sharding"), Sharding):
+        given.pop("sharding", None)  # a user's attribute of that name that is no Sharding says nothing
     traits = Traits(**given)
-    if traits.sharding is not None and not isinstance(traits.sharding, Sharding):
-        traits = Traits(**{**given, "sharding": None})
     communicates = bool(traits.communicates)
+    keeps_gradient_buckets = bool(traits.keeps_gradient_buckets)
 
     def no_schedule(*_args, **_kwargs) -> list[Transfer] | None:
         return [] if not communicates else None
 
     def own_buckets(plan: MemoryPlan) -> StepBuffers:
-        return bucket_copy_buffers(plan, bool(traits.keeps_gradient_buckets))
+        return bucket_copy_buffers(plan, keeps_gradient_buckets)
 
     def no_units(module: nn.Module) -> None:
         return None
 
-    return Traits(**{
-        **{f.name: getattr(traits, f.name) for f in fields(Traits)},
-        "communicates": communicates,
-        "accumulates_locally": bool(traits.accumulates_locally),
-        "records_collectives": bool(traits.records_collectives),
-        "steps_to_settle": int(traits.steps_to_settle),
-        "units": traits.units or no_units,
-        "communication_schedule": traits.communication_schedule or no_schedule,
-        "step_buffers": traits.step_buffers or own_buckets,
-    })
+    return dataclasses.replace(
+        traits, communicates=communicates, accumulates_locally=bool(traits.accumulates_locally),
+        records_collectives=bool(traits.records_collectives), steps_to_settle=int(traits.steps_to_settle),
+        keeps_gradient_buckets=keeps_gradient_buckets, units=traits.units or no_units,
+        communication_schedule=traits.communication_schedule or no_schedule, step_buffers=traits.step_buffers or own_buckets,
+    )
