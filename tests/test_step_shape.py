@@ -71,10 +71,10 @@ def test_a_phase_entered_per_micro_batch_spans_them_all():
     for _ in range(3):
         with recorder.phase(ACCUMULATE):
             pass
-    first_end = recorder.step[ACCUMULATE][0]
+    first_start = recorder.step[ACCUMULATE][0]
     with recorder.phase("forward"):
         pass
-    assert recorder.step[ACCUMULATE][0] == first_end  # the first micro-batch's start, kept
+    assert recorder.step[ACCUMULATE][0] == first_start  # the first micro-batch's start, kept
     assert recorder.step[ACCUMULATE][1] <= recorder.step["forward"][0]
 
 

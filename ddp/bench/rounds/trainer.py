@@ -345,8 +345,8 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
             allocated_at_start = torch.cuda.memory_allocated(self.device)
             synchronized = torch.cuda.Event(enable_timing=True)
+        *accumulated, (inputs, targets) = self.batches  # before the clock: nothing but the step's work in it
         start = time.perf_counter()
-        *accumulated, (inputs, targets) = self.batches
         if accumulated:
             with self.model.no_sync():
                 for micro_inputs, micro_targets in accumulated:
