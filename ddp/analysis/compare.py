@@ -2,83 +2,18 @@
 new / old with its 95% interval, and a verdict that only a significant slowdown beyond the
 threshold can fail.
 
-Benchmarks are matched by name. For each, the ratio of medians new / old gets a bootstrap interval
-over the two runs' rounds (``ddp.bench.results.stats.ratio_of_medians_ci``), and a verdict at a threshold t
-by asv's ``--factor`` rule (``ddp.bench.results.stats.verdict``): **a benchmark is slower when its ratio is
-beyond 1 + t and significant** (its 95% interval lies above 1); *unchanged* when the ratio is
-within [1 - t, 1 + t]; *faster* symmetrically; *not resolved* when the ratio is beyond a threshold
-but within noise (the interval reaches across 1), and then the gate says about how many groups of ranks
-would decide it (``ddp.bench.results.stats.groups_to_decide``). The gate fails only on *slower*: a 15%
-slowdown fails a 10% gate as soon as the rounds tell it from noise, and a ratio within noise does
-not (the false-alarm rate that remains is measured: docs/regression-gate.md). No verdict but
-*not resolved* is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds in a run.
-pytest-benchmark's own ``--benchmark-compare-fail=median:10%`` reads the medians alone, so noise
-can fail it. ``gate`` is that gate, once: ``ddp compare`` and pytest's ``--ddp-fail-slower``
-(perf_tests/conftest.py) print and judge through it (exit status 1 on a slowdown, 0 otherwise),
-and ``table`` is the one comparison table, in the terminal and in the report.
+- ``decide``: one benchmark's verdict at a threshold t (0.10 is 10%), from its raw ratio, its
+  ratio paired with the ``local`` rounds beside it and ``local``'s own ratio: *slower* (fails),
+  *machine slower* (the step moved no more than ``local``: reported, not gated), *unchanged*,
+  *faster*, or *not resolved* (beyond a threshold but within noise). Nothing but *not resolved*
+  is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds, or from a run of one group of ranks.
+- ``settled`` and ``AimAtDecision``: whether more rounds could still change a verdict; the
+  timing loop (``ddp.bench.rounds.measure.timed_rounds``) stops on it under ``--benchmark-compare``.
+- ``gate``: the one gate, for ``ddp compare`` and pytest's ``--ddp-fail-slower`` alike (exit status
+  1 on a slowdown), and ``table``, the one comparison table.
 
-**Groups of ranks.** A run's rounds are spread over groups of ranks started apart
-(``ddp.bench.rounds.measure.measure_in_groups``, ``round_groups`` in the record), and every ratio's
-interval is a two-level bootstrap over them (``ddp.bench.results.stats``): what differs from one process
-to the next, and so from one run to the next, is in the interval. A run of one group (``ddp run``
-under torchrun, ``--rank-groups 1``, a file saved before groups were recorded) measures none of
-that: no slowdown is called from it (*not resolved*, saying to take it again with two groups or
-more), and the gate warns when the old run is such a baseline.
-
-**Drift between runs, and a basis a regression cannot hide behind.** Two runs are taken minutes
-or days apart, and a machine's speed drifts by more than 10% over that on a shared host (measured
-here: ``local`` steps of one configuration differed by up to 26% between two default runs of the
-same code), which no interval over one run's rounds can show. Where both runs interleaved a step
-benchmark with ``local`` (its record has ``local_round_seconds``), three ratios are taken
-(``decide``): the *raw* ratio of the step's medians, the *paired* ratio of each round's step /
-local (a change in the machine slows both and cancels), and the *reference*: ``local``'s own raw
-ratio. Dividing by ``local`` alone lets a regression hide (measured: a class slowed by 15% moved
-+30% raw, but ``local`` beside it moved x1.34 and the paired interval [0.99, 1.19] resolved
-nothing), so the verdict combines them, and the ``why`` column says which decided:
-
-* the paired ratio judged slower: **slower** (the step moved more than the machine did). Where
-  ``local`` got faster (its interval lies below 1, and its low end below 1 / (1 + t), where the
-  bias below could alone carry step / local past 1 + t), dividing by it overstates the step's slowdown: a step is part
-  compute, which a faster machine speeds up as ``local``, and part waiting (communication, a
-  sleep), which it does not. With compute a share f of the step and ``local`` x L, unchanged code
-  gives step / local = f + (1 - f) / L, above 1 whenever L < 1 (measured here: two unchanged runs
-  of a 10 ms step, ``local`` x0.74, step / local x1.07 [1.01, 1.13]). There the *adjusted* ratio
-  (``ddp.bench.results.stats.machine_adjusted_ratio_ci``: raw / (f L + 1 - f)) must be judged slower too,
-  or the verdict is **not resolved**. On a slower machine (L > 1) the bias lowers step / local,
-  so a paired *slower* stands;
-* the raw ratio judged slower and the paired ratio's interval within 1 + t: the step moved no
-  more than ``local``, so the machine explains it: **machine slower**, reported, not gated;
-* the raw ratio judged slower and the pairing not showing that (the top of step / local's
-  interval above 1 + t): **slower**. The burden of proof lies on the machine explanation;
-* otherwise the paired verdict where it is decided (unchanged or faster), else the raw one (an
-  *unchanged* raw ratio stands only if ``local`` did not get faster by more than the threshold,
-  which could hide a slower step).
-
-A uniformly slower machine moves ``local`` and the step alike, step / local stays within the
-threshold, and nothing is blamed on the code; a change that also disturbs ``local`` is still
-caught by the raw ratio unless the pairing shows that the step moved no more than ``local``. What
-this cannot tell apart: load that slows ``local`` more than the step (a compute-bound ``local``
-beside a step that waits on communication) can explain away a regression smaller than that
-difference; such rows say ``machine slower`` and the NOTE names them. Runs without pairing are
-compared raw. ``local`` itself has nothing to pair with: it is the machine's reference, and a
-change there is reported as ``machine slower`` (or faster), not gated.
-
-**Rounds aimed at the decision.** ``settled`` says whether more rounds could still change a
-decision; the timing loop (``ddp.bench.rounds.measure.timed_rounds``) asks it after each round when a run
-is compared with a saved one (pytest's ``--benchmark-compare``), and stops once every benchmark of
-the round is settled or the budget is spent. Settled is stricter than decided: the deciding
-ratio's interval lies clear of the threshold's edges (``ddp.bench.results.stats.clear_of_threshold``), so
-that a ratio near 1 + t gets every round the budget allows before the rule reads its point. This
-is sequential testing in the plainest form: the interval is recomputed as rounds arrive and the
-run stops when it clears the threshold on one side.
-Looking repeatedly at a 95% interval raises its error rate above 5% (Armitage, McPherson and Rowe,
-"Repeated significance tests on accumulating data", JRSS A 132, 1969); stopping only once the
-interval is clear of the threshold's edges, not at the first significant look, keeps that small,
-and the power study (``perf_tests/power_study.py``, docs/regression-gate.md) measures the
-false-alarm rate that results rather than assume it.
-
-Two runs from different machines, backends, devices, GPUs or torch versions measure the machine
-as much as the code: ``machine_differences`` names what differs, and the report says so first.
+The rule, why it pairs with ``local`` and how it guards against a machine that got faster, and the
+false-alarm rate and power it was measured to have: docs/regression-gate.md.
 """
 
 from __future__ import annotations
@@ -162,7 +97,7 @@ class Ratio:
 
 @dataclass(frozen=True)
 class Decision:
-    """The verdict on one benchmark, the basis that decided it and why (module docstring)."""
+    """The verdict on one benchmark, the basis that decided it and why (docs/regression-gate.md)."""
 
     verdict: str
     """slower, faster, unchanged, not resolved, machine slower or machine faster."""

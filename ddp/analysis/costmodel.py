@@ -3,73 +3,22 @@ measured run.
 
     python -m ddp simulate --from RUN.json --world-sizes 2,8,64,1024 --json OUT.json [--link ib-400g]
 
-The model has three parts, each calibrated on the run (RUN.json, pytest-benchmark JSON from
-perf_tests/ or ``ddp run``) or given:
+Predicts from a run's ``local`` rows (compute) and all-reduce rows (the link), or from a given
+link and step time:
 
-**Link.** One all-reduce of ``b`` bytes on ``n`` ranks takes (Hockney's alpha-beta model of a
-ring all-reduce, the algorithm nccl-tests' busbw is defined for)::
+- ``Link``: one all-reduce's seconds by Hockney's alpha-beta model of a ring (or a tree's
+  latency term), ``alpha`` in seconds per step and ``busbw`` in bytes/s, fitted on the run
+  (``calibrate``) or taken from ``LINKS``;
+- ``predict_step``: one configuration's step at each world size, ``step_seconds`` = compute +
+  ``exposed_comm_seconds`` (what communication adds after backward ends), from the strategy's own
+  ``communication_schedule`` on one serial channel, or ``fully_sharded_step`` for a strategy whose
+  ``Sharding`` splits parameters; a strategy that gives neither is not modelled;
+- ``validation_rows``: the prediction at the run's own world size beside its measured median;
+  the model is trusted elsewhere only as far as it matches there.
 
-    t(b, n) = alpha * steps(n) + b * 2(n-1)/n / busbw          steps(n) = 2(n-1) for a ring,
-                                                                          2 ceil(log2 n) for a tree
-
-``alpha`` (seconds per step) and ``busbw`` (bytes/s) are fitted by least squares on the run's
-all-reduce microbenchmark records (``AllReduceRecord``: ``size_bytes``, ``world_size``, and the
-median of ``round_seconds``, or their minimum with ``--statistic min``), or taken from ``--link`` (``LINKS``, sources cited there). The tree only changes the latency
-term (NCCL's trees reach about the ring's bus bandwidth on large messages).
-
-**Compute.** A step without communication is the run's ``local`` row at the same batch and
-sequence length (its median round, or its fastest with ``--statistic min``). ``--optimizer-fraction``
-of the step is the optimizer (default 0: for the models here AdamW is a few per cent of a step,
-and it runs after gradient synchronization either way, so it only shifts where backward starts);
-the rest is split evenly over the step's micro-batches (``ddp.bench.config.shape``: ``--grad-accum``),
-and within one micro-batch backward takes ``2/3`` (two matmuls per forward matmul: the gradients
-of the input and of the weight), ``3/4`` where checkpointed blocks recompute their forward
-(``StepShape.backward_share``). Only the last micro-batch's backward communicates, so only it
-can hide communication: what the schedules below call backward is that one.
-
-**When gradients are ready.** Backward runs through the parameters in reverse registration
-order (ddp/model.py registers them in forward order). A parameter's gradient is ready once the
-backward FLOPs of everything after it and of itself are done; a weight used in a matmul costs
-FLOPs in proportion to its size (4 x numel per token in backward, as ``model_flops_per_token``
-counts), attention's own products (8 x d_model x seq_len per token per layer in backward) are
-charged just before the block's q/k/v weights, and embedding and RMSNorm weights cost nothing.
-
-**Strategies.** One communication channel, all-reduces serialized in launch order (as on one
-NCCL communicator, or gloo's one pair of connections per rank pair). What each strategy launches
-and when is its own ``communication_schedule`` (``ddp.strategies.base.Strategy``, one per
-strategy file: ``naive`` after backward one per parameter, ``overlap`` one per parameter as it is
-ready, ``bucketed`` and ``torch`` the buckets of ``plan_buckets`` on the model's parameters built
-on the meta device, ...); a strategy that gives none is not modelled. ZeRO-1 (``sharded_optimizer``,
-``zero``) schedules bucketed's or torch's buckets and then an all-gather of the parameters, ready
-when backward ends: on the one channel it comes after the buckets, all of it exposed, half an
-all-reduce's bytes.
-
-**Full sharding** (a strategy whose ``Sharding`` splits parameters: ``fsdp``, ``torch_fsdp``) does
-not fit a schedule launched during backward: its all-gathers gate compute. The model's units (each
-Transformer block, then the root: embeddings, final norm, head) are all-gathered before their
-forward and again before their backward, and their gradients reduce-scattered when their backward
-ends (the root's last): 3 x (n-1)/n x the gradient bytes on the wire, 1.5 times an all-reduce's.
-Forward is half of backward, split over the units like backward, in proportion to their FLOPs.
-The units are the strategy's own (``Traits.units``: for ``fsdp`` and ``torch_fsdp`` each child of
-an ``nn.ModuleList``, then the root). A strategy that does not prefetch (``fsdp``) gathers a unit
-when it starts (waiting for reduce-scatters queued before it on the channel); one with
-``Traits.prefetches_next_unit`` (``torch_fsdp``) issues the next unit's gather when the current
-one starts computing (``fully_sharded_step``).
-
-``exposed_comm_seconds`` is what communication adds after backward ends (the last all-reduce's
-end minus the end of backward); ``step_seconds`` = compute + exposed.
-
-**Communication that competes with compute** (``--overlap-slowdown``). On GPUs NCCL runs beside
-the compute kernels and overlapped communication costs little. With gloo on CPU the all-reduce
-runs on the same cores as backward: communication hidden under backward still delays it. The
-model charges ``overlap_slowdown`` x (communication overlapped with backward) to the step;
-its default is 1 when the run was gloo on CPU (the communication thread takes the core the
-rank's compute would use) and 0 otherwise. It is an assumption stated up front, not fitted to
-the validation rows.
-
-**Validation.** For every step row of the run, the prediction at the run's world size is put
-next to the measured median (``validation_rows``): the model is trusted at other world sizes
-only as far as it matches here.
+The model's assumptions (backward 2/3 of a micro-batch, 3/4 with checkpointed blocks; only the
+last micro-batch's backward overlaps; gradients ready in reverse registration order by their
+backward FLOPs; ``--overlap-slowdown`` on CPU) and what each rests on: docs/torchrun-and-simulate.md.
 """
 
 from __future__ import annotations
@@ -95,7 +44,7 @@ ALGORITHMS = ("ring", "tree")
 
 @dataclass(frozen=True)
 class Link:
-    """The alpha-beta cost of an all-reduce (see the module docstring)."""
+    """The alpha-beta cost of an all-reduce (docs/torchrun-and-simulate.md, "The model")."""
 
     name: str
     latency_seconds: float
@@ -222,7 +171,7 @@ def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]
 
 def default_overlap_slowdown(cpu_gloo: bool) -> float:
     """``overlap_slowdown`` when none is given: 1 for gloo on CPU, where communication and backward
-    share the cores, 0 otherwise (NCCL runs beside the compute kernels). See the module docstring."""
+    share the cores, 0 otherwise (NCCL runs beside the compute kernels). See docs/torchrun-and-simulate.md."""
     return 1.0 if cpu_gloo else 0.0
 
 
@@ -286,7 +235,7 @@ Prediction = PredictionRecord  # the cost model's output is the saved record (dd
 
 @dataclass(frozen=True)
 class Compute:
-    """One configuration's step without communication, and how it splits (module docstring)."""
+    """One configuration's step without communication, and how it splits (docs/torchrun-and-simulate.md)."""
 
     step_seconds: float
     optimizer_fraction: float = 0.0
@@ -365,7 +314,7 @@ def units_of(gradients: list[Gradient], unit_names: list[str]) -> list[tuple[flo
 def fully_sharded_step(
     compute: Compute, units: list[tuple[float, float]], link: Link, world_size: int, prefetch: bool, overlap_slowdown: float
 ) -> tuple[float, float, float, int]:
-    """One full-sharding step on one serial channel (module docstring): an all-gather before each
+    """One full-sharding step on one serial channel (docs/torchrun-and-simulate.md): an all-gather before each
     unit's forward and backward, a reduce-scatter after each unit's backward; ``prefetch`` issues
     the next unit's all-gather when the current unit starts computing. ``units``: ``units_of``, the root first."""
     total_flops = sum(flops for _, flops in units) or 1.0

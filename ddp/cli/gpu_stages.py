@@ -9,8 +9,7 @@ to 2%. Most stages run the suite's own pytest benchmarks in a ddp-bench checkout
 pytest-benchmark JSON they write (``ddp.bench.results.records.load_run``), so that what is checked is
 what a user runs.
 
-What each stage holds the suite to, on one H100 (figures from ``docs/gpu-first-run.md`` and the
-evidence of that session):
+What each stage holds the suite to on one GPU (docs/gpu-first-run.md has the first H100's figures):
 
 - ``harness``: the harness's ``local`` step against a plain PyTorch loop of the same xl step,
   interleaved (``perf_tests/test_harness_cost.py``): the ratio's interval reaches below 1.02; both

@@ -1,54 +1,22 @@
 """Will it fit? The peak memory of a configuration's step on one rank, predicted before anything is
 built, by category, and what fits in a device's memory.
 
-**The prediction** (``predict``) adds what a rank holds at each moment of the step and takes the
-largest, the way PyTorch's ``MemTracker`` reports a peak (the categories at the moment the total
-peaked):
+- ``predict``: the peak, in bytes, the way PyTorch's ``MemTracker`` reports one (each category at
+  the moment the total peaked) over the step's moments (``forward``, ``backward``,
+  ``synchronization``, ``optimizer``, ``gather``), in the shape the step declares
+  (``ddp.bench.config.shape``: one micro-batch's activations, with its checkpointing, beside the
+  gradients the earlier micro-batches left). The training state comes from the strategy's
+  declarations (``Sharding``, ``StepBuffers``), never its name; activations and temporaries from
+  one step traced on fake tensors (``ddp.bench.memory.fake_step``), made once per model, sequence
+  length and precision. A compiled model is predicted as its eager step.
+- ``fits``, ``largest_batch``: within ``1 - HEADROOM`` of the device's memory (the headroom is
+  for what the prediction leaves out: the allocator's rounding and fragmentation, a CUDA context,
+  kernels' scratch memory). ``fit``: several configurations kept built at once fit when each
+  one's kept state plus the largest step's own needs do. On CPU the memory is the host's
+  available memory shared by the ranks on it.
 
-- ``forward``: at the most forward and the loss hold;
-- ``backward``: at each operator of backward, the activations not yet consumed, its temporaries
-  and the gradients accumulated so far; the largest;
-- ``synchronization``: backward over, the gradients whole and the copies a strategy makes to
-  communicate them;
-- ``optimizer``: while AdamW steps: the gradients whole, the moments and foreach AdamW's
-  temporaries (one more copy of the parameters it steps; fused AdamW has none: ``ADAMW_TEMPORARIES``);
-- ``gather``: a sharded optimizer's gather of the updated parameters.
-
-A compiled model (``--compile on``) is predicted as its eager step: the compiler may save less.
-
-The step's shape (``ddp.bench.config.shape``) enters twice: the trace is one micro-batch's forward and
-backward, made with the step's activation checkpointing (forward then saves each block's input, and
-backward's temporaries include the block's recomputed forward); and where a step accumulates
-micro-batches, the last one's forward and backward run beside the whole gradients the earlier ones
-left, so every moment counts them whole.
-
-Each moment by category: **parameters** and **buffers** of the module, **gradients**,
-**optimizer state** (AdamW's two moments), **activations** (what forward saves for backward, and
-the loss's tensors), **temporaries** (backward's, and AdamW's while it steps) and
-**communication** (the strategy's own buffers). Where they come from:
-
-- the training state from the strategy's declarations, never its name: its ``Sharding`` (which of
-  parameters, gradients and optimizer state a rank holds a 1/N share of) and its ``step_buffers``
-  (``ddp.strategies.declarations.StepBuffers``: buckets, gathered units, copies, sized by the model's
-  gradients and the strategy's ``units``); a user's class that says nothing is replicated
-  (``Strategy``'s defaults);
-- the parameters' sizes and dtypes from the model built on the meta device (nothing allocated);
-- activations, temporaries and the growth of gradients during backward from one step of the
-  model traced on fake tensors in the step's precision (``ddp.bench.memory.fake_step``); the trace is
-  the same for every strategy and world size, so it is made once per model, sequence length and
-  precision (two traces, batch 1 and 2, and the line through them).
-
-What it leaves out: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch
-memory (a GPU's ``max_memory_allocated`` sees the first, not the others): ``HEADROOM`` of the
-memory is kept for them when deciding what fits. ``tests/test_memory_prediction.py`` holds the
-prediction to PyTorch's ``MemTracker`` over one real step of every strategy.
-
-**What fits** (``fits``, ``largest_batch``): a configuration fits when its predicted peak is within
-``1 - HEADROOM`` of the device's memory. Commands that keep several configurations built at once
-(``ddp versus``, ``ddp buckets``: a strategy and its ``local`` twin) ask ``fit``: they fit
-together when every one's kept state (what a built configuration holds between steps) plus the
-largest step's own needs fit. On CPU the memory is the host's available memory shared by the
-ranks on it.
+How each category is counted, and how close it comes to ``MemTracker`` (tests/test_memory_prediction.py
+holds every strategy to it): docs/memory.md.
 """
 
 from __future__ import annotations

@@ -1,52 +1,30 @@
-"""Confidence intervals for timing figures, and the verdict a noise-aware regression check gives.
+"""Confidence intervals for timing figures, and the verdict a noise-aware regression check gives:
+pure functions of lists of round times (numpy and the standard library, no torch), so the
+benchmark core, the report and the command line compute an interval the same way.
 
-This file owns the statistics behind "an interval on every figure": pure functions of lists of
-round times (numpy and the standard library only, no torch), so the benchmark core, the report
-and the command line all compute an interval the same way.
-
-Methods:
-
-* ``median_ci``: the distribution-free confidence interval of a median from order statistics
-  (Conover, *Practical Nonparametric Statistics*, 3rd ed. 1999, section 3.2, "confidence interval
-  for a quantile"). The number of rounds below the true median is Binomial(n, 1/2) whatever the
-  distribution of round times, so the ranks come from exact binomial sums. Round times are skewed
-  and have outliers (a page fault, a background process); this interval assumes neither normality
-  nor symmetry, only independent rounds.
+* ``median_ci``: the distribution-free interval of a median from order statistics (Conover,
+  *Practical Nonparametric Statistics*, 3rd ed. 1999, section 3.2): the rounds below the true
+  median are Binomial(n, 1/2) whatever the distribution of round times, which are skewed and have
+  outliers; it assumes only independent rounds.
 * ``paired_ci``, ``ratio_of_medians_ci``: percentile bootstrap intervals (Efron and Tibshirani,
-  *An Introduction to the Bootstrap*, 1993, ch. 13). Bootstrapping a ratio of two runs' figures
-  follows Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM 2013. Pair the
-  rounds (two strategies measured alternately, round by round) when you can: a drift that both
-  share (clock boost, another job on the machine) then cancels in each round's ratio.
-* ``machine_adjusted_ratio_ci``: new / old of a step measured beside its compute-only twin
-  (``local``) in both runs, with the machine's change taken out of the compute share only. A step
-  is modelled as compute (the twin's time, which a faster or slower machine scales by the twin's
-  ratio L) plus the rest (communication, waiting), which it leaves alone; unchanged code then
-  gives new / old = f L + (1 - f), f = the twin's share of the old step. This is the decomposition
-  of a step into a part that scales with the processor and a part that does not, as in Amdahl's
-  law (G. Amdahl, AFIPS 1967); the interval is a percentile bootstrap of the rounds of each run
-  resampled as (step, twin) pairs.
-* Rounds spread over groups of ranks (``groups``: the group each round ran in, fresh processes
-  per group): a two-level bootstrap, groups drawn with replacement and then rounds within each
-  drawn group (Davison and Hinkley, *Bootstrap Methods and their Application*, 1997, section 3.8,
-  hierarchical data). Rounds of one process share what differs from one process to the next
-  (where its threads landed, gloo's sockets, the allocator's layout), so a one-level bootstrap
-  over them describes that process, not the code; the group level puts the spread between
-  processes into the interval. Drawing G groups from G understates the variance between them by
-  a factor (G - 1) / G, as the plain bootstrap of a mean does, so each group's rounds are first
-  moved away from the mean of the groups' log medians by sqrt(G / (G - 1)). The rounds drawn
-  within each group add the spread within groups a second time (it is in the groups' medians
-  already): where the groups agree the interval is up to sqrt(2) wider than one level's. That is
-  kept on purpose: two groups measure the spread between processes with one degree of freedom,
-  and the percentile interval of so few groups is short in its tails; the power study
-  (``perf_tests/power_study.py``) measures the false alarms that remain. ``median_interval``,
-  ``paired_ci`` (and the paired ratio and difference), ``ratio_of_medians_ci`` and
-  ``machine_adjusted_ratio_ci`` take the groups; with one group (or none given) they are the
-  one-level bootstraps above.
-* ``verdict``: a ratio against a relative threshold t, by asv's ``--factor`` rule: beyond 1 + t
-  and significant (its interval above 1) is ``Verdict.SLOWER``, the only verdict a regression
-  gate fails on; within [1 - t, 1 + t] is ``UNCHANGED``; beyond a threshold but within noise is
-  ``NOT_RESOLVED``, which means "measure more" (``groups_to_decide`` says about how many groups),
-  not "failed". ``clear_of_threshold`` says when rounds aimed at a decision may stop.
+  *An Introduction to the Bootstrap*, 1993, ch. 13; for ratios of two runs, Kalibera and Jones,
+  "Rigorous Benchmarking in Reasonable Time", ISMM 2013). Paired rounds (measured alternately)
+  cancel a drift both share.
+* ``machine_adjusted_ratio_ci``: new / old of a step measured beside its ``local`` twin in both
+  runs, divided by f L + (1 - f) (f the twin's share of the old step, L the twin's ratio): the
+  machine's change taken out of the compute share only, as in Amdahl's law; a bootstrap of
+  (step, twin) pairs.
+* ``groups``: each round's group of ranks (processes started apart). Given more than one, every
+  interval is a two-level bootstrap, groups and then rounds within them (Davison and Hinkley,
+  *Bootstrap Methods and their Application*, 1997, section 3.8), each group's rounds first moved
+  from the mean of the groups' log medians by sqrt(G / (G - 1)); with one group, the one-level
+  bootstrap. Why two levels, and why the interval is left up to sqrt(2) wider where groups agree:
+  docs/regression-gate.md, "Rounds from groups of ranks".
+* ``verdict``: a ratio against a relative threshold t by asv's ``--factor`` rule: ``SLOWER``
+  (beyond 1 + t and its interval above 1: the only verdict a gate fails on), ``UNCHANGED``
+  (within [1 - t, 1 + t]), ``FASTER``, or ``NOT_RESOLVED`` (beyond a threshold but within noise:
+  measure more; ``groups_to_decide`` says about how many groups). ``clear_of_threshold`` says when
+  rounds aimed at a decision may stop.
 """
 
 from __future__ import annotations

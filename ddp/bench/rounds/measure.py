@@ -7,38 +7,24 @@ runs one step of every configuration, in rotating order (``RankBench.round``), s
 measurement compares is never separated by drift in the machine. A round's figure for a
 configuration is its slowest rank's step time: the next step cannot start before that rank is done.
 
-Rounds are added until at least ``min_rounds`` have run and the 95% interval of every
-configuration's median is within ``target_precision`` of it (``ddp.bench.results.stats.relative_half_width``),
-or the rounds have taken the budget, or ``max_rounds`` have run: noisy benchmarks get more rounds,
-steady ones fewer, and each record says the precision it reached. A run compared with a saved one
-aims its rounds at that comparison instead: given a ``StopCriterion`` (pytest's
-``--benchmark-compare`` gives ``ddp.analysis.compare.AimAtDecision``), rounds are added until the
-criterion says the comparison is settled, or the budget is spent; the precision target then only
-applies to configurations the criterion has nothing to compare with. With rounds spread over
-groups of ranks (below), only the last group's rounds are aimed, judged together with the earlier
-groups' (which stop on their precision target or share of the budget).
+Rounds are added (``timed_rounds``) until at least ``min_rounds`` have run and the 95% interval of
+every configuration's median is within ``target_precision`` of it, or the rounds have taken the
+budget, or ``max_rounds`` have run; each record says the precision it reached. Given a
+``StopCriterion`` (``--benchmark-compare`` gives ``ddp.analysis.compare.AimAtDecision``), rounds
+are added until it says the comparison is settled instead.
 
-**Rounds spread over groups of ranks** (``measure_in_groups``): rounds of one process share
-everything a process decides when it starts (where its threads land, gloo's sockets, the
-allocator's layout), and on this project's 2-core machine a step's median moved by 20% and more
-from one pytest run to the next while each run's interval was +-3-6% wide: an interval over one
-process's rounds describes that process, not the code. So a measurement's rounds are split among
-two or more groups of ranks started independently, one block of rounds after the other (each
-group builds and warms up its own models; the budget, the minimum and maximum rounds are shared
-among the groups, so the rounds in all are as many as one group would run), and every round keeps
-its group (``Measurement.round_groups``). The intervals over such rounds are two-level bootstraps,
-groups and then rounds (``ddp.bench.results.stats``), so the spread between processes is in them, and the
-regression gate judges with them (``ddp.analysis.compare``). pyperf spawns 20 worker processes
-per benchmark for the same reason (psf/pyperf#136), asv runs each in several (``processes``).
-On CUDA every group is a set of processes on the same GPUs with CUDA contexts of their own: a
-group's models are freed and its cached blocks handed back before the next group builds where the
-two would not fit together (``ddp.bench.memory.predict.fit``); NCCL creates one communicator per group, as
-for any two jobs sharing GPUs.
+``measure_in_groups`` spreads a measurement's rounds over groups of ranks started apart, a block
+on each in turn, each group building and warming up its own models, the rounds in all as many as
+one group would run; every round keeps its group (``Measurement.round_groups``) for the
+two-level intervals of ``ddp.bench.results.stats``. Why (a median moves between processes more
+than one process's interval admits): docs/regression-gate.md, "Rounds from groups of ranks". On
+CUDA each group is a set of processes with CUDA contexts of their own on the same GPUs, and NCCL
+a communicator per group: a group's models are freed and its cached blocks handed back before
+the next group builds where the two would not fit together (``ddp.bench.memory.predict.fit``).
 
 ``ranks`` is anything with ``world_size`` and ``run(fn, *args) -> [result per rank]``: a
 ``ddp.launcher.RankGroup``, or ``InProcessRanks`` when this process is one of torchrun's ranks
-(then the job is the only group: its rounds say one group, and the gate will not call a
-slowdown from them alone).
+(then the job is the only group, and the gate calls no slowdown from it alone).
 """
 
 from __future__ import annotations

@@ -1,74 +1,27 @@
 """The one training step that every tool times, and what one step reports.
 
-**The step**, defined here once and driven by perf_tests/, ``ddp run``, ``ddp versus`` and
-``ddp profile`` alike, in the shape ``ddp.bench.config.shape`` declares: forward, loss and
-``loss.backward()`` of each micro-batch (all but the last under ``no_sync()``),
-``finish_gradient_synchronization()``, ``AdamW.step()`` and ``zero_grad(set_to_none=True)``
-(PyTorch's default: what a user's loop does, and the path on which ``bucketed`` folds averaging
-into its one copy per gradient). On CUDA the step ends with ``torch.cuda.synchronize()``, so that
-its clock stops when the GPU is done. Every rank trains its own shard of a seeded global batch
-(``ddp.bench.config.workloads.rank_batches``), the same micro-batches every step: the data does not change
-a step's time, and a fixed batch keeps host-to-device copies out of it. The optimizer is ``AdamW(lr=LEARNING_RATE)``, built by the strategy (``make_optimizer``: a sharded
-one for ZeRO), its implementation ``StepConfig.optimizer``:
-``foreach`` (``AdamW(foreach=True)``, torch's default on CUDA; asked for explicitly, since torch's
-default on CPU is a per-tensor loop) or ``fused`` (``AdamW(fused=True)``, one kernel per parameter
-group; CPU has it too since torch 2.4).
+``Trainer.step`` is the step of perf_tests/, ``ddp run``, ``ddp versus`` and ``ddp profile``
+alike, in the shape ``ddp.bench.config.shape`` declares: forward, loss and ``loss.backward()`` of
+each micro-batch (all but the last under ``no_sync()``), ``finish_gradient_synchronization()``,
+``AdamW.step()`` and ``zero_grad(set_to_none=True)``, with the numerics of ``StepConfig.precision``
+set around it (``ddp.bench.config.precision``) and the previous ones restored outside its clock.
+Every rank trains its own shard of a seeded global batch, the same micro-batches every step
+(``ddp.bench.config.workloads.rank_batches``). On CUDA the clock starts after a
+``torch.cuda.synchronize()`` and stops after another, so it covers the GPU's work.
 
-**Precision** (``StepConfig.precision``), what the step's numbers are, defined here and nowhere else:
+It reports, per rank (``StepTiming``): ``step_seconds``, and ``exposed_comm_seconds``, from the
+end of backward's computation (the first autograd-engine callback, queued by a hook on the loss)
+until gradients are synchronized (on CUDA: the collectives completed on the compute stream). The
+harness adds two clock readings, that hook and that callback to a step (on CUDA two events, the
+synchronize and a reset of the peak-memory counter), nothing per parameter;
+perf_tests/test_harness_cost.py holds it against a plain loop of the same work.
 
-- ``fp32``: fp32 weights, gradients and optimizer; fp32 matmuls and convolutions
-  (``torch.set_float32_matmul_precision("highest")``, ``torch.backends.cudnn.allow_tf32 = False``).
-- ``tf32``: the same, with TF32 tensor-core matmuls and convolutions (``"high"``, cudnn
-  ``allow_tf32 = True``). On CPU, "high" computes as "highest" (checked bitwise with torch 2.13),
-  so tf32 there is fp32.
-- ``bf16``: ``torch.autocast(device_type, dtype=torch.bfloat16)`` around forward and loss (not
-  backward: autograd runs each op's backward in its forward's dtype), the recipe of PyTorch's AMP:
-  fp32 master weights, fp32 gradients (autocast's casts return them in fp32), fp32 optimizer;
-  whatever autocast leaves in fp32 runs as ``fp32`` says. It runs on CPU too (slowly).
+``Trainer.close`` leaves nothing the configuration allocated alive: the strategy's ``close()``,
+then every hook still on a parameter (a hook that refers back to its strategy is a cycle through
+autograd the collector cannot free; tests/test_release.py).
 
-The setting is made at the start of every step and the previous one restored at its end
-(``numerics``), outside the step's clock, so configurations timed side by side do not leak into
-each other.
-
-**Gradient communication** (``StepConfig.grad_comm``): ``bf16`` asks a strategy whose constructor
-takes ``comm_dtype`` to all-reduce gradients in bf16 and accumulate the result back into the fp32
-gradients (PyTorch's ``bf16_compress_hook``); ``fp32`` communicates gradients as they are.
-
-**Compilation** (``StepConfig.compile``): ``on`` compiles the model's repeated blocks with
-``torch.compile`` (``compile_in_place``: in place, so the strategy wraps the very module it would
-wrap eagerly) before the strategy wraps it, so forward and backward run as compiled graphs, one per
-block, while the strategy's hooks and collectives stay eager, outside them; the first steps
-compile, untimed (the warm-up). Every strategy, PyTorch's DDP included, sees the same graphs:
-dynamo's ``DDPOptimizer``, which would split them at the ``torch`` strategy's buckets only, is off. A
-configuration the compiler cannot take (no C++ compiler or Triton, a strategy whose hooks it
-cannot trace) raises ``CannotRun`` with the compiler's message, and the suite skips it.
-
-**What the harness adds to a step, and nothing more**: two clock readings, one hook on the loss
-(not one per parameter) and one autograd-engine callback, plus on CUDA two events, a
-``synchronize`` before the clock starts and the peak-memory counter reset. A plain loop of the
-same work is the reference it is measured against (perf_tests/test_harness_cost.py). Nothing runs
-per parameter: a tensor hook on every parameter (a Python call, a ``perf_counter`` and a CUDA
-event each: 435 a step for xl) made a plain loop 3-17% slower on one H100.
-
-**The figures** of one step, on each rank: ``step_seconds``, and ``exposed_comm_seconds``: the
-*exposed communication*, from the end of backward's computation until gradients were synchronized
-(``finish_gradient_synchronization()`` returned and, on CUDA, the collectives completed on the
-compute stream). The end of backward's computation is the first callback the autograd engine runs
-once it has computed every gradient: the loss's hook, which runs first in backward, queues it, so
-it runs before any callback queued later (PyTorch's reducer queues the callback in which it waits
-for its buckets only when its last bucket is ready). So a wait inside ``loss.backward()``, where
-PyTorch's DDP waits, counts exactly as a wait in ``finish_gradient_synchronization()``, and
-every strategy is measured the same way; for ``local`` the figure is the engine's tail, the floor.
-What it does not count: communication that slows the computation it overlaps (on a CPU, gloo's
-threads take cores from backward) shows in the step time, not here; the gap between a strategy's
-step and its ``local`` twin's (``overhead_seconds``) counts both.
-
-**Releasing a configuration** (``Trainer.close``) leaves nothing it allocated alive: the
-strategy's own ``close()`` (``ddp.strategies.base.Strategy``) removes its hooks, and then every
-hook still hung on a parameter (a user's class that has no ``close``) is dropped, since a hook
-that refers back to its strategy is a cycle through autograd that Python's collector cannot free
-(measured on xl before this was done: one to three fp32 copies of the model kept per earlier
-configuration; ``tests/test_release.py`` holds it).
+Each choice and what it rests on (AdamW's implementations, precision, ``--grad-comm``,
+``--compile``, the exposed-communication clock): docs/perf-suite.md, "The step and the rounds".
 """
 
 from __future__ import annotations
