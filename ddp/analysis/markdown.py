@@ -152,18 +152,18 @@ def mfu_lost_lines(steps: list[StepRecord]) -> list[str]:
 
 
 def variant_section(run: Run) -> list[str]:
-    """Per shape (model, batch, seq len) run with more than one set of options (precision, AdamW's
+    """Per workload (model, batch, seq len) run with more than one set of options (precision, AdamW's
     implementation, ...): each strategy's step, overhead over local and exposed communication in
     every variant side by side, and how the ranking and the best bucket cap change."""
     steps = run.steps
-    by_shape = defaultdict(list)
+    by_workload = defaultdict(list)
     for s in steps:
-        by_shape[s.config.shape].append(s)
-    shapes = [shape for shape, here in sorted(by_shape.items()) if len({s.config.variant for s in here}) > 1]
-    if not shapes:
+        by_workload[s.config.workload].append(s)
+    workloads = [w for w, here in sorted(by_workload.items()) if len({s.config.variant for s in here}) > 1]
+    if not workloads:
         return []
     overhead = {id(o.step): o for o in overheads_over_local(steps)}
-    with_model = len({shape[0] for shape in shapes}) > 1
+    with_model = len({workload[0] for workload in workloads}) > 1
     lines = [
         "## By precision and options",
         "",
@@ -172,8 +172,8 @@ def variant_section(run: Run) -> list[str]:
         "the gradients to all-reduce (unless communicated in bf16), so communication's share of the step grows.",
         "",
     ]
-    for shape in shapes:
-        here = by_shape[shape]
+    for workload in workloads:
+        here = by_workload[workload]
         variants = list(dict.fromkeys(g.variant for g in groups(here)))
         labels = list(dict.fromkeys(s.label for s in sorted(here, key=step_order)))
         by = {(s.label, s.config.variant): s for s in here}
@@ -188,7 +188,7 @@ def variant_section(run: Run) -> list[str]:
                     "" if s.strategy == FLOOR else ms(s.exposed_comm_seconds)]
             rows.append(row)
         headers = ["strategy"] + [f"{v}: {what}" for v in variants for what in ("step", "over local", "exposed comm")]
-        lines += [f"**{_shape_label(here[0], with_model)}**", "", _table(rows, headers), ""]
+        lines += [f"**{_workload_label(here[0], with_model)}**", "", _table(rows, headers), ""]
         for variant in variants:
             ranked = sorted((s for s in here if s.config.variant == variant and s.strategy != FLOOR), key=lambda s: s.step_seconds)
             if not ranked:
@@ -204,10 +204,10 @@ def variant_section(run: Run) -> list[str]:
     return lines
 
 
-def _shape_label(step: StepRecord, with_model: bool) -> str:
-    """The shape of a step in words, without its options: ``batch 4, seq len 64``."""
-    shape_only = StepConfig.of(FLOOR, {name: getattr(step.config, name) for name, axis in AXES.items() if axis.role == "shape"})
-    return shape_only.group_label(with_model)
+def _workload_label(step: StepRecord, with_model: bool) -> str:
+    """The workload of a step in words, without its options: ``batch 4, seq len 64``."""
+    workload_only = StepConfig.of(FLOOR, {name: getattr(step.config, name) for name, axis in AXES.items() if axis.role == "workload"})
+    return workload_only.group_label(with_model)
 
 
 def overhead_section(run: Run) -> list[str]:

@@ -117,7 +117,7 @@ def _line_name(step) -> str:
 
 def _varying_label(key, keys) -> str:
     """``, batch 4``: the group's values of the axes that differ between the figure's groups."""
-    varying = [name for name, axis in AXES.items() if axis.role in ("shape", "option")
+    varying = [name for name, axis in AXES.items() if axis.role in ("workload", "option")
                and len({getattr(k, name) for k in keys}) > 1]
     return "".join(f", {AXES[name].text(getattr(key, name))}" for name in varying)
 
@@ -227,9 +227,9 @@ def draw_all(run: Run, out: Path) -> list[Path]:
 
 def plot_scaling(predictions: list[Prediction], path: Path, title: str) -> None:
     """Step time against world size (log x), one line per strategy and bucket size, per batch."""
-    shapes = sorted({(p.batch_size, p.seq_len) for p in predictions})
-    figure, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.5), squeeze=False)
-    for axis, (batch_size, seq_len) in zip(axes[0], shapes):
+    workloads = sorted({(p.batch_size, p.seq_len) for p in predictions})
+    figure, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 4.5), squeeze=False)
+    for axis, (batch_size, seq_len) in zip(axes[0], workloads):
         lines = defaultdict(list)
         for p in predictions:
             if (p.batch_size, p.seq_len) == (batch_size, seq_len):

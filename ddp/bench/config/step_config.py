@@ -14,14 +14,14 @@ else follows from those declarations, here and nowhere else:
 An axis has one of four roles:
 
 - ``strategy``: the strategy itself, a registered name or ``package.module:ClassName``;
-- ``shape``: the work of a step (model, batch size, sequence length), named in every group;
+- ``workload``: the work of a step (model, batch size, sequence length), named in every group;
 - ``option``: how the step computes (precision, AdamW's implementation, ...), named in ids and
   groups only where it is not the default, so an option added later leaves the names of a run at the defaults unchanged;
 - ``member``: an option that applies to some strategies only (the bucket cap, the dtype gradients
   are communicated in), named with the strategy; a strategy it does not apply to has its default.
 
 Configurations that differ only in their strategy and members form a *group* (``group``: the
-configuration of the floor, ``local``, with the same shape and options): the strategies of a group
+configuration of the floor, ``local``, with the same workload and options): the strategies of a group
 are timed side by side and each is paired with the group's ``local``.
 """
 
@@ -46,7 +46,7 @@ from ddp.strategies.registry import (
     takes_comm_dtype,
 )
 
-ROLES = ("strategy", "shape", "option", "member")
+ROLES = ("strategy", "workload", "option", "member")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Axis:
     and the records need to know of it."""
 
     role: str
-    """``strategy``, ``shape``, ``option`` or ``member`` (module docstring)."""
+    """``strategy``, ``workload``, ``option`` or ``member`` (module docstring)."""
     flag: str
     """The option of one value, for the commands that train one configuration (``--batch-size``)."""
     help: str
@@ -89,7 +89,7 @@ class Axis:
     name: str = field(default="", init=False)
     """The field it declares (set once ``StepConfig`` is defined)."""
     default: Any = field(default=None, init=False)
-    """The field's default (shapes and the strategy have none: every configuration gives them)."""
+    """The field's default (the workload axes and the strategy have none: every configuration gives them)."""
 
     @property
     def list_flag(self) -> str:
@@ -150,21 +150,21 @@ class StepConfig:
     )
     """A registered name or ``package.module:ClassName``."""
     model: str = _axis(
-        role="shape", flag="--model", aliases=("--model-size",), one_per_grid=True, plural="models",
+        role="workload", flag="--model", aliases=("--model-size",), one_per_grid=True, plural="models",
         help="model to train: a size of ddp.model.MODEL_SIZES, a named model (mlp, wide-mlp, conv, ...), or your "
         "own as package.module:build",
         parse=workload_name, cpu=("mini",), gpu=("xl",), text=lambda v: f"model {v}",
     )
     """A workload (``ddp.bench.config.workloads``): an LM size, a named model or ``package.module:build``."""
     batch_size: int = _axis(
-        role="shape", flag="--batch-size", grid_flag="--batch-sizes", plural="batch sizes",
+        role="workload", flag="--batch-size", grid_flag="--batch-sizes", plural="batch sizes",
         help="samples (sequences) per rank in a micro-batch: the step's batch per rank at --grad-accum 1",
         parse=positive_int, valid=lambda v: v >= 1,
         cpu=(4, 8), gpu=(2, 4), text=lambda v: f"batch {v}", id=lambda v: f"b{v}",
     )
     """Samples (sequences) per rank in a micro-batch (a step trains ``grad_accum`` of them)."""
     seq_len: int = _axis(
-        role="shape", flag="--seq-len", grid_flag="--seq-lens", plural="sequence lengths",
+        role="workload", flag="--seq-len", grid_flag="--seq-lens", plural="sequence lengths",
         help="tokens per sequence, where the model has them", parse=positive_int, valid=lambda v: v >= 1,
         cpu=(64, 128), gpu=(128, 256, 512), text=lambda v: f"seq len {v}", id=lambda v: f"s{v}", check=_context_length,
     )
@@ -254,8 +254,8 @@ class StepConfig:
         return [(a, getattr(self, name)) for name, a in AXES.items() if not roles or a.role in roles]
 
     def _named(self, *roles: str) -> list[tuple[Axis, Any]]:
-        """The axes of ``roles`` that names carry: shapes always, the others where not at their default."""
-        return [(a, v) for a, v in self.axis_values(*roles) if a.role == "shape" or v != a.default]
+        """The axes of ``roles`` that names carry: the workload always, the others where not at their default."""
+        return [(a, v) for a, v in self.axis_values(*roles) if a.role == "workload" or v != a.default]
 
     @classmethod
     def of(cls, strategy: str, values: Mapping[str, Any]) -> StepConfig:
@@ -277,7 +277,7 @@ class StepConfig:
         """Stable, e.g. ``bucketed-b2-s128-bucket25mb`` or ``torch-b4-s512-bucket25mb-bf16-fused``:
         comparisons match on it. Options at their defaults are left out, as in every name."""
         parts = [self.strategy]
-        parts += [a.id(v) for a, v in self._named("shape", "member", "option") if a.id is not None]
+        parts += [a.id(v) for a, v in self._named("workload", "member", "option") if a.id is not None]
         return "-".join(parts)
 
     @property
@@ -288,7 +288,7 @@ class StepConfig:
 
     def group_label(self, with_model: bool = True) -> str:
         """The group in words: ``model mini, batch 4, seq len 64, bf16``."""
-        named = [(a, v) for a, v in self._named("shape", "option") if with_model or a.name != "model"]
+        named = [(a, v) for a, v in self._named("workload", "option") if with_model or a.name != "model"]
         return ", ".join(a.text(v) for a, v in named)
 
     @property
@@ -304,14 +304,14 @@ class StepConfig:
     def variant(self) -> str:
         """The options in words, the first (the precision) always named and the others where they
         are not the default: ``fp32``, ``bf16``, ``fp32 fused AdamW``: what a report sets side by side
-        for one shape."""
+        for one workload."""
         options = self.axis_values("option")
         return " ".join(a.text(v) for index, (a, v) in enumerate(options) if index == 0 or v != a.default)
 
     # ----------------------------------------------------------------------- groups
 
     def local_twin(self) -> StepConfig:
-        """The floor of this configuration's group: ``local`` with the same shape and options."""
+        """The floor of this configuration's group: ``local`` with the same workload and options."""
         return StepConfig.of(FLOOR, {name: v for name, v in self.values().items()
                                      if AXES.get(name) is None or AXES[name].role != "member"})
 
@@ -326,9 +326,9 @@ class StepConfig:
         return StepShape.of(self)
 
     @property
-    def shape(self) -> tuple:
-        """The shape axes' values: (model, batch size, seq len)."""
-        return tuple(v for _, v in self.axis_values("shape"))
+    def workload(self) -> tuple:
+        """The workload axes' values: (model, batch size, seq len)."""
+        return tuple(v for _, v in self.axis_values("workload"))
 
     def sort_key(self) -> tuple:
         """Registry order of strategies, then each axis's values in their declared order."""
@@ -377,11 +377,11 @@ for _name, _axis_ in AXES.items():
 def expand(values: Mapping[str, tuple]) -> list[StepConfig]:
     """Every configuration of a grid (``values``: each axis's values by field name; an axis left
     out is at its default), in the order the suite runs them: the options outermost, then the
-    shapes, then the strategies in the order given, each with its members where they apply."""
+    workloads, then the strategies in the order given, each with its members where they apply."""
     def given(name: str) -> tuple:
         return tuple(values.get(name, (AXES[name].default,)))
 
-    outer = [name for name, a in AXES.items() if a.role == "option"] + [name for name, a in AXES.items() if a.role == "shape"]
+    outer = [name for name, a in AXES.items() if a.role == "option"] + [name for name, a in AXES.items() if a.role == "workload"]
     members = [name for name, a in AXES.items() if a.role == "member"]
     configs = []
     for combination in itertools.product(*(given(name) for name in outer)):
