@@ -82,7 +82,8 @@ def recorded_step(trainer, together: bool = False) -> dict:
     the rounds that drive it sit above this folder) with its phases and its collectives recorded: ``[start, end]`` of each
     phase, ``backward_compute_end`` and the strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
     ``together``: every rank starts it at once (a barrier first, as a timed round of several
-    configurations does)."""
+    configurations does). ``RuntimeError`` where the step entered other phases than its shape
+    declares (``StepShape.phases``): the readers of the record find each phase by that name."""
     if together:
         dist.barrier()
     observer = PhaseRecorder(trainer.cuda)
@@ -94,6 +95,8 @@ def recorded_step(trainer, together: bool = False) -> dict:
     finally:
         trainer.model.collective_recorder = None
     step = observer.step
+    if tuple(step) != trainer.shape.phases:  # the record is read by the phases the shape declares
+        raise RuntimeError(f"the step entered the phases {', '.join(step)}; its shape declares {', '.join(trainer.shape.phases)}")
     step["backward_compute_end"] = trainer.backward_compute_end.seconds
     step["collectives"] = [asdict(span) for span in collectives.spans]
     return step
