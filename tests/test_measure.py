@@ -81,9 +81,12 @@ def test_a_wrong_sum_is_counted() -> None:
     world_size = 3
     summed = torch.full((1000,), 1.0 + 2.0 + 3.0)  # what all_reduce(SUM) leaves of rank + 1 on 3 ranks
     assert wrong_elements(summed, world_size) == 0
-    summed[17] = 5.0
     summed[999] = float("nan")
+    assert wrong_elements(summed, world_size) == 1  # a NaN alone: both ends of aminmax are NaN
+    summed[17] = 5.0
     assert wrong_elements(summed, world_size) == 2
+    summed[:] = 7.0
+    assert wrong_elements(summed, world_size) == 1000
 
 
 class _RanksReturning:

@@ -87,8 +87,18 @@ def _timed_all_reduce(rank: Rank, size_bytes: int) -> AllReduceTiming:
 
 def wrong_elements(tensor: torch.Tensor, world_size: int) -> int:
     """Elements of a buffer that every rank filled with ``rank + 1`` and then all-reduced (SUM) that
-    do not hold 1 + 2 + ... + world_size (exact in float32 for any sane world size)."""
-    return int((tensor != world_size * (world_size + 1) / 2).sum().item())
+    do not hold 1 + 2 + ... + world_size (exact in float32 for any sane world size).
+
+    One pass of ``aminmax`` settles the usual case (both ends hold the sum: nothing is wrong) and
+    only a buffer that fails it is counted element by element (a NaN fails it too). Summing the
+    comparison instead widens every element to int64 first: 122 ms a 100 MiB check on this
+    project's CPU, against 6 ms, outside the timed all-reduce but inside every round's wall time.
+    On CUDA both are device reductions and ``.item()`` synchronizes, after the clock has stopped."""
+    expected = world_size * (world_size + 1) / 2
+    low, high = torch.aminmax(tensor)
+    if low.item() == expected and high.item() == expected:
+        return 0
+    return int(torch.count_nonzero(tensor != expected).item())
 
 
 @on_rank
