@@ -76,12 +76,12 @@ def grid_with(**axes):
 
 def test_a_small_grid_gets_a_larger_share_of_the_session_budget():
     default = grid_defaults("gloo", "cpu")
-    assert default.num_step_benchmarks == 2 * 2 * (4 + 2 * 3)
-    assert default.round_budget_seconds() == pytest.approx(200.0 / 40)
+    assert default.num_step_benchmarks == 2 * 1 * (4 + 2 * 3)  # batch 4 and 8, seq len 64
+    assert default.round_budget_seconds() == pytest.approx(100.0 / 20)
     small = grid_with(strategy=("local", "bucketed"), bucket_size_mb=(25.0,), batch_size=(4,), seq_len=(64,))
-    assert small.round_budget_seconds() == pytest.approx(100.0)  # 200 s shared by 2
-    alone = dataclasses.replace(small, axes={**small.axes, "strategy": ("local",)})
-    assert alone.round_budget_seconds() == pytest.approx(120.0)  # 200 s for 1, capped
+    assert small.round_budget_seconds() == pytest.approx(50.0)  # 100 s shared by 2
+    alone = dataclasses.replace(small, axes={**small.axes, "strategy": ("local",)}, session_budget_seconds=300.0)
+    assert alone.round_budget_seconds() == pytest.approx(120.0)  # 300 s for 1, capped
     fixed = dataclasses.replace(default, rounds=dataclasses.replace(default.rounds, budget_seconds=7.0))
     assert fixed.round_budget_seconds() == 7.0
 

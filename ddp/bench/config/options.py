@@ -427,10 +427,11 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         axes={name: axis.cpu for name, axis in AXES.items()},
         rounds=RoundOptions(min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
                             traced_steps=TRACED_STEPS),
-        # 200 s of rounds for the whole grid: the rest of a default run is the 40 step
-        # configurations' builds, warm-ups and memory counts on two groups of ranks and the traced
-        # steps of the 24 that communicate (docs/perf-suite.md gives the run's measured length).
-        session_budget_seconds=200.0, interleave=FLOOR,
+        # 100 s of rounds for the grid's 20 steps, 5 s each. The rest of a run is fixed costs
+        # that grow with the number of configurations, not with their steps: each one's builds,
+        # warm-ups and memory count on two groups of ranks and its traced steps on a third, about
+        # 11 s of the 16 each took on mini (docs/perf-suite.md: the run's measured length).
+        session_budget_seconds=100.0, interleave=FLOOR,
         allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),
     )
 

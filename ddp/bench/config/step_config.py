@@ -166,7 +166,7 @@ class StepConfig:
     seq_len: int = _axis(
         role="workload", flag="--seq-len", grid_flag="--seq-lens", plural="sequence lengths",
         help="tokens per sequence, where the model has them", parse=positive_int, valid=lambda v: v >= 1,
-        cpu=(64, 128), gpu=(128, 256, 512), text=lambda v: f"seq len {v}", id=lambda v: f"s{v}", check=_context_length,
+        cpu=(64,), gpu=(128, 256, 512), text=lambda v: f"seq len {v}", id=lambda v: f"s{v}", check=_context_length,
     )
     """Tokens per sequence."""
     bucket_size_mb: float | None = _axis(
