@@ -37,6 +37,23 @@ def test_the_plan_names_every_stage_with_its_limit_and_adds_up_to_at_most_eight_
     assert not (tmp_path / "check").exists()  # a dry run writes nothing
 
 
+@pytest.mark.parametrize("name", sorted(gpu_stages.CORRECTNESS_SECONDS_PER_TEST))
+def test_the_correctness_stages_select_what_fits_their_limit_and_every_step_shape(name):
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "correctness_tests", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *gpu_stages.CORRECTNESS], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert collected.returncode == 0 and ids, collected.stdout + collected.stderr
+    limit = next(stage.limit_seconds for stage in gpu_check.STAGES if stage.name == name)
+    estimate = gpu_stages.STAGE_START_SECONDS + len(ids) * gpu_stages.CORRECTNESS_SECONDS_PER_TEST[name]
+    assert estimate <= limit, f"{len(ids)} tests: about {estimate:.0f} s on one H100, past the stage's {limit} s"
+    # the GPU trains every strategy of the selection in each of the step's shapes
+    for strategy in ("bucketed", "torch", "fsdp"):
+        for shape in ("accum2", "accum4", "ckpt"):
+            assert any(f"[{strategy}-" in i and i.split("[")[1].rstrip("]").endswith(shape) for i in ids), (strategy, shape)
+
+
 def suite_parser() -> argparse.ArgumentParser:
     """What a stage's pytest command line may hold: the options the root conftest binds, and the
     few of pytest's and pytest-benchmark's the stages use."""

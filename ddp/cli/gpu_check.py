@@ -78,10 +78,10 @@ STAGES = (
           "43 s on an H200; estimated: start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
           "backward, the torch strategy's from the cache, 2 x 5 steps: 70 s"),
     Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 40,
-          "30 s on an H200; estimated: start-up 10 s, 44 tests (bucketed, torch and fsdp on the LM, every "
-          "precision) x 0.59 s: 36 s"),
+          "30 s on an H200 with 44 tests; estimated: start-up 10 s, 42 tests (bucketed, torch and fsdp on the "
+          "LM with AdamW, every precision and step shape) x 0.59 s: 35 s"),
     Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 35,
-          "24 s on an H200; estimated: start-up 10 s, the same 44 tests x 0.47 s: 31 s"),
+          "24 s on an H200 with 44 tests; estimated: start-up 10 s, the same 42 tests x 0.47 s: 30 s"),
 )
 
 
