@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddp.bench.collectives.timeline import cpu_partition
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.state import StateMemory
@@ -44,7 +45,7 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
          peak_bytes: int | None = None, traces: list[list[dict]] | None = None,
          groups: int | list[int] = 1) -> StepRecord:
     """A step record of ``config`` with these rounds (seconds, the slowest rank's), each with
-    ``exposed`` seconds of exposed communication; paired with ``local_rounds`` when given;
+    ``exposed`` seconds of timed wait for gradients (``sync_wait_seconds``); paired with ``local_rounds`` when given;
     ``traces``: each rank's traced steps (``ddp.bench.collectives.recording``); ``groups``: each round's group
     of ranks, or their number (the rounds in that many blocks in order, as the suite spreads them)."""
     if isinstance(groups, int):
@@ -60,6 +61,8 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
     ]
     setups = [[_setup(c, rank, num_parameters, bucket_sizes, None if memory is None else memory[rank])
                for rank in range(world_size)] for c in configs]
+    if traces is not None:  # each traced step with the partition the suite gives it on CPU
+        traces = [[{**step, "timeline": step.get("timeline") or cpu_partition(step)} for step in steps] for steps in traces]
     traced = None if traces is None else [traces] + [[[] for _ in range(world_size)]] * (len(configs) - 1)
     measurement = Measurement(configs, setups, timings, 0.0, ROUNDS.target_precision, traced, round_groups=list(groups))
     return step_record(measurement, backend, device, 0, 1 if local_rounds is not None else None)

@@ -14,27 +14,30 @@ import pytest
 from ddp.analysis import collectives
 from ddp.analysis.costmodel import CANDIDATE_BUCKET_SIZES_MB, Compute, gradients_of, link_of_step, plan_advice, predict_step
 from ddp.analysis.markdown import write_report
-from ddp.bench.collectives.reading import collective_exposure, cpu_steps_from_trace
+from ddp.bench.collectives.reading import cpu_steps_from_trace
+from ddp.bench.collectives.timeline import cpu_partition
 from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, load_run
 from ddp.bench.rounds.summary import collective_trace
 from tests import synthetic
 from tests.synthetic import MIB, config, run_json, write
 
 
-def traced_step(bucket2_done: float, mask_done: float = 12.8, optimizer_end: float = 14.0) -> dict:
-    """One traced step, times in seconds: backward's computation ends at 10, the optimizer starts
-    at 13 (an exposed window of 3 s). In the order they complete: bucket0 at 9 (before backward's
-    end: no share), bucket1 at 11 (1 s), bucket2 (from 11), the used mask (from bucket2's end)."""
-    return {
+def traced_step(bucket2_done: float, optimizer_end: float = 14.0) -> dict:
+    """One traced step, times in seconds, with the partition the suite gives it on CPU: the training
+    thread computes over [0, 10] and from 13 (the optimizer); bucket0 [6, 9] runs beside backward's
+    computation; bucket1 [9, 11] and bucket2 [10, ``bucket2_done``] run alone from 10 (sharing
+    [10, 11] equally); the used mask [9.5, 9.9] is hidden."""
+    step = {
         "forward": [0.0, 4.0], "backward": [4.0, 10.0], "gradient_sync": [10.0, 12.9], "optimizer": [13.0, optimizer_end],
         "backward_compute_end": 10.0,
         "collectives": [
             {"label": "bucket0", "size_bytes": 4 * MIB, "ready_seconds": 6.0, "launch_seconds": 6.0, "done_seconds": 9.0},
             {"label": "bucket1", "size_bytes": 2 * MIB, "ready_seconds": 8.5, "launch_seconds": 9.0, "done_seconds": 11.0},
+            {"label": "used_mask", "size_bytes": 84, "ready_seconds": 9.5, "launch_seconds": 9.5, "done_seconds": 9.9},
             {"label": "bucket2", "size_bytes": MIB, "ready_seconds": 9.8, "launch_seconds": 10.0, "done_seconds": bucket2_done},
-            {"label": "used_mask", "size_bytes": 84, "ready_seconds": 10.1, "launch_seconds": 10.1, "done_seconds": mask_done},
         ],
     }
+    return {**step, "timeline": cpu_partition(step)}
 
 
 # Rank 1's steps end at 15, rank 0's at 14: rank 1 is the slowest, its figures are the record's.
@@ -44,29 +47,35 @@ RANK_TRACES = [
 ]
 
 
-def test_each_collective_holds_its_share_of_the_exposed_window_on_the_slowest_rank():
+def test_each_collective_holds_its_share_of_the_exposed_communication_on_the_slowest_rank():
     trace = collective_trace(RANK_TRACES)
     assert trace.rank == 1 and trace.steps == 3 and trace.comm_source == "collective_records"
-    assert [c.label for c in trace.collectives] == ["bucket0", "bucket1", "bucket2", "used_mask"]  # launch order
+    assert [c.label for c in trace.collectives] == ["bucket0", "bucket1", "used_mask", "bucket2"]  # launch order
     shares = {c.label: c.exposed_seconds for c in trace.collectives}
-    # bucket0 done before backward's end: 0; bucket1 10 -> 11: 1; bucket2 11 -> 12.5 (median of 12.4, 12.5,
-    # 12.6): 1.5; the mask from bucket2's end to 12.8: 0.4, 0.3, 0.2, median 0.3.
-    assert shares == pytest.approx({"bucket0": 0.0, "bucket1": 1.0, "bucket2": 1.5, "used_mask": 0.3})
+    # bucket0 and the mask run beside compute: 0; bucket1 and bucket2 share [10, 11]: 0.5 each; bucket2
+    # then runs alone to 12.5 (median of 12.4, 12.5, 12.6): 2.0.
+    assert shares == pytest.approx({"bucket0": 0.0, "bucket1": 0.5, "used_mask": 0.0, "bucket2": 2.0})
+    assert {c.label: c.phase for c in trace.collectives} == {"bucket0": "backward", "bucket1": "backward",
+                                                             "used_mask": "backward", "bucket2": "backward"}
     bucket2 = trace.tail_timing
-    assert trace.tail == "bucket2"  # the last gradient collective to complete: the mask carries none
-    assert bucket2.exposed_seconds_ci95 == pytest.approx([1.4, 1.6])  # 3 steps: their extremes
+    assert trace.tail == "bucket2"  # holds exposed time and ends last before the optimizer
+    assert bucket2.exposed_seconds_ci95 == pytest.approx([1.9, 2.1])  # 3 steps: their extremes
     # From backward's end: ready 9.8 - 10, launched 10 - 10, done 12.5 - 10.
     assert (bucket2.ready_seconds, bucket2.launch_seconds, bucket2.done_seconds) == pytest.approx((-0.2, 0.0, 2.5))
     assert trace.backward_start_seconds == pytest.approx(-6.0)
-    # The window is 3 s; the shares add up to 2.8 (1 + 1.5 + 0.3) and to 2.8 in each step.
-    assert trace.exposed_comm_seconds == pytest.approx(3.0)
-    assert trace.attributed_seconds == pytest.approx(2.8) and trace.attributed_seconds_ci95 == pytest.approx([2.8, 2.8])
+    # Communication alone [10, 12.5]; the shares add up to it; the window is the step's 15 s.
+    assert trace.exposed_comm_seconds == pytest.approx(2.5)
+    assert trace.attributed_seconds == pytest.approx(2.5) and trace.attributed_seconds_ci95 == pytest.approx([2.4, 2.6])
+    assert trace.window_seconds == pytest.approx(15.0) and trace.gpu_compute_seconds == pytest.approx(12.0)
+    assert trace.idle_seconds == pytest.approx(0.5) and trace.bound_by == "compute"
 
 
-def test_nothing_communicated_has_no_collective_figures():
-    assert collective_trace([[], []]) is None
+def test_a_step_that_communicates_nothing_still_says_what_bounds_it():
+    assert collective_trace([[], []]) is None  # nothing traced
     quiet = {**traced_step(12.5), "collectives": []}
-    assert collective_trace([[quiet], [quiet]]) is None
+    quiet["timeline"] = cpu_partition(quiet)
+    trace = collective_trace([[quiet], [quiet]])
+    assert trace.collectives == [] and trace.exposed_comm_seconds == 0.0 and trace.bound_by == "compute"
 
 
 def test_a_link_is_recovered_from_collectives_queued_on_one_channel():
@@ -80,7 +89,11 @@ def test_a_link_is_recovered_from_collectives_queued_on_one_channel():
         done += 2 * alpha + size / busbw
         timings.append(CollectiveTiming(f"bucket{index}", size, -1.0, -1.0, done, 0.0, [0.0, 0.0]))
     timings.append(CollectiveTiming("used_mask", 0, -0.5, -0.5, done + 0.1, 0.0, [0.0, 0.0]))  # no size: ignored
-    trace = CollectiveTrace(0, 3, "collective_records", -2.0, 0.0, [0.0, 0.0], 0.0, [0.0, 0.0], timings, "bucket2")
+    trace = CollectiveTrace(0, 3, "collective_records", -2.0, window_seconds=1.0, gpu_compute_seconds=1.0,
+                            other_steps_seconds=0.0, exposed_comm_seconds=0.0, exposed_comm_seconds_ci95=[0.0, 0.0],
+                            copy_only_seconds=0.0, idle_seconds=0.0, host_wait_seconds=0.0, comm_seconds=0.0,
+                            overlapped_comm_seconds=0.0, bound_by="compute", bound_by_rule="", attributed_seconds=0.0,
+                            attributed_seconds_ci95=[0.0, 0.0], collectives=timings, tail="bucket2")
     link = link_of_step(trace, world_size=2)
     assert link.latency_seconds == pytest.approx(alpha, rel=1e-6)
     assert link.busbw_bytes_per_second == pytest.approx(busbw, rel=1e-6)
@@ -95,21 +108,22 @@ def _bucketed_step(bucket2_dones: tuple[float, ...]):
 
 def test_the_report_names_the_tail_and_advises_only_where_it_is_exposed_beyond_doubt(tmp_path):
     exposed = _bucketed_step((12.5, 12.6, 12.4))
-    # In one of its steps bucket2 completes at 11, with bucket1: a share of 0, so its interval starts at 0.
+    # In one of its steps bucket2 completes as it starts, at 10: a share of 0, so its interval starts at 0.
     unresolved = synthetic.step(config("bucketed", bucket_size_mb=1.0, batch_size=4), [15.0] * 3, exposed=3.0,
                                 local_rounds=[11.0] * 3,
-                                traces=[[traced_step(done, optimizer_end=15.0) for done in (11.0, 12.5, 12.6)]] * 2)
+                                traces=[[traced_step(done, optimizer_end=15.0) for done in (10.0, 12.5, 12.6)]] * 2)
     path = write(tmp_path / "run.json", run_json([synthetic.step_benchmark(exposed), synthetic.step_benchmark(unresolved)]))
     report = write_report([path], tmp_path / "out").read_text()
     section = re.sub(" +", " ", report.split("## Collective by collective")[1].split("\n## ")[0])  # cells unpadded
-    assert "| batch 2, seq len 32 | bucketed 1 MiB | 4 | 3000.00 | 2800.00 [2800.00, 2800.00] | bucket2 (1 MiB): 1500.00 [1400.00, 1600.00] |" in section
+    assert ("| batch 2, seq len 32 | bucketed 1 MiB | 4 | 2500.00 | compute | 2500.00 [2400.00, 2600.00] | "
+            "bucket2 (1 MiB): 2000.00 [1900.00, 2100.00] |") in section
     # The detailed group is the heaviest (batch 4): its tail is listed with its times.
     assert "### Collectives of batch 4, seq len 32" in section
     assert "| bucket2 (tail) | 1 | -200.0 | 0.0 | 2500.0 |" in section
     advice = section.split("### What to change")[1]
     # Only the step whose tail's interval is above zero is advised on; one of the other's traced
     # steps saw its tail exposed for nothing ([0, ...]).
-    assert "| batch 2, seq len 32 | bucketed 1 MiB | bucket2: 1500.00 [1400.00, 1600.00] |" in advice
+    assert "| batch 2, seq len 32 | bucketed 1 MiB | bucket2: 2000.00 [1900.00, 2100.00] |" in advice
     assert "batch 4" not in advice
     row = next(line for line in advice.splitlines() if line.startswith("| batch 2"))
     advised = plan_advice(exposed, 11.0)
@@ -173,8 +187,8 @@ def test_the_profilers_collectives_pair_c10ds_calls_with_gloos_work_in_order():
     assert got == [("broadcast0", 0, pytest.approx(1.05), pytest.approx(1.06)),
                    ("bucket0", 100, pytest.approx(1.2), pytest.approx(1.3)),
                    ("bucket1", 200, pytest.approx(1.45), pytest.approx(1.55))]
-    # bucket1 completes 0.05 s into the 0.1 s exposed window: its share
-    shares = {s["label"]: s["exposed_seconds"] for s in collective_exposure(step)}
+    # bucket1 runs 0.05 s past backward's last gradient (1.5), alone: its share
+    shares = {c["label"]: c["exposed_seconds"] for c in cpu_partition(step)["collectives"]}
     assert shares == pytest.approx({"broadcast0": 0.0, "bucket0": 0.0, "bucket1": 0.05})
     (unplanned,) = cpu_steps_from_trace(PROFILED_EVENTS, [PROFILED_STEP], bucket_sizes_bytes=[100])  # another plan
     assert [c["label"] for c in unplanned["collectives"]] == ["broadcast0", "allreduce1", "allreduce2"]
@@ -194,5 +208,3 @@ def test_gloo_over_cuda_pairs_each_call_with_its_work_once_though_kineto_mirrors
 def test_collectives_the_profiler_cannot_pair_are_none_rather_than_wrong():
     (step,) = cpu_steps_from_trace(PROFILED_EVENTS[:-1], [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
     assert step["unpaired"] and step["collectives"] == []
-    # ranks that read none are passed over; none read anywhere: no figures
-    assert collective_trace([[step], [step]]) is None

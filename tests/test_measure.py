@@ -62,7 +62,8 @@ def test_record_takes_the_slowest_rank_of_each_round_and_pairs_local() -> None:
     assert record.local_round_seconds == [1.0, 2.0, 3.5]
     assert record.overhead_seconds == pytest.approx(1.0)  # median of 1.0, 1.0, 0.5
     assert record.rank_step_seconds == [2.0, 2.0]
-    assert record.exposed_comm_seconds == 1.0  # the slowest rank's wait: 0.5, 1.0, 1.0
+    assert record.sync_wait_seconds == 1.0  # the slowest rank's wait: 0.5, 1.0, 1.0
+    assert record.exposed_comm_seconds is None and record.bound_by is None  # nothing traced
     assert record.tokens_per_second == pytest.approx(2 * 2 * 8 / 3.0)
 
 

@@ -9,16 +9,10 @@ import json
 
 import pytest
 
-from ddp.analysis.overlap import (
-    covered_seconds,
-    covered_seconds_within,
-    rank_figures,
-    step_comm_figures,
-    strategy_summary,
-    union_intervals,
-)
+from ddp.analysis.overlap import rank_figures, strategy_summary
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.collectives.reading import collective_exposure, cuda_steps_from_trace, kernel_kind
+from ddp.bench.collectives.reading import cuda_steps_from_trace, kernel_kind
+from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, intersect, labelled, length, subtract, union
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_profile_summary
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
@@ -37,6 +31,7 @@ from tests.cuda_traces import (
     NCCL_2_19_ALL_REDUCE,
     OPTIMIZER,
     SYNC,
+    TRACE_OFFSET_US,
     collective,
     cuda_trace,
     step_record,
@@ -44,45 +39,59 @@ from tests.cuda_traces import (
 
 
 def test_union_merges_overlapping_and_touching_intervals_and_drops_empty_ones():
-    intervals = [(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (6.0, 7.0), (8.0, 8.0), (2.5, 2.75)]
-    assert union_intervals(intervals) == [(0.0, 3.0), (5.0, 7.0)]
-    assert covered_seconds(intervals) == pytest.approx(5.0)
-    assert covered_seconds([]) == 0.0
+    intervals = [(2.0, 3.0), (0.0, 1.0), (1.0, 2.5), (5.0, 7.0), (6.0, 6.5), (4.0, 4.0)]
+    assert union(intervals) == [(0.0, 3.0), (5.0, 7.0)]
+    assert length(union(intervals)) == pytest.approx(5.0)
+    assert length(union([])) == 0.0
 
 
-def test_covered_seconds_within_a_window_counts_each_instant_once():
-    intervals = [(0.0, 3.0), (1.0, 2.0), (5.0, 7.0)]
-    assert covered_seconds_within(intervals, (2.0, 6.0)) == pytest.approx(2.0)  # [2, 3] and [5, 6]
-    assert covered_seconds_within(intervals, (3.0, 5.0)) == 0.0
-    assert covered_seconds_within(intervals, (-1.0, 10.0)) == pytest.approx(5.0)
+def test_intersect_and_subtract_count_each_instant_once():
+    a, b = union([(0.0, 3.0), (5.0, 7.0)]), union([(2.0, 6.0)])
+    assert intersect(a, b) == [(2.0, 3.0), (5.0, 6.0)]
+    assert subtract(a, b) == [(0.0, 2.0), (6.0, 7.0)]
+    assert subtract(a, []) == a and intersect(a, []) == []
+    assert length(intersect(a, [(-1.0, 10.0)])) == pytest.approx(5.0)
 
 
-def test_step_figures_split_communication_at_the_end_of_backward_compute():
-    # backward called over [1, 4], its computation done at 3.5; collectives in flight over [2, 6]
-    # and [7, 8]; the optimizer starts at 8. The step waited from 3.5 to 8, gaps included.
-    step = step_record([0, 1], [1, 4], 3.5, [4, 8], [8, 9],
-                 [collective(2.0, 5.0), collective(3.0, 6.0), collective(7.0, 8.0)])
-    figures = step_comm_figures(step)
-    assert figures["overlapped_comm_seconds"] == pytest.approx(1.5)  # [2, 3.5]
-    assert figures["exposed_comm_seconds"] == pytest.approx(4.5)  # [3.5, 8]
-    assert figures["comm_seconds"] == pytest.approx(6.0)
+def with_timelines(steps: list[dict]) -> list[dict]:
+    """Recorded CPU steps with the partition the suite gives them (``cpu_partition``)."""
+    return [{**step, "timeline": cpu_partition(step)} for step in steps]
 
 
-def test_a_wait_inside_backward_is_exposed():
-    # PyTorch's DDP: backward() returns at 6 after waiting for its buckets from 3 (computation done)
-    # to 6; its collective records (gloo over CUDA) completed early, at 3. The step waited 3 s.
-    step = step_record([0, 1], [1, 6], 3.0, [6, 6], [6, 7], [collective(2.0, 3.0)])
-    figures = step_comm_figures(step)
-    assert figures["exposed_comm_seconds"] == pytest.approx(3.0)
-    assert figures["overlapped_comm_seconds"] == pytest.approx(1.0)
-    # the step adds up: forward + backward compute + exposed + optimizer
-    assert 1 + (3.0 - 1) + figures["exposed_comm_seconds"] + 1 == pytest.approx(7.0)
+def cuda_read(events: list[dict], steps: list[dict], plan=None) -> list[dict]:
+    """Recorded steps read against their CUDA trace, each with its timeline, as ``ddp profile``'s parent reads them."""
+    read = cuda_steps_from_trace(events, steps, plan)
+    return [{**step, "timeline": t} for step, t in zip(read, labelled(cuda_partitions(events, steps), read))]
+
+
+def test_the_cpu_partition_of_a_recorded_step_worked_by_hand():
+    # forward [0, 1], backward [1, 2] with its last gradient at 1.8, gradient_sync [2, 2.5],
+    # optimizer [2.5, 3]; collectives [1.2, 1.9] and [1.9, 2.4]. Compute: [0, 1.8] and [2.5, 3].
+    step = step_record([0, 1], [1, 2], 1.8, [2, 2.5], [2.5, 3],
+                       [dict(collective(1.2, 1.9), label="bucket0"), dict(collective(1.9, 2.4), label="bucket1")])
+    figures = cpu_partition(step)
+    assert figures["window_seconds"] == pytest.approx(3.0)
+    assert figures["gpu_compute_seconds"] == pytest.approx(2.3)
+    assert figures["comm_seconds"] == pytest.approx(1.2)  # [1.2, 2.4]
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)  # [1.2, 1.8]
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.6)  # [1.8, 2.4]
+    assert figures["idle_seconds"] == pytest.approx(0.1)  # [2.4, 2.5]: waiting on nothing
+    assert figures["copy_only_seconds"] == figures["other_steps_seconds"] == figures["host_wait_seconds"] == 0.0
+    assert [(c["label"], c["phase"]) for c in figures["collectives"]] == [("bucket0", "backward"), ("bucket1", "backward")]
+    assert [c["overlapped_seconds"] for c in figures["collectives"]] == pytest.approx([0.6, 0.0])
+    assert [c["exposed_seconds"] for c in figures["collectives"]] == pytest.approx([0.1, 0.5])
+    assert figures["tail"] == "bucket1" and figures["bound_by"] == "compute"
+    # naive's all-reduce, launched once backward has returned, is all exposed: bound by communication
+    # once it holds more of the window than the compute.
+    naive = cpu_partition(step_record([0, 1], [1, 2], 2.0, [2, 6], [6, 7], [collective(2.1, 6.0)]))
+    assert naive["exposed_comm_seconds"] == pytest.approx(3.9) and naive["bound_by"] == "communication"
+    assert naive["collectives"][0]["phase"] == "gradient_sync"
 
 
 def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
     hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 4.0, 8)])  # 3 s, all hidden
     exposed = step_record([5, 6], [6, 7], 7, [7, 8], [8, 9], [collective(7.0, 8.0, 8)])  # 1 s, all exposed
-    figures = rank_figures([hidden, exposed])
+    figures = rank_figures(with_timelines([hidden, exposed]))
     assert figures["comm_seconds"] == pytest.approx(2.0)
     assert figures["exposed_comm_seconds"] == pytest.approx(0.5)
     assert figures["overlap_fraction"] == pytest.approx(0.75)  # 3 of 4 s, not the mean of 1 and 0
@@ -91,13 +100,13 @@ def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
 
 
 def test_no_communication_has_no_overlap_fraction():
-    figures = rank_figures([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])
-    assert figures["comm_seconds"] == 0.0 and figures["overlap_fraction"] is None
+    figures = rank_figures(with_timelines([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))
+    assert figures["comm_seconds"] == 0.0 and figures["overlap_fraction"] is None and figures["bound_by"] == "compute"
 
 
 def test_summary_reports_the_slowest_rank():
-    fast = {"rank": 0, "trace_file": "t0", "steps": [step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(2, 3)])]}
-    slow = {"rank": 1, "trace_file": "t1", "steps": [step_record([0, 1], [1, 3], 3, [3, 4], [4, 6], [collective(2, 4)])]}
+    fast = {"rank": 0, "trace_file": "t0", "steps": with_timelines([step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(2, 3)])])}
+    slow = {"rank": 1, "trace_file": "t1", "steps": with_timelines([step_record([0, 1], [1, 3], 3, [3, 4], [4, 6], [collective(2, 4)])])}
     summary = strategy_summary([fast, slow])
     assert summary["slowest_rank"] == 1
     assert summary["step_seconds"] == pytest.approx(6.0)
@@ -156,7 +165,8 @@ def test_cuda_intervals_come_from_kernels_by_launch_range():
     assert step["optimizer"] == pytest.approx([3.7, 3.9])
     assert [c["launch_seconds"] for c in step["collectives"]] == pytest.approx([2.6])
     assert [c["done_seconds"] for c in step["collectives"]] == pytest.approx([3.6])
-    assert step_comm_figures(step)["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
+    (read,) = cuda_read(events, [cpu])
+    assert read["timeline"]["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
 
 
 def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
@@ -185,12 +195,18 @@ def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
     assert step["backward"] == pytest.approx([2.5, 3.4])
     assert step["backward_compute_end"] == pytest.approx(3.4)
     assert step["optimizer"] == pytest.approx([3.7, 3.9])
-    figures = rank_figures([step])
-    assert figures["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
-    # The GPU waited from backward's last compute kernel (3.4) to the optimizer's first (3.7).
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.3)
-    assert figures["comm_seconds"] == pytest.approx(1.1)
-    assert figures["overlap_fraction"] == pytest.approx(0.8 / 1.1)
+    figures = rank_figures(cuda_read(events, [cpu]))
+    # The kernel runs [2.6, 3.6]; compute kernels [2.5, 3.0] and [3.2, 3.4] beside it.
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.4)  # [3.0, 3.2] and [3.4, 3.6]
+    assert figures["comm_seconds"] == pytest.approx(1.0)
+    assert figures["overlap_fraction"] == pytest.approx(0.6)
+    # The window [1.6, 3.9]: compute 1.7, the memcpy alone [3.6, 3.7], idle [2.4, 2.5] (not a host
+    # wait: the next kernel was launched at 2.1); the sync event is no GPU work.
+    assert figures["window_seconds"] == pytest.approx(2.3)
+    assert figures["gpu_compute_seconds"] == pytest.approx(1.7)
+    assert figures["copy_only_seconds"] == pytest.approx(0.1)
+    assert figures["idle_seconds"] == pytest.approx(0.1) and figures["host_wait_seconds"] == 0.0
     # What the strategy launched, from the record, though the times came from the kernel.
     assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 1024
     assert figures["comm_source"] == "nccl_kernels"
@@ -221,13 +237,17 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
     assert step["backward"] == pytest.approx([2.5, 3.1])
     assert step["backward_compute_end"] == pytest.approx(3.1)
     assert step["gradient_sync"] == [3.0, 3.5]  # the copies back are not compute: keeps its CPU span
-    figures = rank_figures([step])
-    assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)  # [2.5, 3.1], the kernels' window
-    # Backward's last compute kernel ends at 3.1, the optimizer's first starts at 3.7: the copies
-    # back and the wait for them are exposed.
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.6)
-    assert figures["comm_seconds"] == pytest.approx(1.2)
-    assert figures["overlap_fraction"] == pytest.approx(0.5)
+    # gloo's work on its thread, as the profiler records it: the communication on the host.
+    events += [{"cat": "cpu_op", "name": "gloo:all_reduce", "ph": "X", "pid": 1, "tid": 9, "ts": at * 1e6 + TRACE_OFFSET_US,
+                "dur": 0.6e6} for at in (2.55, 2.8)]
+    (read,) = cuda_read(events, [cpu])
+    assert read["timeline"]["comm_source"] == "gloo_ranges"
+    assert [c["label"] for c in read["timeline"]["collectives"]] == ["bucket0", "bucket1"]
+    figures = rank_figures([read])
+    assert figures["comm_seconds"] == pytest.approx(0.85)  # [2.55, 3.4]
+    assert figures["overlapped_comm_seconds"] == pytest.approx(0.55)  # beside the kernels of [2.5, 3.1]
+    assert figures["exposed_comm_seconds"] == pytest.approx(0.3)
+    assert figures["overlap_fraction"] == pytest.approx(0.55 / 0.85)
     assert figures["collectives_per_step"] == 2 and figures["comm_bytes_per_step"] == 6144
     assert figures["comm_source"] == "collective_records"
 
@@ -246,19 +266,18 @@ def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
     assert step["comm_source"] == "collective_records"
     assert step["collectives"] == [record]
     assert step["backward"] == pytest.approx([2.5, 3.0])  # not to 3.05, the copy's end
-    figures = rank_figures([step])
-    assert figures["overlapped_comm_seconds"] == pytest.approx(0.05)  # [2.95, 3.0]
-    # The copy ends at 3.05, but the optimizer's first kernel starts at 3.7: the GPU waited for the
-    # host to finish synchronizing, and that is exposed too.
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.7)
-    assert figures["overlap_fraction"] == pytest.approx(0.05 / 0.75)
+    figures = rank_figures(cuda_read(events, [cpu]))
+    # Nothing communicated on the GPU: no communication, exposed or not (the wait for the host
+    # before the optimizer is idle, not communication).
+    assert figures["comm_seconds"] == figures["exposed_comm_seconds"] == 0.0 and figures["overlap_fraction"] is None
+    assert figures["copy_only_seconds"] == pytest.approx(0.05)  # [3.0, 3.05]
     assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 512
 
 
 def test_summary_says_where_communication_times_came_from():
     def rank(rank_id, sources, step_end):
-        steps = [{**step_record([0, 1], [1, 2], 2, [2, 3], [3, step_end], [collective(1.5, 2.5)]), "comm_source": source}
-                 for source in sources]
+        steps = with_timelines([{**step_record([0, 1], [1, 2], 2, [2, 3], [3, step_end], [collective(1.5, 2.5)]),
+                                 "comm_source": source} for source in sources])
         return {"rank": rank_id, "trace_file": f"t{rank_id}", "steps": steps}
 
     summary = strategy_summary([rank(0, ["nccl_kernels"] * 2, 4), rank(1, ["collective_records"] * 2, 5)])
@@ -267,7 +286,7 @@ def test_summary_says_where_communication_times_came_from():
     summary = strategy_summary([rank(0, ["nccl_kernels", "collective_records"], 4)])
     assert summary["comm_source"] == "mixed"
     # Steps of the CPU path carry no comm_source: their collectives are the records.
-    cpu_steps = [step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(1.5, 2.5)])]
+    cpu_steps = with_timelines([step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(1.5, 2.5)])])
     assert rank_figures(cpu_steps)["comm_source"] == "collective_records"
 
 
@@ -331,25 +350,22 @@ def test_the_nccl_branch_of_the_profile_check_on_recorded_cuda_traces(tmp_path):
     check_naive_exposed_and_overlap_hidden(summary, profiled_from("nccl", 2))
 
 
-def test_each_collective_holds_its_share_of_the_exposed_window_and_the_tail_is_named():
-    # backward's computation done at 3; the optimizer starts at 8. Collectives a, b, c complete at
-    # 2.5 (hidden behind backward), 5 and 7.5: the step waits 3 -> 5 for b, 5 -> 7.5 for c, and
-    # 7.5 -> 8 for no collective (copies back).
+def test_each_collective_holds_its_share_of_the_exposed_communication_and_the_tail_is_named():
+    # Compute [0, 3] and [8, 9]; collectives a [1, 2.5], b [2, 5], c [4, 7.5]. Where two run at once
+    # each holds half: b alone [3, 4], b and c [4, 5], c alone [5, 7.5].
     collectives = [dict(collective(1.0, 2.5), label="a"), dict(collective(2.0, 5.0), label="b"),
                    dict(collective(4.0, 7.5, 16), label="c")]
     step = step_record([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
-    shares = {s["label"]: s["exposed_seconds"] for s in collective_exposure(step)}
-    assert shares == pytest.approx({"a": 0.0, "b": 2.0, "c": 2.5})
-    figures = rank_figures([step, step])
-    assert figures["collective_exposed_seconds"] == pytest.approx({"a": 0.0, "b": 2.0, "c": 2.5})
-    assert figures["tail"] == "c"
-    assert figures["unattributed_exposed_seconds"] == pytest.approx(0.5)
-    # the shares and what no collective accounts for add up to the step's exposed communication
-    assert sum(shares.values()) + figures["unattributed_exposed_seconds"] == pytest.approx(step_comm_figures(step)["exposed_comm_seconds"])
-    # The tail is the gradient collective that completed last, exposed or not; the used mask is none.
-    masked = step_record([0, 1], [1, 3], 3.0, [3, 8], [8, 9], [*collectives, dict(collective(3.0, 7.8, 4), label="used_mask")])
-    assert rank_figures([masked])["tail"] == "c"
+    timeline = cpu_partition(step)
+    shares = {c["label"]: c["exposed_seconds"] for c in timeline["collectives"]}
+    assert shares == pytest.approx({"a": 0.0, "b": 1.5, "c": 3.0})
+    assert {c["label"]: c["overlapped_seconds"] for c in timeline["collectives"]} == pytest.approx({"a": 1.25, "b": 0.75, "c": 0.0})
+    figures = rank_figures(with_timelines([step, step]))
+    assert figures["collective_exposed_seconds"] == pytest.approx(shares)
+    assert figures["tail"] == "c"  # the last to end among those holding exposed time
+    assert figures["unattributed_exposed_seconds"] == pytest.approx(0.0)
+    assert sum(shares.values()) == pytest.approx(timeline["exposed_comm_seconds"])
     hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 3.0)])
-    figures = rank_figures([hidden])
-    assert figures["tail"] == "c" and figures["collective_exposed_seconds"] == {"c": 0.0}
-    assert rank_figures([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])])["tail"] is None  # nothing launched
+    figures = rank_figures(with_timelines([hidden]))
+    assert figures["tail"] is None and figures["collective_exposed_seconds"] == {"c": 0.0}  # nothing waited for
+    assert rank_figures(with_timelines([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))["tail"] is None

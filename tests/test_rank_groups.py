@@ -25,7 +25,7 @@ STEP = StepConfig("bucketed", "tiny", batch_size=2, seq_len=16, bucket_size_mb=1
 @dataclass(frozen=True)
 class Timing:
     step_seconds: float
-    exposed_comm_seconds: float = 0.0
+    sync_wait_seconds: float = 0.0
     peak_memory_bytes: int | None = None
 
     @property

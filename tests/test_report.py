@@ -33,6 +33,17 @@ from tests.synthetic import MIB, allreduce_benchmark, config, race_benchmark, ru
 TOTAL_BYTES = 5 * MIB // 2  # 2.5 MiB of gradients
 
 
+def traced(step_ms: float, comm_ms: float) -> dict:
+    """A traced step of ``step_ms`` whose one collective runs alone for ``comm_ms`` once backward's
+    computation is done (none where ``comm_ms`` is 0), times in seconds."""
+    step, comm = step_ms / 1e3, comm_ms / 1e3
+    end = step - comm - 0.01  # backward's last gradient; the optimizer takes the last 10 ms
+    collectives = [{"label": "bucket0", "size_bytes": MIB, "ready_seconds": end, "launch_seconds": end,
+                    "done_seconds": end + comm}] if comm_ms else []
+    return {"forward": [0.0, end / 2], "backward": [end / 2, end], "backward_compute_end": end,
+            "gradient_sync": [end, end + comm], "optimizer": [end + comm, step], "collectives": collectives}
+
+
 def step_bench(strategy, step_ms, comm_ms, *, bucket_mb=None, sizes=None, batch=2, seq=32, rounds_ms=None, local_ms=None,
                memory=None, num_parameters=TOTAL_BYTES // 4):  # fmt: skip
     """A step benchmark as perf_tests/test_step.py saves it: ``rounds_ms`` defaults to three rounds
@@ -41,7 +52,7 @@ def step_bench(strategy, step_ms, comm_ms, *, bucket_mb=None, sizes=None, batch=
     local = None if local_ms is None else [local_ms / 1e3] * len(rounds)
     record = synthetic.step(config(strategy, batch_size=batch, seq_len=seq, bucket_size_mb=bucket_mb), rounds,
                             exposed=comm_ms / 1e3, local_rounds=local, bucket_sizes=sizes, memory=memory,
-                            num_parameters=num_parameters)
+                            num_parameters=num_parameters, traces=[[traced(step_ms, comm_ms)] * 3] * 2)
     assert record.step_seconds == pytest.approx(step_ms / 1e3), "rounds_ms must have median step_ms"
     return synthetic.step_benchmark(record)
 
@@ -122,7 +133,7 @@ def test_benchmarks_are_told_apart_by_extra_info_not_by_name(tmp_path):
     assert [o.name for o in run.others] == ["test_step[versus]"]
 
 
-@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (7, "upgrade ddp-bench")])
+@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (8, "upgrade ddp-bench")])
 def test_a_run_of_another_schema_is_refused_in_one_line_naming_its_version(tmp_path, version, what):
     bench = step_bench("naive", 200.0, 80.0)
     bench["extra_info"]["schema_version"] = version
@@ -133,6 +144,19 @@ def test_a_run_of_another_schema_is_refused_in_one_line_naming_its_version(tmp_p
     assert f"this ddp-bench reads schema {SCHEMA_VERSION}" in message and what in message
 
 
+def test_a_run_of_schema_6_is_migrated_its_timed_wait_not_read_as_exposed_communication(tmp_path):
+    bench = step_bench("naive", 200.0, 80.0)
+    info = bench["extra_info"]
+    info["exposed_comm_fraction"], info["exposed_comm_fraction_ci95"] = info.pop("sync_wait_fraction"), info.pop("sync_wait_fraction_ci95")
+    for key in ("sync_wait_seconds", "exposed_comm_seconds", "bound_by", "migrated_from"):
+        info.pop(key)
+    info.update(schema_version=6, exposed_comm_seconds=0.08)  # schema 6 saved the timed wait under this name
+    (step,) = load_run(write(tmp_path / "old.json", run_json([bench]))).steps
+    assert step.migrated_from == 6 and step.schema_version == SCHEMA_VERSION
+    assert step.sync_wait_seconds == 0.08 and step.sync_wait_fraction == pytest.approx(0.4)
+    assert step.exposed_comm_seconds is None and step.bound_by is None and step.collectives is None
+
+
 def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, tmp_path):
     out = tmp_path / "report"
     report = write_report([baseline], out).read_text()
@@ -140,7 +164,7 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     assert "1.05x faster than torch 100 MiB (115.00 ms, 5.00 ms less per step)" in report
     assert "1.82x faster than naive (200.00 ms, 90.00 ms less per step)" in report
     assert "not resolved" not in report.split("## Commentary")[1].split("\n## ")[0]
-    assert "naive at batch 2, seq len 32 waits 80.00 ms per step for its gradients (40.0% of the step)" in report
+    assert "naive at batch 2, seq len 32 communicates 80.00 ms per step with no compute beside it (40.0% of the step)" in report
     assert "**2 bucket(s)** for 2.5 MiB of gradients (total / cap = 3)" in report
     assert "1 bucket(s) hold a single tensor larger than the cap" in report
     assert "Fewer than total / cap: some buckets hold more than the cap" in report
@@ -155,7 +179,8 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     assert table_row(report, "gloo", "2", "10") == ["gloo", "2", "10", "50.000", "0.210", "0.210", "0"]
     assert "Noise warning" not in report
     images = sorted(p.name for p in out.glob("*.png"))
-    assert images == ["report_allreduce.png", "report_compute_vs_comm.png", "report_step_vs_bucket_seq32.png"]
+    assert images == ["report_allreduce.png", "report_collective_timeline.png", "report_compute_vs_comm.png",
+                      "report_step_vs_bucket_seq32.png"]  # the traced steps give the collectives' timeline
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name})" in report

@@ -20,6 +20,7 @@ from pytest_benchmark.logger import Logger
 from pytest_benchmark.plugin import pytest_benchmark_group_stats
 from pytest_benchmark.storage.file import FileStorage
 
+from ddp.bench.collectives.timeline import BOUND_BY
 from ddp.bench.results.records import StepRecord
 from ddp.launcher import TORCHRUN_ENVIRONMENT as ENVIRONMENT
 
@@ -72,7 +73,7 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
         assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["config"]["model"] == "tiny"
         assert len(extra["rank_step_seconds"]) == 2
         assert extra["round_groups"] == [0] * len(extra["round_seconds"])  # the torchrun job is one group of ranks
-        assert 0 <= extra["exposed_comm_seconds"] <= bench["stats"]["max"]
+        assert 0 <= extra["exposed_comm_seconds"] <= bench["stats"]["max"] and extra["bound_by"] in BOUND_BY
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
     buckets = {b["extra_info"]["config"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
     assert buckets[1.0] == 1 and buckets[0.1] > 1, f"tiny has 1 MB of gradients; got bucket counts {buckets}"

@@ -79,7 +79,7 @@ def traced_so_far(rank: Rank) -> int:
 
 def test_a_grid_traces_on_its_tracer_and_never_on_the_ranks_it_times(rank_group):
     """The grid's traced steps run on the tracer's ranks, the timed rounds on the timing ranks, and
-    the benchmark that communicates still gets its collectives (``local`` is not traced)."""
+    the benchmark that communicates still gets its collectives, and ``local`` its partition."""
     with RankGroup(rank_group.world_size, rank_group.backend, rank_group.device) as tracer:
         for ranks in (tracer, rank_group):
             ranks.run(count_traced_steps)
@@ -87,7 +87,9 @@ def test_a_grid_traces_on_its_tracer_and_never_on_the_ranks_it_times(rank_group)
         policy = RoundOptions(3, 3, 1, 1.0, float("inf"), traced_steps=4)
         measurement, index, twin = GridMeasurer(rank_group, configs, policy, "local", tracer=tracer).measurement(configs[1])
         free(rank_group)
-        assert tracer.run(traced_so_far) == [4] * tracer.world_size
+        assert tracer.run(traced_so_far) == [8] * tracer.world_size  # 4 of local, 4 of bucketed
         assert rank_group.run(traced_so_far) == [0] * rank_group.world_size
-    assert len(measurement.rounds) == 3 and measurement.traces[twin] == [[]] * rank_group.world_size
+    assert len(measurement.rounds) == 3
+    assert all(len(steps) == 4 and not steps[0]["collectives"] and steps[0]["timeline"]["bound_by"] == "compute"
+               for steps in measurement.traces[twin])
     assert all(len(steps) == 4 and steps[0]["collectives"] for steps in measurement.traces[index])

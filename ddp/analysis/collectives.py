@@ -43,8 +43,8 @@ def tail_resolved(step: StepRecord) -> bool:
 
 
 def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
-    """A row per traced step: its exposed communication (timed rounds) beside the collectives'
-    shares added up (traced steps), the tail and the collective exposed the most."""
+    """A row per traced step: its exposed communication and what bounds it beside the
+    collectives' shares added up (traced steps), the tail and the collective exposed the most."""
     with_model = several_models(steps)
     rows = []
     for s in with_collectives(steps):
@@ -52,12 +52,13 @@ def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
         tail, top = trace.tail_timing, most_exposed(s)
         rows.append([
             s.group.group_label(with_model), s.label, len(trace.collectives),
-            f"{ms(s.exposed_comm_seconds)}", f"{ms(trace.attributed_seconds)} {interval_ms(trace.attributed_seconds_ci95)}",
+            f"{ms(s.exposed_comm_seconds)}", trace.bound_by,
+            f"{ms(trace.attributed_seconds)} {interval_ms(trace.attributed_seconds_ci95)}",
             "" if tail is None else f"{tail.label} ({mib(tail.size_bytes)} MiB): {ms(tail.exposed_seconds)} "
                                     f"{interval_ms(tail.exposed_seconds_ci95)}",
             f"{top.label}: {ms(top.exposed_seconds)}",
         ])
-    headers = ["configuration", "strategy", "collectives", "exposed comm, timed (ms)", "shares added up (ms) [95%]",
+    headers = ["configuration", "strategy", "collectives", "exposed comm (ms)", "bound by", "shares added up (ms) [95%]",
                "tail: exposed (ms) [95%]", "exposed the most (ms)"]
     return rows, headers
 

@@ -17,6 +17,7 @@ from ddp.analysis.figures import (
     winners,
 )
 from ddp.analysis.tables import mib, ms, pct
+from ddp.bench.collectives.timeline import BOUND_BY_RULE
 from ddp.bench.results.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
 from ddp.strategies.registry import FLOOR, traits
@@ -126,23 +127,26 @@ def commentary_section(run: Run) -> list[str]:
         lines += [f"Fastest data-parallel strategy per configuration: {tally}.", ""]
         lines += [f"- {winner_sentence(win, with_model)}" for win in wins]
         lines.append("")
-    exposed = [s for s in steps if s.strategy != FLOOR]
+    exposed = [s for s in steps if s.strategy != FLOOR and s.exposed_comm_seconds is not None]
     if exposed:
         worst = max(exposed, key=lambda s: s.exposed_comm_seconds)
         share = max(exposed, key=lambda s: s.exposed_comm_fraction)
         text = (
-            f"Largest exposed communication: {worst.label} at {worst.group.group_label(with_model)} waits "
-            f"{ms(worst.exposed_comm_seconds)} ms per step for its gradients ({pct(worst.exposed_comm_fraction)} of the step)"
+            f"Largest exposed communication: {worst.label} at {worst.group.group_label(with_model)} communicates "
+            f"{ms(worst.exposed_comm_seconds)} ms per step with no compute beside it ({pct(worst.exposed_comm_fraction)} of the step)"
         )
         if share is not worst:
             text += (
                 f"; the largest share is {share.label} at "
                 f"{share.group.group_label(with_model)}: {pct(share.exposed_comm_fraction)} ({ms(share.exposed_comm_seconds)} ms)"
             )
-        local = [s.exposed_comm_seconds for s in steps if s.strategy == FLOOR]
-        if local:
-            text += f". `local`, with nothing to wait for, measures up to {ms(max(local))} ms: the floor of this figure"
         lines += [text + ".", ""]
+    host = [s for s in steps if s.bound_by == "host"]
+    if host:
+        lines += [f"Bound by the host ({len(host)} of {len(steps)} steps: {', '.join(sorted({s.label for s in host}))}), by "
+                  f"the rule: {BOUND_BY_RULE}. Their step times, MFU and differences between strategies measure how fast "
+                  "the host launches work, not the device: grow the batch or the sequence, or cut the host's work per step "
+                  "(CUDA graphs, torch.compile), before reading them as the device's.", ""]
     plans = bucket_plans(steps)
     if plans:
         lines += [

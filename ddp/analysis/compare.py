@@ -422,6 +422,12 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
         warnings.append(f"WARNING: the runs come from different machines or setups ({facts}): the ratios measure the "
                         "machine as much as the code")
     rows = compare(old, new, threshold)
+    migrated = sorted({f"{run.path.name} (schema {s.migrated_from})" for run in (old, new) for s in run.steps
+                       if s.migrated_from is not None})
+    if migrated:
+        warnings.append(f"NOTE: {', '.join(migrated)} saved before schema 7: a step's exposed communication there was the timed "
+                        "wait for gradients, now sync_wait_seconds, and is not compared with exposed_comm_seconds (the "
+                        "traced steps' communication alone); step times compare as before")
     one_group = [r.name for r in rows if r.decision is not None and r.decision.groups[0] < 2
                  and r.basis != MACHINE_REFERENCE]
     if one_group:

@@ -460,7 +460,7 @@ def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[Val
         rows.append(ValidationRecord(
             strategy=config.strategy, bucket_size_mb=config.bucket_size_mb, batch_size=config.batch_size, seq_len=config.seq_len,
             measured_step_seconds=measured, predicted_step_seconds=predicted.step_seconds,
-            error=predicted.step_seconds / measured - 1.0, measured_exposed_comm_seconds=step.exposed_comm_seconds,
+            error=predicted.step_seconds / measured - 1.0, measured_exposed_comm_seconds=step.waited_seconds,
             predicted_exposed_comm_seconds=predicted.exposed_comm_seconds,
         ))
     return rows

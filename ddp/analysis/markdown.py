@@ -41,6 +41,7 @@ from ddp.analysis.sharding import (
     peak_memory_rows,
 )
 from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
+from ddp.bench.collectives.timeline import BOUND_BY_RULE
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.bench.results.records import Run, RunFileError, StepRecord, load_run
 from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
@@ -87,7 +88,7 @@ def _pivot(steps: list[StepRecord], cell) -> tuple[list, list[str]]:
 def step_section(run: Run) -> list[str]:
     steps = run.steps
     time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}")
-    share_rows, _ = _pivot(steps, lambda s: f"{pct(s.exposed_comm_fraction)} ({ms(s.exposed_comm_seconds)} ms)")
+    share_rows, _ = _pivot(steps, exposed_cell)
     world = sorted({s.world_size for s in steps})
     return [
         f"## Time per step ({', '.join(map(str, world))} ranks; batch is per rank)",
@@ -96,19 +97,34 @@ def step_section(run: Run) -> list[str]:
         "",
         _table(time_rows, headers),
         "",
-        "Exposed communication: the slowest rank's wait from the end of backward's computation to gradients "
-        f"synchronized, as a share of its step (and in ms). For `{FLOOR}` it is the floor of the measurement.",
+        "Exposed communication: the step's communication with no compute beside it, from its traced steps "
+        "(`ddp.bench.collectives.timeline`), as a share of its step (and in ms), and what bounds the step by "
+        f"the rule `{BOUND_BY_RULE}`. Where nothing was traced (a run saved before schema 7), the timed wait for "
+        "gradients instead, so marked.",
         "",
         _table(share_rows, headers),
         "",
     ]
 
 
+def exposed_cell(step: StepRecord) -> str:
+    """A step's exposed communication and what bounds it; its timed wait where nothing was traced."""
+    if step.exposed_comm_seconds is None:
+        return f"wait {ms(step.sync_wait_seconds)} ms (not traced)"
+    return f"{pct(step.exposed_comm_fraction)} ({ms(step.exposed_comm_seconds)} ms), {bound_label(step)}"
+
+
+def bound_label(step: StepRecord) -> str:
+    """``bound by host`` and the like: what a figure of the step measures; empty where not traced."""
+    return "" if step.bound_by is None else f"bound by {step.bound_by}"
+
+
 def _tflops(step: StepRecord) -> str:
     if step.achieved_tflops is None:
         return ""
     mfu = "MFU -" if step.mfu is None else f"MFU {pct(step.mfu)}"
-    return f"{step.achieved_tflops:.3g} ({mfu})"
+    bound = f", {bound_label(step)}" if step.bound_by is not None else ""
+    return f"{step.achieved_tflops:.3g} ({mfu}{bound})"
 
 
 def flops_section(run: Run) -> list[str]:
@@ -125,7 +141,8 @@ def flops_section(run: Run) -> list[str]:
         "Model TFLOP/s per device: FLOPs per token (6 x matmul weights + 12 x layers x d_model x seq len, "
         f"forward and backward: {per_token}) x batch x seq len / step time. MFU divides by the device's dense peak "
         "in the step's precision (`ddp.bench.results.flops.PEAK_TFLOPS`)"
-        + (f"; none is known for {', '.join(unknown)}, so MFU is not given there." if unknown else "."),
+        + (f"; none is known for {', '.join(unknown)}, so MFU is not given there." if unknown else ".")
+        + " A step bound by the host measures the host's launches, not the device: its MFU is no device's.",
         "",
         _table(rows, headers),
         "",
@@ -183,11 +200,11 @@ def variant_section(run: Run) -> list[str]:
             for variant in variants:
                 s = by.get((label, variant))
                 o = overhead.get(id(s)) if s is not None else None
-                row += ["", "", ""] if s is None else [
+                row += ["", "", "", ""] if s is None else [
                     ms(s.step_seconds), "" if o is None else ms(o.extra_seconds),
-                    "" if s.strategy == FLOOR else ms(s.exposed_comm_seconds)]
+                    "" if s.strategy == FLOOR else ms(s.exposed_comm_seconds), s.bound_by or ""]
             rows.append(row)
-        headers = ["strategy"] + [f"{v}: {what}" for v in variants for what in ("step", "over local", "exposed comm")]
+        headers = ["strategy"] + [f"{v}: {what}" for v in variants for what in ("step", "over local", "exposed comm", "bound by")]
         lines += [f"**{_workload_label(here[0], with_model)}**", "", _table(rows, headers), ""]
         for variant in variants:
             ranked = sorted((s for s in here if s.config.variant == variant and s.strategy != FLOOR), key=lambda s: s.step_seconds)

@@ -134,7 +134,7 @@ def plot_compute_vs_comm(run: Run, path: Path) -> Path | None:
         steps = sorted_steps([s for s in run.steps if s.group == key])
         labels = [s.label for s in steps]
         compute = [s.compute_seconds * 1e3 for s in steps]
-        comm = [s.exposed_comm_seconds * 1e3 for s in steps]
+        comm = [s.waited_seconds * 1e3 for s in steps]
         ax.bar(labels, compute, color="C0", label="compute (step - exposed communication)")
         ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication")
         ax.set_title(key.group_label(with_model))

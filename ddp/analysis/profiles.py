@@ -11,21 +11,26 @@ from pathlib import Path
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, strategy_summary, timeline_record
 from ddp.bench.collectives.reading import cuda_steps_from_trace
+from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, labelled
 from ddp.bench.results.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
 
 
 def read_traces(rank_records: list[dict]) -> list[dict]:
-    """Each rank's record with its steps read against its trace: GPU intervals on CUDA; on the CPU,
-    the collectives added to the trace as a track of their own."""
+    """Each rank's record with its steps read against its trace, each with its ``timeline``: GPU
+    intervals and the GPU's timeline on CUDA; on the CPU, the recorded phases and collectives,
+    which are added to the trace as a track of their own."""
     records = []
     for record in rank_records:
         path = Path(record["trace_file"])
         trace = json.loads(path.read_text())
         if record["device"].startswith("cuda"):
-            record = {**record, "steps": cuda_steps_from_trace(trace["traceEvents"], record["steps"])}
+            steps = cuda_steps_from_trace(trace["traceEvents"], record["steps"])
+            timelines = labelled(cuda_partitions(trace["traceEvents"], record["steps"]), steps)
+            record = {**record, "steps": [{**step, "timeline": t} for step, t in zip(steps, timelines)]}
         else:
             add_collective_track(trace, record["steps"])
             path.write_text(json.dumps(trace))
+            record = {**record, "steps": [{**step, "timeline": cpu_partition(step)} for step in record["steps"]]}
         records.append(record)
     return records
 

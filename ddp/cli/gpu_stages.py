@@ -21,10 +21,12 @@ What each stage holds the suite to on one GPU (docs/gpu-first-run.md has the fir
   is within 10% of the predicted one.
 - ``oom``: a step that takes every byte there is runs out of memory for real and is skipped with
   its figures; the next configuration, xl, runs on the same ranks with the memory back.
-- ``traced``: the traced collectives on CUDA (2 gloo ranks over CUDA tensors: each bucket named,
-  shares within the exposed window, a tail); the timed rounds after a tracer's traced steps against
-  those before (not slower), beside the after-effect of tracing in the timing ranks themselves
-  (reported); at world size 1 with NCCL, no strategy launches an NCCL kernel.
+- ``traced``: the traced steps on CUDA (2 gloo ranks over CUDA tensors), ``local`` included: each
+  step's window partitioned (``ddp.bench.collectives.timeline``) into parts that add up to it, each
+  bucket named, the shares adding up to the exposed communication, a tail, what bounds the step;
+  the timed rounds after a tracer's traced steps against those before (not slower), beside the
+  after-effect of tracing in the timing ranks themselves (reported); at world size 1 with NCCL, no
+  strategy launches an NCCL kernel, the partition adds up and the collectives without a kernel are named.
 - ``compile``: ``--compile on`` for xl with ``bucketed`` and ``torch``: both compile and run.
 - ``correctness-gloo-cuda``, ``correctness-nccl``: the correctness suite with 2 gloo ranks over
   CUDA tensors and with one NCCL rank, cut to what fits the budget (``LEFT_OUT`` says what not).
@@ -39,13 +41,16 @@ import statistics
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ddp.analysis.profiles import read_traces
 from ddp.bench.collectives.reading import kernel_kind
+from ddp.bench.collectives.timeline import PARTS
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import HEADROOM, largest_batch, predict, size_text
@@ -268,15 +273,25 @@ def traced(target: Target, out: Path, suite: Path) -> str:
     figures = []
     with target.ranks(2) as timing, target.ranks(2) as tracer:
         measurer = GridMeasurer(timing, configs, policy, FLOOR, tracer=tracer)
-        for config in configs[1:]:
+        for config in configs:
             measurement, index, _ = measurer.measurement(config)
+            for rank_steps in measurement.traces[index]:
+                for step in rank_steps:
+                    target.check(adds_up(step["timeline"]), f"{config.strategy}: parts of a traced step's window do not add "
+                                 f"up: {_parts(step['timeline'])}")
             trace_record = collective_trace(measurement.traces[index])
+            if config.strategy == FLOOR:
+                target.check(trace_record.comm_seconds == 0.0, f"local: {trace_record.comm_seconds} s of communication")
+                figures.append(f"local: bound by {trace_record.bound_by}, {_parts(dataclasses.asdict(trace_record))}")
+                continue
             plan = measurement.setups[index][0].bucket_sizes_bytes
             labels = [c.label for c in trace_record.collectives]
             buckets = [label for label in labels if label.startswith("bucket")]
-            shown = f"{config.strategy}: {', '.join(labels)} from {trace_record.comm_source}, tail {trace_record.tail}"
+            shown = (f"{config.strategy}: {', '.join(labels)} from {trace_record.comm_source}, tail {trace_record.tail}, "
+                     f"bound by {trace_record.bound_by}, {_parts(dataclasses.asdict(trace_record))}")
             target.check(len(buckets) == len(plan) and trace_record.tail in buckets, f"{shown}; plan of {len(plan)} buckets")
-            target.check(trace_record.attributed_seconds <= trace_record.exposed_comm_seconds + 1e-3, f"{shown}: shares beyond the window")
+            target.check(abs(trace_record.attributed_seconds - trace_record.exposed_comm_seconds) <= 1e-3,
+                         f"{shown}: the collectives' shares do not add up to the exposed communication")
             figures.append(shown)
         # bucketed's timed rounds before and after a trace of torch, whose traced steps run the
         # profiler with CUDA activity (PyTorch's reducer records nothing itself): on the tracer's
@@ -315,7 +330,27 @@ def one_nccl_rank_launches_no_kernel(target: Target, out: Path) -> str:
     target.check(target.rehearse or kinds.count("compute") > 0, "no compute kernel in the CUDA trace at world size 1")
     target.check(kinds.count("communication") == 0 and not one_rank,
                  f"{kinds.count('communication')} NCCL kernels and {len(one_rank)} oneRankReduce at world size 1")
-    return f"world size 1: {kinds.count('compute')} compute kernels, no NCCL kernel, no oneRankReduce"
+    # The partition of the same trace, as the parent reads it: parts that add up, no communication,
+    # and (on NCCL) the collectives that launched no kernel named.
+    steps = [step for r in records for step in read_traces(r)[0]["steps"]]
+    without = sum(len(step["timeline"]["collectives_without_kernel"]) for step in steps)
+    for step in steps:
+        target.check(adds_up(step["timeline"]) and step["timeline"]["comm_seconds"] == 0.0,
+                     f"world size 1: {_parts(step['timeline'])}, communication {step['timeline']['comm_seconds']} s")
+    target.check(target.rehearse or without > 0, "world size 1: no NCCL range without a kernel read from the trace")
+    bound = Counter(step["timeline"]["bound_by"] for step in steps)
+    return (f"world size 1: {kinds.count('compute')} compute kernels, no NCCL kernel, no oneRankReduce; "
+            f"{without} collectives without a kernel; bound by {dict(bound)}")
+
+
+def adds_up(figures: dict) -> bool:
+    """Whether the parts of a step's window add up to it (``ddp.bench.collectives.timeline.PARTS``)."""
+    return abs(sum(figures[part] for part in PARTS) - figures["window_seconds"]) <= 1e-9 + 1e-6 * figures["window_seconds"]
+
+
+def _parts(figures: dict) -> str:
+    return ", ".join(f"{part.removesuffix('_seconds')} {_ms(figures[part])}" for part in ("window_seconds", *PARTS,
+                                                                                          "host_wait_seconds"))
 
 
 def compile_(target: Target, out: Path, suite: Path) -> str:

@@ -1,30 +1,16 @@
-"""``python -m ddp trace TRACE.json[.gz] [--json OUT]``: one rank's PyTorch profiler trace of your own
-training, read collective by collective, with the definitions ``ddp profile`` uses.
+"""``python -m ddp trace TRACE.json[.gz] [--json OUT]``: what bounds each step of one rank's
+PyTorch profiler trace of your own training.
 
 It reads the Chrome trace torch.profiler writes (``export_chrome_trace``, or
-``tensorboard_trace_handler``'s gzipped file) of one rank with CPU and CUDA activity, and prints,
-per ``ProfilerStep#N`` (``torch.profiler.schedule`` writes one per ``profiler.step()``): each NCCL
-kernel as a collective (its collective and place, ``AllReduce 3``), its GPU start and end in ms from
-the step's start and its share of the step's exposed communication; the step's exposed
-communication, its communication overlapped with backward's computation, and the tail; and how
-each phase was found. Definitions (``ddp.bench.collectives.reading.read_trace``, figures by
-``ddp.analysis.overlap.trace_step_figures``):
+``tensorboard_trace_handler``'s gzipped file) of one rank with CPU and CUDA activity and prints, per
+``ProfilerStep#N`` (``torch.profiler.schedule`` writes one per ``profiler.step()``), the partition
+of the step's GPU window into its compute, other steps' work, its communication alone, copies alone
+and idle (with the host wait), each NCCL kernel as a collective with its phase and its overlapped and
+exposed shares, and the inferences with their rules: what bounds the step and the tail. The
+definitions are ``ddp.bench.collectives.timeline``'s; docs/profiling.md sets them beside Holistic
+Trace Analysis' and nsys'. ``--json`` writes ``{"steps": [...]}`` with every field, in seconds.
 
-- a GPU event belongs to the step whose ``ProfilerStep#N`` range contains its CPU launch (its
-  correlation id); a trace without any is read as one step spanning the whole trace;
-- backward's computation ends with the last compute kernel launched inside an
-  ``autograd::engine::evaluate_function`` range (or inside the suite's own "backward" range);
-- the optimizer starts with the first compute kernel launched inside an ``Optimizer.step#...``
-  range (or the suite's "optimizer" range);
-- the exposed window runs from the end of backward's computation to the optimizer's start, on the
-  GPU's clock; each collective's share of it is the part from the later of backward's end and the
-  previous completion to its own completion (``collective_exposure``); the tail is the collective
-  that completed last among those that started before the optimizer (``tail_of``);
-- where a range is missing the step falls back to something near (the kernels launched before the
-  optimizer's first, the first compute kernel after the last NCCL kernel), and says so.
-
-Argument parsing and printing only: the reading is ``ddp.bench.collectives.reading``, the figures
-``ddp.analysis.overlap``.
+Argument parsing and printing only.
 """
 
 from __future__ import annotations
@@ -33,9 +19,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ddp.analysis.overlap import trace_step_figures
-from ddp.analysis.tables import mib, ms, table
-from ddp.bench.collectives.reading import TraceFileError, load_trace, read_trace
+from ddp.analysis.tables import mib, ms, pct, table
+from ddp.bench.collectives.reading import TraceFileError, load_trace
+from ddp.bench.collectives.timeline import COMM_FROM_GLOO_RANGES, HOST_BOUND_SHARE, read_trace
 from ddp.cli import UsageError
 
 
@@ -58,23 +44,53 @@ def header_line(path: Path, header: dict, steps: int) -> str:
     return f"{path.name}: {', '.join(said)}; {steps} step{'s' if steps != 1 else ''}"
 
 
-def step_text(figures: dict) -> str:
-    """One step: its collectives' table and what the step waited for."""
-    lines = [f"\n{figures['name']} ({ms(figures['step_seconds'], 1)} ms)"]
-    if figures["collectives"]:
-        rows = [[c["name"], ms(c["start_seconds"]), ms(c["end_seconds"]), mib(c["size_bytes"]) if c["size_bytes"] else "",
-                 ms(c["exposed_seconds"])] for c in figures["collectives"]]
-        lines.append(table(rows, ["collective", "GPU start ms", "GPU end ms", "MiB", "exposed ms"]))
-    else:
-        lines.append("no NCCL kernel launched in this step")
-    attributed = sum(c["exposed_seconds"] for c in figures["collectives"])
-    lines.append(f"exposed communication {ms(figures['exposed_comm_seconds'])} ms (backward's computation ends at "
-                 f"{ms(figures['backward_compute_end_seconds'])} ms, the optimizer starts at "
-                 f"{ms(figures['optimizer_start_seconds'])} ms), of which the collectives hold {ms(attributed)} ms")
-    lines.append(f"overlapped with backward's computation {ms(figures['overlapped_comm_seconds'])} ms; "
-                 f"tail {figures['tail'] or '-'}")
-    lines.append(f"found: backward's end from {figures['found']['backward']}; "
-                 f"the optimizer's start from {figures['found']['optimizer']}")
+def bound_text(step: dict) -> str:
+    """What bounds the step, in words, with the figure the rule read."""
+    window = step["window_seconds"] or 1.0
+    share = {"host": ("the GPU waits on the host", step["host_wait_seconds"]),
+             "compute": ("the step's compute runs", step["gpu_compute_seconds"]),
+             "communication": ("its communication runs alone", step["exposed_comm_seconds"]),
+             "copies": ("copies run alone", step["copy_only_seconds"])}[step["bound_by"]]
+    return f"bound by {step['bound_by']}: {share[0]} {pct(share[1] / window)} of the window"
+
+
+def exposed_text(step: dict) -> str:
+    """Communication alone, and how much of it each phase's collectives of each kind hold."""
+    window = step["window_seconds"] or 1.0
+    held_by: dict[str, float] = {}
+    for c in step["collectives"]:
+        kind = f"{c['phase']} {c['cpu_collective'] or c['collective'] or 'collective'}"
+        held_by[kind] = held_by.get(kind, 0.0) + c["exposed_seconds"]
+    held = [f"{kind} {pct(seconds / window)}" for kind, seconds in sorted(held_by.items(), key=lambda item: -item[1])
+            if seconds >= 0.0005 * window]
+    return f"communication alone {pct(step['exposed_comm_seconds'] / window)}" + (f": {', '.join(held)}" if held else "")
+
+
+def step_text(step: dict) -> str:
+    """One step: its partition, its collectives' table and the inferences with their rules."""
+    lines = [f"\n{step['name']} ({ms(step['step_seconds'], 1)} ms on the CPU; GPU window {ms(step['window_seconds'], 1)} ms)"]
+    parts = [("compute", step["gpu_compute_seconds"]), ("other steps", step["other_steps_seconds"]),
+             ("communication alone", step["exposed_comm_seconds"]), ("copies alone", step["copy_only_seconds"]),
+             ("idle", step["idle_seconds"]), ("  of it waiting on the host", step["host_wait_seconds"])]
+    window = step["window_seconds"] or 1.0
+    lines.append(table([[name, ms(seconds), pct(seconds / window)] for name, seconds in parts], ["GPU window", "ms", "share"]))
+    lines.append(f"communication {ms(step['comm_seconds'])} ms, of it beside compute {ms(step['overlapped_comm_seconds'])} ms")
+    if step["collectives"]:
+        rows = [[c["name"] + (f" ({c['cpu_collective']})" if c["cpu_collective"] else ""),
+                 c["phase"] + (f": {c['range']}" if c["range"] else ""), ms(c["start_seconds"]), ms(c["end_seconds"]),
+                 mib(c["size_bytes"]) if c["size_bytes"] else "", ms(c["overlapped_seconds"]), ms(c["exposed_seconds"])]
+                for c in step["collectives"]]
+        lines.append(table(rows, ["collective", "phase", "GPU start ms", "GPU end ms", "MiB", "overlapped ms", "exposed ms"]))
+    if step["collectives_without_kernel"]:
+        names = sorted({c["name"] or "?" for c in step["collectives_without_kernel"]})
+        lines.append(f"{len(step['collectives_without_kernel'])} NCCL collectives launched no GPU kernel "
+                     f"({', '.join(names)}: world size 1, or nothing to send)")
+    if step["comm_source"] == COMM_FROM_GLOO_RANGES:
+        lines.append("communication: gloo's ranges on the host (gloo over CUDA tensors launches no NCCL kernel)")
+    lines.append(f"{bound_text(step)} [rule: {step['bound_by_rule']}]")
+    lines.append(exposed_text(step))
+    if step["tail"] is not None:
+        lines.append(f"tail {step['tail']} [rule: {step['tail_rule']}]")
     return "\n".join(lines)
 
 
@@ -91,26 +107,24 @@ def main(args: argparse.Namespace) -> int:
         reading = read_trace(trace)
     except (KeyError, TypeError, ValueError) as error:  # a file of the right shape with events of another
         raise UsageError(f"{args.trace}: an event is not as torch.profiler writes it ({error!r})") from None
-    if not reading.nccl_kernels:
-        print(f"{args.trace.name}: no NCCL kernel in this trace, " + (
-            f"{reading.gpu_events} GPU events and none NCCL's: its rank ran no NCCL collective while it was recorded"
-            if reading.gpu_events else
-            "and no GPU event: record it with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"))
-        return 0
+    if not reading.gpu_events:
+        raise UsageError(f"{args.trace}: no GPU event: record it with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     print(header_line(args.trace, reading.header, len(reading.steps)))
     if not reading.from_profiler_steps:
         print("no ProfilerStep#N annotation (torch.profiler.schedule and profiler.step() write them): "
               "read as one step spanning the whole trace")
-    print("GPU times in ms from the step's start (its ProfilerStep range's); exposed: each collective's share of the "
-          "step's exposed communication")
-    figures = [trace_step_figures(step) for step in reading.steps]
-    for step in figures:
+    if not reading.nccl_kernels:
+        print("no NCCL kernel in this trace" + ("" if any(s["collectives_without_kernel"] or s["collectives"] for s in reading.steps)
+                                                else ": its rank ran no NCCL collective while it was recorded"))
+    print(f"Each step's GPU window (its first own GPU event to its last) classed instant by instant; times from the "
+          f"step's start. Host-bound: host wait >= {HOST_BOUND_SHARE:.0%} of the window.")
+    for step in reading.steps:
         print(step_text(step))
     if args.json is not None:
         try:
             with args.json.open("x") as out:  # "x": never overwrite, even a file written since the check above
                 json.dump({"trace": str(args.trace), **reading.header, "from_profiler_steps": reading.from_profiler_steps,
-                           "steps": figures}, out, indent=1)
+                           "steps": reading.steps}, out, indent=1)
         except FileExistsError:
             raise UsageError(f"--json {args.json} exists: give a new file name (it is never overwritten)") from None
         print(f"\nwrote {args.json}")

@@ -1,30 +1,26 @@
-"""Reading recorded steps (``ddp.bench.collectives.recording``) and the profiler's traces: where each
-collective's times come from, and each collective's share of a step's exposed communication. Pure
-functions of step records and trace events: no tensors, no ranks (the report and ``ddp profile``'s
-parent read them too); ``load_trace`` reads a trace file.
+"""Reading the suite's recorded steps (``ddp.bench.collectives.recording``) against the profiler's
+traces, and what every reader of a trace shares: GPU events classified as Holistic Trace Analysis
+classes them (``kernel_kind``), NCCL's kernels named by the collective they run
+(``nccl_collective``), a trace file loaded (``load_trace``). Pure functions of step records and
+trace events: no tensors, no ranks (the report and ``ddp profile``'s parent read them too).
 
-Two kinds of trace are read: the suite's own (its steps' ``forward``, ``backward``,
-``gradient_sync`` and ``optimizer`` ranges, on the ``perf_counter`` clock of its step records:
-``cpu_steps_from_trace``, ``cuda_steps_from_trace``), and a user's own trace of real training,
-which has only what PyTorch itself writes (``read_trace``, for ``ddp trace``): ``ProfilerStep#N``
-ranges, the autograd engine's and the optimizer's ranges, NCCL's kernels. Both name each NCCL
-kernel by the collective it runs (``nccl_collective``).
+The suite's traces carry its steps' ``forward``, ``backward``, ``gradient_sync`` and
+``optimizer`` ranges, on the ``perf_counter`` clock of its step records: ``cpu_steps_from_trace``
+and ``cuda_steps_from_trace`` give each step's collectives their times from them. What bounds a
+step, for the suite's traces and a user's alike, is ``ddp.bench.collectives.timeline``.
 """
 
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import re
-import statistics
 import zlib
 from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
 from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
-from ddp.strategies.tracing import USED_MASK_LABEL
 
 # Where a step's communication intervals come from (the "comm_source" of steps and records):
 COMM_FROM_NCCL_KERNELS = "nccl_kernels"  # GPU time of the NCCL kernels in a CUDA trace
@@ -79,14 +75,6 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
     return read
 
 
-def tail_of(done_seconds: dict[str, list[float]]) -> str | None:
-    """The tail: among collectives by label, each with its completion times over steps (from
-    backward's end), the gradient collective with the latest median completion (the used mask
-    carries no gradient); None if there is none."""
-    gradients = {label: times for label, times in done_seconds.items() if label != USED_MASK_LABEL and times}
-    return max(gradients, key=lambda label: statistics.median(gradients[label]), default=None)
-
-
 def comm_source(steps: list[dict]) -> str:
     """Where the communication times of these steps came from: a ``COMM_FROM_*`` value.
 
@@ -94,25 +82,6 @@ def comm_source(steps: list[dict]) -> str:
     """
     sources = {step.get("comm_source", COMM_FROM_COLLECTIVE_RECORDS) for step in steps}
     return sources.pop() if len(sources) == 1 else COMM_FROM_MIXED
-
-
-def collective_exposure(step: dict) -> list[dict]:
-    """Each collective of one step record with its share of the step's exposed communication.
-
-    The exposed window runs from the end of backward's computation to the start of the optimizer
-    (``step_comm_figures``). Taken in the order the collectives completed, each holds the part of
-    the window from the later of backward's end and the previous completion to its own
-    completion: what the step waited for it alone. The shares add up to the window up to the last
-    completion; what follows it (copies back, the wake-up) is no collective's
-    (``unattributed_exposed_seconds`` of ``rank_figures``).
-    """
-    start, end = step["backward_compute_end"], step["optimizer"][0]
-    shares, waited_until = [], start
-    for c in sorted(step["collectives"], key=lambda c: c["done_seconds"]):
-        done = min(c["done_seconds"], end)
-        shares.append({**c, "exposed_seconds": max(0.0, done - waited_until)})
-        waited_until = max(waited_until, done)
-    return shares
 
 
 def trace_offset_us(events: list[dict], steps: list[dict]) -> float:
@@ -226,6 +195,8 @@ class GpuEvent(NamedTuple):
     """An NCCL kernel's collective (``nccl_collective``); None for any other event, or where nothing says."""
     size_bytes: int | None = None
     """An NCCL kernel's input in bytes where its arguments give it (``nccl_message_bytes``), else None."""
+    thread: tuple | None = None
+    """``(pid, tid)`` of the thread that launched it."""
 
 
 # Categories of the CPU's ranges: operators (the autograd engine's among them) and record_function's
@@ -286,6 +257,7 @@ def _gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
                 kind=kind,
                 collective=collective,
                 size_bytes=size_bytes,
+                thread=(launch.get("pid"), launch.get("tid")),
             ))
     return gpu_events
 
@@ -406,49 +378,6 @@ def load_trace(path: Path) -> dict:
     return trace
 
 
-class _Ranges:
-    """CPU ranges (seconds), asked whether an instant lies inside any of them: a bisection on
-    their starts, with the latest end reached so far."""
-
-    def __init__(self, spans: list[tuple[float, float]]) -> None:
-        spans = sorted(spans)
-        self.starts = [start for start, _ in spans]
-        self.reach = list(itertools.accumulate((end for _, end in spans), max))
-
-    def __contains__(self, t: float) -> bool:
-        i = bisect_right(self.starts, t) - 1
-        return i >= 0 and self.reach[i] >= t
-
-
-# How each phase of a step of a user's trace was found (a step's "found"), first that applies:
-# backward's computation's end, and the optimizer's start.
-BACKWARD_FROM_ENGINE = "the last compute kernel launched inside an autograd::engine::evaluate_function range"
-BACKWARD_FROM_SUITE = "the last compute kernel launched inside the suite's backward range"
-BACKWARD_BEFORE_OPTIMIZER = "no backward range: the last compute kernel launched before the optimizer's first"
-BACKWARD_NONE = "no compute kernel before the optimizer: the optimizer's start"
-OPTIMIZER_FROM_STEP = "the first compute kernel launched inside an Optimizer.step# range"
-OPTIMIZER_FROM_SUITE = "the first compute kernel launched inside the suite's optimizer range"
-OPTIMIZER_AFTER_COMM = "no optimizer range: the first compute kernel launched after the step's last NCCL kernel"
-OPTIMIZER_AT_END = "no optimizer range and no compute kernel after the last NCCL kernel: the end of the step's last GPU event"
-# The one step of a trace without ProfilerStep#N annotations.
-WHOLE_TRACE = "whole trace"
-
-
-class TraceReading(NamedTuple):
-    """What ``read_trace`` reads of one rank's trace."""
-
-    header: dict
-    """world_size, rank, backend, nccl_version (``distributedInfo``), gpu (its ``deviceProperties``
-    name, of the device its kernels ran on), each None where the trace does not say."""
-    steps: list[dict]
-    """One step record per ``ProfilerStep#N`` (``read_trace``)."""
-    from_profiler_steps: bool
-    """False where the trace has no ``ProfilerStep#N`` annotation: one step spans it (``WHOLE_TRACE``)."""
-    gpu_events: int
-    nccl_kernels: int
-    """NCCL kernels in the whole trace, launched inside a step or not."""
-
-
 def _header(trace: dict) -> dict:
     info = trace.get("distributedInfo") or {}
     names = {d.get("id"): d.get("name") for d in trace.get("deviceProperties") or [] if isinstance(d, dict)}
@@ -457,110 +386,3 @@ def _header(trace: dict) -> dict:
     gpu = names.get(device, next(iter(names.values()), None))
     return {"world_size": info.get("world_size"), "rank": info.get("rank"), "backend": info.get("backend"),
             "nccl_version": info.get("nccl_version"), "gpu": gpu}
-
-
-def _first_found(*candidates: tuple[list[GpuEvent], str]) -> tuple[list[GpuEvent], str | None]:
-    return next(((kernels, how) for kernels, how in candidates if kernels), ([], None))
-
-
-def _read_step(name: str, window: tuple[float, float], gpu_events: list[GpuEvent], ranges: dict[str, _Ranges]) -> dict:
-    """One step of a user's trace as a step record (``read_trace``), times in seconds from the window's start."""
-    start = window[0]
-    compute = [e for e in gpu_events if e.kind == "compute"]
-    kernels = sorted((e for e in gpu_events if e.kind == "communication"), key=lambda e: e.launch_seconds)
-    after_comm = [k for k in compute if kernels and k.launch_seconds > kernels[-1].launch_seconds]
-    optimizer, found_optimizer = _first_found(
-        ([k for k in compute if k.launch_seconds in ranges["Optimizer.step#"]], OPTIMIZER_FROM_STEP),
-        ([k for k in compute if k.launch_seconds in ranges["optimizer"]], OPTIMIZER_FROM_SUITE),
-        (after_comm, OPTIMIZER_AFTER_COMM),
-    )
-    if optimizer:
-        optimizer_span = [min(k.start_seconds for k in optimizer), max(k.end_seconds for k in optimizer)]
-        optimizer_launch = min(k.launch_seconds for k in optimizer)
-    else:
-        last = max((e.end_seconds for e in gpu_events), default=start)
-        optimizer_span, optimizer_launch, found_optimizer = [last, last], float("inf"), OPTIMIZER_AT_END
-    backward, found_backward = _first_found(
-        ([k for k in compute if k.launch_seconds in ranges["autograd::engine::evaluate_function"]], BACKWARD_FROM_ENGINE),
-        ([k for k in compute if k.launch_seconds in ranges["backward"]], BACKWARD_FROM_SUITE),
-        ([k for k in compute if k.launch_seconds < optimizer_launch], BACKWARD_BEFORE_OPTIMIZER),
-    )
-    if backward:
-        backward_span = [min(k.start_seconds for k in backward), max(k.end_seconds for k in backward)]
-    else:
-        backward_span, found_backward = [optimizer_span[0], optimizer_span[0]], BACKWARD_NONE
-    labels = _kernel_labels(kernels, optimizer_launch, None)
-    collectives = [
-        {"label": label, "name": f"{k.collective or 'collective'} {place}", "collective": k.collective,
-         "size_bytes": size_bytes, "ready_seconds": None, "launch_seconds": k.start_seconds - start,
-         "done_seconds": k.end_seconds - start}
-        for place, (k, (label, size_bytes)) in enumerate(zip(kernels, labels))
-    ]
-    return {
-        "name": name,
-        "step_seconds": window[1] - start,
-        "backward": [t - start for t in backward_span],
-        "backward_compute_end": backward_span[1] - start,
-        "optimizer": [t - start for t in optimizer_span],
-        "collectives": collectives,
-        "found": {"backward": found_backward, "optimizer": found_optimizer},
-    }
-
-
-def read_trace(trace: dict) -> TraceReading:
-    """The steps of one rank's PyTorch profiler trace of real training, read as ``ddp trace`` reads them.
-
-    - **Steps**: each ``ProfilerStep#N`` range (``torch.profiler.schedule`` writes one per
-      ``profiler.step()``); a GPU event belongs to the step whose range contains its CPU launch
-      (correlation id). A trace without any is one step spanning it (``WHOLE_TRACE``).
-    - **Backward's computation** runs from the first to the last compute kernel (``kernel_kind``)
-      launched inside an ``autograd::engine::evaluate_function`` range (the autograd engine runs
-      every backward function in one), else inside the suite's own "backward" range.
-    - **The optimizer** starts with the first compute kernel launched inside an ``Optimizer.step#...``
-      range (PyTorch's ``Optimizer`` names every step so), else the suite's "optimizer" range.
-    - **The exposed window** runs from the end of backward's computation to the optimizer's start,
-      on the GPU's clock.
-
-    Where a range is missing, the step falls back (``BACKWARD_*`` and ``OPTIMIZER_*`` say to what)
-    and its ``found`` says how each was found. A step record has ``name``, ``step_seconds`` (its
-    range's length), ``backward`` and ``optimizer`` (``[start, end]`` of their compute kernels),
-    ``backward_compute_end``, and ``collectives``: one per NCCL kernel launched in the step, in
-    launch order, from its GPU start (``launch_seconds``) to its end
-    (``done_seconds``), with ``name`` (its collective and place, ``AllReduce 3``), ``label``
-    (``allreduce3``), ``collective`` and ``size_bytes`` (from its arguments, 0 where they do not
-    say). Times in seconds from the step range's start; the CPU's and the GPU's events share one
-    clock in Kineto's traces.
-    """
-    events = trace["traceEvents"]
-    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
-    # Seconds from the trace's first event: a trace's µs since the epoch (1.7e15) in seconds would
-    # keep only about 0.2 µs of a float's precision.
-    origin_us = min((e["ts"] for e in timed), default=0)
-    gpu_events = _gpu_events(events, offset_us=origin_us)
-    cpu = [e for e in timed if e.get("cat") in _CPU_RANGE_CATEGORIES]
-
-    def seconds(e: dict) -> tuple[float, float]:
-        return (e["ts"] - origin_us) / 1e6, (e["ts"] + e.get("dur", 0) - origin_us) / 1e6
-
-    def spans(matches) -> _Ranges:
-        return _Ranges([seconds(e) for e in cpu if matches(e.get("name", ""))])
-
-    ranges = {
-        "autograd::engine::evaluate_function": spans(lambda name: name.startswith("autograd::engine::evaluate_function")),
-        "Optimizer.step#": spans(lambda name: name.startswith("Optimizer.step#")),
-        "backward": spans(lambda name: name == "backward"),  # the suite's own phases (ddp.bench.collectives.recording)
-        "optimizer": spans(lambda name: name == "optimizer"),
-    }
-    windows = sorted((*seconds(e), e["name"]) for e in cpu if re.fullmatch(r"ProfilerStep#\d+", e.get("name", "")))
-    from_profiler_steps = bool(windows)
-    if not windows and timed:
-        windows = [(0.0, max(seconds(e)[1] for e in timed), WHOLE_TRACE)]
-    starts = [start for start, _, _ in windows]
-    in_step: list[list[GpuEvent]] = [[] for _ in windows]
-    for e in gpu_events:
-        i = bisect_right(starts, e.launch_seconds) - 1
-        if i >= 0 and e.launch_seconds <= windows[i][1]:
-            in_step[i].append(e)
-    steps = [_read_step(name, (start, end), mine, ranges) for (start, end, name), mine in zip(windows, in_step)]
-    return TraceReading(header=_header(trace), steps=steps, from_profiler_steps=from_profiler_steps,
-                        gpu_events=len(gpu_events), nccl_kernels=sum(e.kind == "communication" for e in gpu_events))

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.collectives.reading import cpu_steps_from_trace, cuda_steps_from_trace
+from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, labelled
 from ddp.bench.config.shape import StepObserver
 from ddp.strategies import tracing
 
@@ -103,13 +104,19 @@ def recorded_step(trainer, together: bool = False) -> dict:
 
 
 def traced_steps(trainer, steps: int) -> list[dict]:
-    """``steps`` recorded steps, each started by every rank at once, with each collective's times
-    from the best source (module docstring): the strategy's records where it keeps them
-    (``Traits.records_collectives``) and not on NCCL, else the profiler's. Always ``steps``
-    training steps, whatever the source."""
+    """``steps`` recorded steps, each started by every rank at once, each with its collectives'
+    times from the best source (module docstring) and its ``timeline``: the partition of its
+    window (``ddp.bench.collectives.timeline``). Always ``steps`` training steps, whatever the source.
+
+    On CUDA the steps always run under the profiler, CUDA activity recorded: the partition is the
+    GPU's timeline (NCCL's kernels, or gloo's ranges over CUDA tensors), the same reading as
+    ``ddp trace``'s. On CPU a strategy that records its collectives runs without a profiler, and
+    the partition comes from the recorded phases and collectives (``cpu_partition``); one that
+    records none (PyTorch's DDP) runs under the CPU profiler, which sees c10d's calls and gloo's work."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
-    if not nccl and getattr(trainer.model, "records_collectives", False):
-        return [recorded_step(trainer, together=True) for _ in range(steps)]
+    if not trainer.cuda and (getattr(trainer.model, "records_collectives", False) or not trainer.communicates):
+        records = [recorded_step(trainer, together=True) for _ in range(steps)]
+        return [{**step, "timeline": cpu_partition(step)} for step in records]
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if trainer.cuda else [])
     with torch.profiler.profile(activities=activities) as profiler:
         records = [recorded_step(trainer, together=True) for _ in range(steps)]
@@ -119,5 +126,11 @@ def traced_steps(trainer, steps: int) -> list[dict]:
         events = json.loads(path.read_text())["traceEvents"]
     buckets = getattr(trainer.model, "bucket_sizes_bytes", None)
     if nccl:
-        return cuda_steps_from_trace(events, records, buckets)
-    return cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)
+        read = cuda_steps_from_trace(events, records, buckets)
+    elif getattr(trainer.model, "records_collectives", False):
+        read = records  # gloo over CUDA: the strategy's own records, as on CPU
+    else:
+        read = cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)
+    if not trainer.cuda:
+        return [{**step, "timeline": cpu_partition(step)} for step in read]
+    return [{**step, "timeline": timeline} for step, timeline in zip(read, labelled(cuda_partitions(events, records), read))]

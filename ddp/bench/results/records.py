@@ -33,7 +33,12 @@ from typing import Any
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.strategies.declarations import Sharding
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+# Schema 7 read what bounds a step from its traced steps' timeline (``ddp.bench.collectives.timeline``):
+# ``exposed_comm_seconds`` became communication running alone, and the timed rounds' event-based
+# figure, which schema 6 saved under that name, is ``sync_wait_seconds``. Step records of schema 6
+# are migrated on reading (``_migrate_step``); nothing is carried under a name whose meaning changed.
+MIGRATES_FROM = 6
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
@@ -97,10 +102,14 @@ class CollectiveTiming:
     launch_seconds: float
     done_seconds: float
     exposed_seconds: float
-    """Its share of the step's exposed communication: the part of the exposed window, in the order
-    collectives completed, from the previous completion (or backward's end) to its own
-    (``ddp.bench.collectives.reading.collective_exposure``)."""
+    """Median over the traced steps of its share of the step's communication alone (no compute
+    kernel beside it), instants where several run split equally among them
+    (``ddp.bench.collectives.timeline``)."""
     exposed_seconds_ci95: list[float]
+    overlapped_seconds: float = 0.0
+    """Median over the traced steps of its share of the communication beside compute."""
+    phase: str | None = None
+    """The phase its launch lay in (``forward``, ``backward``, ``gradient_sync``, ``optimizer``, ...)."""
 
     @classmethod
     def from_dict(cls, data: dict) -> CollectiveTiming:
@@ -109,8 +118,11 @@ class CollectiveTiming:
 
 @dataclass(frozen=True)
 class CollectiveTrace:
-    """Each collective of a step, timed in untimed traced steps on ranks that time nothing
-    (``ddp.bench.collectives.recording``), on the rank whose traced steps were slowest."""
+    """What bounds the step, from untimed traced steps on ranks that time nothing
+    (``ddp.bench.collectives.recording``), on the rank whose traced steps were slowest: the
+    partition of the step's window (``ddp.bench.collectives.timeline``: a GPU's timeline on CUDA,
+    the training thread's phases and the collectives on CPU), medians over its traced steps, and
+    each collective of the step with its times and shares."""
 
     rank: int
     steps: int
@@ -120,18 +132,37 @@ class CollectiveTrace:
     ``profiler``, ``nccl_kernels`` or ``mixed``)."""
     backward_start_seconds: float
     """When backward started, from the end of its computation (negative)."""
+    window_seconds: float
+    """The step's window: on CUDA from its first own GPU event to its last, on CPU its phases' span."""
+    gpu_compute_seconds: float
+    """The step's own compute (kernels on CUDA; the training thread's phases on CPU)."""
+    other_steps_seconds: float
+    """Other steps' or unowned work alone in the window (CUDA only)."""
     exposed_comm_seconds: float
-    """Median over the traced steps of the exposed window: backward's end to the optimizer's start."""
+    """The step's communication with no compute beside it: exposed communication."""
     exposed_comm_seconds_ci95: list[float]
+    copy_only_seconds: float
+    """Copies alone (CUDA only)."""
+    idle_seconds: float
+    """Nothing running."""
+    host_wait_seconds: float
+    """The part of idle where the GPU waited for the host to launch (CUDA only)."""
+    comm_seconds: float
+    """The union of the step's communication."""
+    overlapped_comm_seconds: float
+    """Its part beside compute."""
+    bound_by: str
+    """What bounds the step, by ``bound_by_rule`` (``ddp.bench.collectives.timeline.BOUND_BY``)."""
+    bound_by_rule: str
     attributed_seconds: float
-    """Median over the traced steps of the collectives' exposed shares added up; the rest of the
-    window (copies back, the wake-up) is no collective's."""
+    """Median over the traced steps of the collectives' exposed shares added up (= the step's
+    exposed communication where each step's collectives were all read)."""
     attributed_seconds_ci95: list[float]
     collectives: list[CollectiveTiming]
     """In launch order."""
     tail: str | None
-    """The gradient collective that completed last, which the step waited for at its end (the used
-    mask is not one); None if the step launched none."""
+    """The collective the traced steps most often waited for last (by ``tail_rule``); None if none."""
+    tail_rule: str = ""
 
     @property
     def tail_timing(self) -> CollectiveTiming | None:
@@ -205,12 +236,14 @@ class StepRecord:
     """Each timed round's step time (slowest rank), in the order run."""
     rank_step_seconds: list[float]
     """Each rank's median step time."""
-    exposed_comm_seconds: float
-    """Median over rounds of the slowest rank's exposed communication: from the end of backward's
-    computation to gradients synchronized (``ddp.bench.rounds.trainer``)."""
-    exposed_comm_fraction: float
-    """Median over rounds of exposed communication / step time."""
-    exposed_comm_fraction_ci95: list[float]
+    sync_wait_seconds: float
+    """Median over timed rounds of the slowest rank's wait from the end of backward's computation to
+    gradients synchronized (``ddp.bench.rounds.trainer``): on CUDA the gap between two events, which
+    where the GPU waits on the host is the host's launch gap (read it beside ``bound_by``); it
+    leaves out communication outside that wait (FSDP's all-gathers, ZeRO's broadcasts)."""
+    sync_wait_fraction: float
+    """Median over rounds of that wait / step time."""
+    sync_wait_fraction_ci95: list[float]
     tokens_per_second: float
     """Tokens the whole group trains per second at ``step_seconds``."""
     target_precision: float
@@ -258,9 +291,16 @@ class StepRecord:
     """The peak memory per rank predicted before anything was built (``ddp.bench.memory.predict``), by
     category and moment of the step; None where the model's step could not be traced."""
     collectives: CollectiveTrace | None = None
-    """Each collective of the step with its ready, launch and completion times and its share of the
-    exposed communication, from traced steps on ranks that time nothing; None where none ran (no
-    communication, ``--traced-steps 0``)."""
+    """What bounds the step and each collective's times and shares, from traced steps on ranks that
+    time nothing; None where none ran (``--traced-steps 0``, or out of memory under the profiler)."""
+    exposed_comm_seconds: float | None = None
+    """The traced steps' median communication alone (``collectives.exposed_comm_seconds``), every
+    strategy's and all of it (FSDP's all-gathers, ZeRO's broadcasts); None where none was traced."""
+    bound_by: str | None = None
+    """What bounds the step (``collectives.bound_by``): ``host``, ``compute``, ``communication`` or
+    ``copies``; None where none was traced. MFU and comparisons of a ``host``-bound step measure the host."""
+    migrated_from: int | None = None
+    """The schema version the record was saved in, where it was migrated on reading (``_migrate_step``)."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
@@ -280,8 +320,19 @@ class StepRecord:
         return self.config.group
 
     @property
+    def exposed_comm_fraction(self) -> float | None:
+        """Exposed communication / step time; None where none was traced."""
+        return None if self.exposed_comm_seconds is None else self.exposed_comm_seconds / self.step_seconds
+
+    @property
+    def waited_seconds(self) -> float:
+        """What the step spent on communication not hidden: its exposed communication where
+        traced, else the timed rounds' wait for gradients."""
+        return self.sync_wait_seconds if self.exposed_comm_seconds is None else self.exposed_comm_seconds
+
+    @property
     def compute_seconds(self) -> float:
-        return max(0.0, self.step_seconds - self.exposed_comm_seconds)
+        return max(0.0, self.step_seconds - self.waited_seconds)
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -446,6 +497,22 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+# What a schema 6 step record's keys are called in schema 7; None: not carried (its meaning changed).
+_RENAMED_IN_7 = {"exposed_comm_seconds": "sync_wait_seconds", "exposed_comm_fraction": "sync_wait_fraction",
+                 "exposed_comm_fraction_ci95": "sync_wait_fraction_ci95", "collectives": None}
+
+
+def _migrate(info: dict, version: int) -> dict:
+    """A record of schema ``MIGRATES_FROM`` as one of this schema. A step's timed wait, which schema
+    6 saved as ``exposed_comm_*``, is ``sync_wait_*``; its traced collectives, whose exposed figures
+    were the window from backward's end to the optimizer's start, are dropped: such a record has no
+    exposed communication nor ``bound_by``. Other records are unchanged."""
+    if info.get("kind") == "step":
+        info = {_RENAMED_IN_7.get(key, key): value for key, value in info.items() if _RENAMED_IN_7.get(key, key) is not None}
+        info["migrated_from"] = version
+    return {**info, "schema_version": SCHEMA_VERSION}
+
+
 def _step(info: dict) -> StepRecord:
     memory = info.get("memory")
     if memory is not None:
@@ -472,6 +539,8 @@ def _record(path: Path, bench: dict) -> StepRecord | AllReduceRecord | RaceRecor
     if kind is None and not {"strategy", "size_bytes", "contenders"} & set(info):
         return None  # not a ddp-bench benchmark: listed with its median only
     version = info.get("schema_version", 1)
+    if version == MIGRATES_FROM:
+        info, version = _migrate(info, version), SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         newer = version > SCHEMA_VERSION
         raise RunFileError(
@@ -582,10 +651,11 @@ class ProfileRecord:
     strategy: str
     step_seconds: float
     comm_seconds: float
-    """Length of the union of the collectives' intervals."""
+    """Length of the union of the collectives' intervals (``ddp.bench.collectives.timeline``)."""
     overlap_fraction: float | None
-    """Share of ``comm_seconds`` inside backward's compute; None when nothing was communicated."""
+    """Share of ``comm_seconds`` beside compute; None when nothing was communicated."""
     exposed_comm_seconds: float
+    """Communication with no compute beside it."""
     overlapped_comm_seconds: float
     comm_source: str
     """Where the communication intervals came from (``ddp.bench.collectives.reading.comm_source``: ``collective_records``,
@@ -593,6 +663,8 @@ class ProfileRecord:
     slowest_rank: int
     ranks: list[dict]
     """Every rank's figures (``ddp.analysis.overlap.rank_figures``) and its trace file."""
+    bound_by: str | None
+    """What bounds the slowest rank's step (``ddp.bench.collectives.timeline.BOUND_BY_RULE``)."""
     config: dict
     """The ``ProfileConfig`` profiled: its step's configuration (``step``), warm-up and profiled steps, folder."""
     timeline_json: str

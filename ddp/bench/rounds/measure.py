@@ -84,10 +84,10 @@ class Measurement:
         """Each timed round's step time of configuration ``index``: its slowest rank's."""
         return [max(t.step_seconds for t in timings[index]) for timings in self.rounds]
 
-    def exposed_comm_seconds(self, index: int = 0) -> list[float]:
-        """Each timed round's exposed communication of configuration ``index`` on its slowest rank
-        (the rank whose step time is the round's)."""
-        return [max(timings[index], key=lambda t: t.step_seconds).exposed_comm_seconds for timings in self.rounds]
+    def sync_wait_seconds(self, index: int = 0) -> list[float]:
+        """Each timed round's wait for gradients (``StepTiming.sync_wait_seconds``) of configuration
+        ``index`` on its slowest rank (the rank whose step time is the round's)."""
+        return [max(timings[index], key=lambda t: t.step_seconds).sync_wait_seconds for timings in self.rounds]
 
     def rank_round_seconds(self, index: int = 0) -> list[list[float]]:
         """Per rank, each timed round's step time of configuration ``index``."""
@@ -348,7 +348,7 @@ class GridMeasurer:
     With more than one group of ranks (``groups``), each measurement's rounds are spread over all
     of them (``measure_in_groups``), ``ranks`` first.
 
-    With ``policy.traced_steps``, each configuration that communicates is then traced (``trace``) on
+    With ``policy.traced_steps``, each configuration is then traced once (``trace``) on
     ``tracer``, ranks of the same size, backend and device that time nothing, one configuration at
     a time, so that no timed round of ``ranks`` ever follows a profiler in its process; where the
     tracer's build does not fit beside what ``ranks`` hold, ``ranks`` free theirs first. Without a
@@ -374,6 +374,7 @@ class GridMeasurer:
         self.tracer = tracer
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotRun] = {}
         self._alone: set[StepConfig] = set()
+        self._traced: dict[StepConfig, list[list[dict]]] = {}
         self._memory_bytes = memory_bytes
 
     def _memory(self) -> int:
@@ -468,26 +469,27 @@ class GridMeasurer:
         self._measured[config] = (result, 0, 1 if paired else None)
 
     def _trace(self, measurement: Measurement, ranks) -> None:
-        """Give ``measurement`` the traced steps of each of its configurations that communicates, run
-        on ``ranks`` one configuration at a time; ``self.ranks`` free what they hold first where
-        the two do not fit together."""
+        """Give ``measurement`` the traced steps of each of its configurations, ``local`` included
+        (every row carries what bounds its step), run on ``ranks`` one configuration at a time;
+        ``self.ranks`` free what they hold first where the two do not fit together. A
+        configuration traced before in this grid (a ``local`` twin shared by a group's
+        benchmarks) keeps its traced steps: it is not traced again."""
         if self.policy.traced_steps == 0:
             return
-        world_size = len(measurement.setups[0])
-        traces = [[[] for _ in range(world_size)] for _ in measurement.configs]
         if ranks is not self.ranks:
             for group in self.groups:
                 group.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
-        for index, config in enumerate(measurement.configs):
-            if not measurement.setups[index][0].communicates:
-                continue
-            held = measurement.configs * len(self.groups)
-            if ranks is not self.ranks and not fit([*held, config], self._memory(), world_size).together:
-                self._free()
-            traced_steps = trace(ranks, [config], self.policy)
-            if traced_steps is None:
-                return  # could not run (out of memory under the profiler): no collectives in the record
-            traces[index] = traced_steps[0]
+        traces = []
+        for config in measurement.configs:
+            if config not in self._traced:
+                held = measurement.configs * len(self.groups)
+                if ranks is not self.ranks and not fit([*held, config], self._memory(), len(measurement.setups[0])).together:
+                    self._free()
+                traced_steps = trace(ranks, [config], self.policy)
+                if traced_steps is None:
+                    return  # could not run (out of memory under the profiler): no collectives in the record
+                self._traced[config] = traced_steps[0]
+            traces.append(self._traced[config])
         measurement.traces = traces
 
     def trace_all(self) -> None:

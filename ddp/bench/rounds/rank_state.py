@@ -169,8 +169,7 @@ class RankBench:
 
         def run() -> list[list[dict]]:
             self._build(info, configs, warmup_steps)
-            traces = [traced_steps(trainer, steps) if trainer.communicates else []
-                      for trainer in (self.trainers[config] for config in configs)]
+            traces = [traced_steps(trainer, steps) for trainer in (self.trainers[config] for config in configs)]
             self.release(info)
             return traces
 

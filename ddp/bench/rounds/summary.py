@@ -6,10 +6,13 @@ strategy's formula and the peak predicted before it was built (``ddp.bench.memor
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 import numpy as np
 
-from ddp.bench.collectives.reading import collective_exposure, comm_source, tail_of
+from ddp.bench.collectives.reading import comm_source
+from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE
+from ddp.bench.collectives.timeline import medians as timeline_medians
 from ddp.bench.config.shape import step_span
 from ddp.bench.memory.predict import predict_or_none
 from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
@@ -40,44 +43,56 @@ def mfu_without_communication(local_rounds: list[float], rounds: list[float], mf
 
 
 def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
-    """Each collective's figures from every rank's traced steps (``ddp.bench.collectives.recording``), on the
-    rank whose traced steps were slowest: medians over its steps of each collective's times (from
-    the end of backward's computation) and exposed share, with 95% intervals; the tail is the
-    gradient collective that completed last. None when no rank traced a step that communicated."""
-    # The slowest among the ranks whose collectives were read (the profiler's may not pair on one).
-    ranks = [r for r, steps in enumerate(rank_traces) if any(step["collectives"] for step in steps)]
+    """What bounds the step from every rank's traced steps (``ddp.bench.collectives.recording``),
+    each with its ``timeline`` (``ddp.bench.collectives.timeline``), on the rank whose traced steps
+    were slowest: medians over its steps of the partition and of each collective's times (from the
+    end of backward's computation) and shares, with 95% intervals; ``bound_by`` by its rule applied
+    to the medians; the tail the steps most often had (the latest-ending among ties). None when no
+    rank traced a step."""
+    ranks = [r for r, steps in enumerate(rank_traces) if steps]
     if not ranks:
         return None
     rank = max(ranks, key=lambda r: statistics.median(step_span(s)[1] - step_span(s)[0] for s in rank_traces[r]))
     steps = rank_traces[rank]
+    timelines = [step["timeline"] for step in steps]
     per_label: dict[str, dict[str, list]] = {}
-    windows, attributed = [], []
-    for step in steps:
+    for step, timeline in zip(steps, timelines):
         origin = step["backward_compute_end"]
-        windows.append(max(0.0, step["optimizer"][0] - origin))
-        shares = collective_exposure(step)
-        attributed.append(sum(share["exposed_seconds"] for share in shares))
-        for share in shares:
-            figures = per_label.setdefault(share["label"], {"size_bytes": share["size_bytes"], "ready": [], "launch": [],
-                                                            "done": [], "exposed": []})
-            if share.get("ready_seconds") is not None:
-                figures["ready"].append(share["ready_seconds"] - origin)
-            figures["launch"].append(share["launch_seconds"] - origin)
-            figures["done"].append(share["done_seconds"] - origin)
-            figures["exposed"].append(share["exposed_seconds"])
+        shares = {row["label"]: row for row in timeline["collectives"]}
+        for c in step["collectives"]:
+            figures = per_label.setdefault(c["label"], {"size_bytes": c["size_bytes"], "ready": [], "launch": [], "done": [],
+                                                        "exposed": [], "overlapped": [], "phase": []})
+            if c.get("ready_seconds") is not None:
+                figures["ready"].append(c["ready_seconds"] - origin)
+            figures["launch"].append(c["launch_seconds"] - origin)
+            figures["done"].append(c["done_seconds"] - origin)
+            row = shares.get(c["label"])
+            figures["exposed"].append(row["exposed_seconds"] if row else 0.0)
+            figures["overlapped"].append(row["overlapped_seconds"] if row else 0.0)
+            if row:
+                figures["phase"].append(row["phase"])
     timings = sorted((
         CollectiveTiming(label=label, size_bytes=f["size_bytes"],
                          ready_seconds=statistics.median(f["ready"]) if f["ready"] else None,
                          launch_seconds=statistics.median(f["launch"]), done_seconds=statistics.median(f["done"]),
-                         exposed_seconds=statistics.median(f["exposed"]), exposed_seconds_ci95=list(median_ci(f["exposed"])))
+                         exposed_seconds=statistics.median(f["exposed"]), exposed_seconds_ci95=list(median_ci(f["exposed"])),
+                         overlapped_seconds=statistics.median(f["overlapped"]),
+                         phase=Counter(f["phase"]).most_common(1)[0][0] if f["phase"] else None)
         for label, f in per_label.items()
     ), key=lambda c: c.launch_seconds)
+    exposed = [t["exposed_comm_seconds"] for t in timelines]
+    attributed = [sum(row["exposed_seconds"] for row in t["collectives"]) for t in timelines]
+    tails = Counter(t["tail"] for t in timelines if t["tail"] is not None)
+    done = {c.label: c.done_seconds for c in timings}
+    tail = max(tails, key=lambda label: (tails[label], done.get(label, 0.0)), default=None)
+    figures = timeline_medians(timelines)
     return CollectiveTrace(
         rank=rank, steps=len(steps), comm_source=comm_source(steps),
         backward_start_seconds=statistics.median(s["backward"][0] - s["backward_compute_end"] for s in steps),
-        exposed_comm_seconds=statistics.median(windows), exposed_comm_seconds_ci95=list(median_ci(windows)),
+        **{key: figures[key] for key in FIGURES}, exposed_comm_seconds_ci95=list(median_ci(exposed)),
+        bound_by=figures["bound_by"], bound_by_rule=BOUND_BY_RULE,
         attributed_seconds=statistics.median(attributed), attributed_seconds_ci95=list(median_ci(attributed)),
-        collectives=timings, tail=tail_of({label: f["done"] for label, f in per_label.items()}),
+        collectives=timings, tail=tail, tail_rule=f"the most frequent over the traced steps of: {TAIL_RULE}",
     )
 
 
@@ -89,9 +104,9 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
     setup = setups[0]
     rounds = measurement.round_seconds(index)
     groups = measurement.round_groups or [0] * len(rounds)
-    exposed = measurement.exposed_comm_seconds(index)
+    waits = measurement.sync_wait_seconds(index)
     step = statistics.median(rounds)
-    fractions = [e / s for e, s in zip(exposed, rounds) if s > 0]
+    fractions = [e / s for e, s in zip(waits, rounds) if s > 0]
     fraction_groups = [g for g, s in zip(groups, rounds) if s > 0]
     paired = {}
     if local_index is not None:
@@ -120,6 +135,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
     if step_mfu is not None and local_index is not None:
         paired.update(mfu_without_communication(paired["local_round_seconds"], rounds, step_mfu * step, groups))
     sizes = setup.bucket_sizes_bytes
+    traced = None if measurement.traces is None else collective_trace(measurement.traces[index])
     return StepRecord(
         config=config, backend=backend, device=device, world_size=world_size,
         num_parameters=setup.num_parameters, num_parameter_tensors=setup.num_parameter_tensors,
@@ -128,16 +144,17 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         step_seconds=step, step_seconds_ci95=list(median_interval(rounds, groups)), round_seconds=rounds,
         round_groups=groups,
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
-        exposed_comm_seconds=statistics.median(exposed), exposed_comm_fraction=statistics.median(fractions),
-        exposed_comm_fraction_ci95=list(median_interval(fractions, fraction_groups) if min(fractions, default=0) > 0
-                                        else median_ci(fractions)),
+        sync_wait_seconds=statistics.median(waits), sync_wait_fraction=statistics.median(fractions),
+        sync_wait_fraction_ci95=list(median_interval(fractions, fraction_groups) if min(fractions, default=0) > 0
+                                     else median_ci(fractions)),
         tokens_per_step=tokens, tokens_per_second=world_size * tokens / step,
         target_precision=measurement.target_precision,
         reached_precision=relative_half_width(rounds, groups=groups) if len(rounds) > 1 else None,
         model_flops_per_token=flops_per_token, achieved_tflops=tflops, mfu=step_mfu,
         peak_memory_bytes=measurement.peak_memory_bytes(index), memory=memory,
         predicted_memory=predict_or_none(config, world_size),
-        collectives=None if measurement.traces is None else collective_trace(measurement.traces[index]),
+        collectives=traced, exposed_comm_seconds=None if traced is None else traced.exposed_comm_seconds,
+        bound_by=None if traced is None else traced.bound_by,
         **paired,
     )
 

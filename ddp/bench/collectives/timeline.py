@@ -1,0 +1,587 @@
+"""What bounds a step: one reading of a GPU timeline, the same for a user's trace (``ddp trace``)
+and for the suite's traced steps on CUDA, and its twin on CPU from what the suite records.
+
+**The partition (a fact).** A step owns the GPU events whose CPU launch (correlation id) lies in
+its window of the CPU clock (its ``ProfilerStep#N`` range; a suite step's phases). Its window W
+runs from its first own GPU event's start to its last one's end. Every instant of W, over every
+stream at once (kernels that overlap count once), is classed once, first class that applies:
+
+1. ``gpu_compute_seconds``: one of the step's own compute kernels runs;
+2. ``other_steps_seconds`` (with 4): a compute kernel of another step, or of none (launched
+   before the trace), runs;
+3. ``exposed_comm_seconds``: one of the step's NCCL kernels runs and no compute kernel of any step;
+4. ``other_steps_seconds``: another step's or an unowned NCCL kernel runs, alone;
+5. ``copy_only_seconds``: only copies (memcpy, memset) run;
+6. ``idle_seconds``: nothing runs; its part ``host_wait_seconds`` is each gap whose next event was
+   launched by the host after the gap began (the GPU waited for a launch).
+
+The five add up to W (``window_seconds``). Also ``comm_seconds``, the union of the step's NCCL
+kernels, and ``overlapped_comm_seconds``, its part beside a compute kernel of any step
+(= comm - exposed). Kernels are classed as Holistic Trace Analysis classes them
+(``ddp.bench.collectives.reading.kernel_kind``). Each of the step's NCCL kernels is a collective
+with its own share: instants where several run are split equally among them, so the shares add up
+to the step's figures; its phase is where its launch lies (``phase_of``).
+
+Where the trace has no NCCL kernel but gloo ran (gloo over CUDA tensors reduces on the host),
+communication is gloo's CPU ranges (``COMM_FROM_GLOO_RANGES``), placed on the same clock.
+
+**Inferences**, each with its rule (``TAIL_RULE``, ``BOUND_BY_RULE``): the tail, and what bounds
+the step.
+
+**On CPU with gloo** (``cpu_partition``) nothing runs on a GPU: compute is the training thread's
+phases (forward, backward until its last gradient, optimizer, accumulation), communication each
+collective's launch to completion, idle the rest; no copies, no host wait, so ``bound_by`` is
+``compute`` or ``communication``.
+
+Definitions beside HTA's and nsys': docs/profiling.md.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from ddp.bench.collectives.reading import (
+    _CPU_RANGE_CATEGORIES,
+    GpuEvent,
+    _collective_of_op,
+    _gpu_events,
+    _header,
+    trace_offset_us,
+)
+from ddp.bench.config.shape import ACCUMULATE, phases_of, step_span
+
+Interval = tuple[float, float]
+
+# The parts of W, in the order they are classed (module docstring); they add up to W.
+PARTS = ("gpu_compute_seconds", "other_steps_seconds", "exposed_comm_seconds", "copy_only_seconds", "idle_seconds")
+# Every figure of a step's partition, medians of which a suite's record keeps.
+FIGURES = ("window_seconds", *PARTS, "host_wait_seconds", "comm_seconds", "overlapped_comm_seconds")
+
+BOUND_BY = ("host", "compute", "communication", "copies")
+HOST_BOUND_SHARE = 0.30
+BOUND_BY_RULE = (f"host when the GPU waits on the host at least {HOST_BOUND_SHARE:.0%} of the window "
+                 "(host_wait_seconds >= 0.3 x window_seconds); else whichever of the step's compute, its "
+                 "communication alone and copies alone holds the most of the window")
+TAIL_RULE = ("the collective holding exposed time that ended last before the optimizer's first compute kernel "
+             "(or the window's end where no optimizer range is found)")
+
+# Where a step's communication intervals come from.
+COMM_FROM_NCCL_KERNELS = "nccl_kernels"
+COMM_FROM_GLOO_RANGES = "gloo_ranges"  # gloo over CUDA tensors: gloo's CPU ranges
+COMM_FROM_RECORDS = "collective_records"  # CPU: the strategy's or the profiler's launch and completion
+COMM_NONE = "none"
+
+PHASES = ("forward", "backward", "accumulate", "gradient_sync", "optimizer", "other")
+
+
+# ---------------------------------------------------------------------------------------------
+# Interval arithmetic over sorted, disjoint intervals
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering exactly the given ones; empty intervals vanish."""
+    merged: list[list[float]] = []
+    for start, end in sorted((s, e) for s, e in intervals if e > s):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    """Total length of disjoint intervals."""
+    return sum(e - s for s, e in intervals)
+
+
+def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The parts of disjoint sorted ``a`` that lie in disjoint sorted ``b``."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            lo, hi = max(s, b[k][0]), min(e, b[k][1])
+            if hi > lo:
+                out.append((lo, hi))
+            k += 1
+    return out
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The parts of disjoint sorted ``a`` outside disjoint sorted ``b``."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, cursor = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cursor:
+                out.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < e:
+            out.append((cursor, e))
+    return out
+
+
+class _Cover:
+    """Disjoint sorted intervals, asked how much of ``[a, b]`` they cover, in O(log n)."""
+
+    def __init__(self, intervals: list[Interval]) -> None:
+        self.starts = [s for s, _ in intervals]
+        self.ends = [e for _, e in intervals]
+        self.before = [0.0]
+        for s, e in intervals:
+            self.before.append(self.before[-1] + e - s)
+
+    def within(self, a: float, b: float) -> float:
+        lo, hi = bisect_right(self.ends, a), bisect_left(self.starts, b)
+        if hi <= lo:
+            return 0.0
+        covered = self.before[hi] - self.before[lo]
+        covered -= max(0.0, a - self.starts[lo])  # the first interval may start before a
+        covered -= max(0.0, self.ends[hi - 1] - b)  # and the last end after b
+        return covered
+
+
+# ---------------------------------------------------------------------------------------------
+# The partition of one step's window
+
+
+class Comm(NamedTuple):
+    """One communication interval of a step: an NCCL kernel, or a gloo range on the host."""
+
+    start: float
+    end: float
+    name: str
+    """Its collective and place among the step's (``AllReduce 3``)."""
+    collective: str | None
+    cpu_collective: str | None
+    """The CPU range's collective (``all_to_all``) where it names another than the kernel, else None."""
+    phase: str
+    range: str | None
+    """For phase ``other``: the innermost CPU range its launch lies in."""
+    size_bytes: int | None = None
+
+
+def split_shares(comms: list[Comm], compute: list[Interval]) -> list[tuple[float, float]]:
+    """``(overlapped, exposed)`` seconds of each of ``comms``: each instant a collective runs is
+    overlapped where a compute kernel runs (``compute``, disjoint sorted) and exposed where none
+    does, and is split equally among the collectives that run at that instant."""
+    shares = [[0.0, 0.0] for _ in comms]
+    cover = _Cover(compute)
+    bounds = sorted({t for c in comms for t in (c.start, c.end)})
+    for a, b in zip(bounds, bounds[1:]):
+        running = [i for i, c in enumerate(comms) if c.start <= a and c.end >= b and c.end > c.start]
+        if not running:
+            continue
+        overlapped = min(b - a, cover.within(a, b))
+        exposed = max(0.0, (b - a) - overlapped)  # not -0.0 where float arithmetic says "all of it"
+        for i in running:
+            shares[i][0] += overlapped / len(running)
+            shares[i][1] += exposed / len(running)
+    return [(o, e) for o, e in shares]
+
+
+def bound_by(figures: dict) -> str:
+    """What bounds a step, by ``BOUND_BY_RULE``."""
+    window = figures["window_seconds"]
+    if window > 0 and figures["host_wait_seconds"] >= HOST_BOUND_SHARE * window:
+        return "host"
+    held = {"compute": figures["gpu_compute_seconds"], "communication": figures["exposed_comm_seconds"],
+            "copies": figures["copy_only_seconds"]}
+    return max(held, key=held.get)
+
+
+def partition(window: Interval, own_compute: list[Interval], all_compute: list[Interval], own_comm: list[Comm],
+              all_comm: list[Interval], copies: list[Interval], host_waits: list[Interval]) -> dict:
+    """The figures of one step (module docstring) from its events' intervals, times in any unit:
+    its own compute and communication, every compute and communication interval of the trace
+    (its own among them), every copy, and ``host_waits``, the gaps in which the GPU waited for a
+    launch (``idle_gaps``), whose part that nothing ran in is ``host_wait_seconds``."""
+    w = [window] if window[1] > window[0] else []
+    mine = intersect(union(own_compute), w)
+    compute_all = union([*own_compute, *all_compute])
+    comm_mine = union((c.start, c.end) for c in own_comm)
+    comm_all = union([*comm_mine, *all_comm])
+    busy = union([*compute_all, *comm_all, *copies])
+    idle = subtract(w, busy)
+    figures = {
+        "window_seconds": length(w),
+        "gpu_compute_seconds": length(mine),
+        "other_steps_seconds": length(subtract(intersect(compute_all, w), mine))
+        + length(intersect(subtract(subtract(comm_all, comm_mine), compute_all), w)),
+        "exposed_comm_seconds": length(intersect(subtract(comm_mine, compute_all), w)),
+        "copy_only_seconds": length(intersect(subtract(subtract(union(copies), compute_all), comm_all), w)),
+        "idle_seconds": length(idle),
+        "host_wait_seconds": length(intersect(idle, union(host_waits))),
+        "comm_seconds": length(comm_mine),
+        "overlapped_comm_seconds": length(intersect(comm_mine, compute_all)),
+    }
+    figures["bound_by"] = bound_by(figures)
+    return figures
+
+
+def idle_gaps(events: list[tuple[float, float, float]]) -> list[Interval]:
+    """The gaps in the union of GPU events ``(start, end, launch)`` after which the GPU waited on the
+    host: the first event to start at the gap's end was launched after the gap began (HTA's "host
+    wait", over every stream at once rather than per stream)."""
+    by_start = sorted(events)
+    gaps, reach = [], None
+    for i, (start, end, _) in enumerate(by_start):
+        if reach is not None and start > reach:
+            first_launch, j = by_start[i][2], i  # the earliest launch among the events that start here
+            while j < len(by_start) and by_start[j][0] == start:
+                first_launch, j = min(first_launch, by_start[j][2]), j + 1
+            if first_launch > reach:
+                gaps.append((reach, start))
+        reach = end if reach is None else max(reach, end)
+    return gaps
+
+
+def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: float, optimizer_start: float) -> tuple:
+    """Each communication interval as a row of the step's ``collectives`` (times from ``origin``),
+    the sums per phase, and the tail (``TAIL_RULE``)."""
+    shares = split_shares(comms, compute_all)
+    rows = [{"name": c.name, "label": c.name, "collective": c.collective, "cpu_collective": c.cpu_collective, "phase": c.phase,
+             "range": c.range, "size_bytes": c.size_bytes, "start_seconds": c.start - origin,
+             "end_seconds": c.end - origin, "overlapped_seconds": overlapped, "exposed_seconds": exposed}
+            for c, (overlapped, exposed) in zip(comms, shares)]
+    phases: dict[str, dict] = {}
+    for row in rows:
+        sums = phases.setdefault(row["phase"], {"collectives": 0, "exposed_seconds": 0.0, "overlapped_seconds": 0.0})
+        sums["collectives"] += 1
+        sums["exposed_seconds"] += row["exposed_seconds"]
+        sums["overlapped_seconds"] += row["overlapped_seconds"]
+    waited = [(c, row) for c, row in zip(comms, rows) if row["exposed_seconds"] > 0 and c.end <= optimizer_start]
+    tail = max(waited, key=lambda pair: pair[0].end)[1]["name"] if waited else None
+    return rows, phases, tail
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace's CPU ranges: where a launch lies
+
+
+class _Ranges:
+    """CPU ranges on one thread, asked which contain an instant. A thread's ranges nest (a
+    profiler's ranges open and close as a stack), so each has a parent: the last range that
+    started before it and had not ended; the ranges that contain an instant are the last that
+    started before it and its parents, those of them that still run."""
+
+    def __init__(self, spans: list[tuple[float, float, str]]) -> None:
+        self.spans = sorted(spans, key=lambda span: (span[0], -span[1]))
+        self.starts = [s for s, _, _ in self.spans]
+        self.parents, stack = [], []
+        for i, (start, _, _) in enumerate(self.spans):
+            while stack and self.spans[stack[-1]][1] < start:
+                stack.pop()
+            self.parents.append(stack[-1] if stack else -1)
+            stack.append(i)
+
+    def containing(self, t: float) -> list[str]:
+        """The names of the ranges that contain ``t``, outermost first."""
+        names = []
+        i = bisect_right(self.starts, t) - 1
+        while i >= 0:
+            if self.spans[i][1] >= t:
+                names.append(self.spans[i][2])
+            i = self.parents[i]
+        return names[::-1]
+
+
+def _is_backward(name: str) -> bool:
+    # The autograd engine runs every backward function in an evaluate_function range; a compiled
+    # backward runs as an autograd node named ...Backward (AOTAutograd's CompiledFunctionBackward)
+    # or under compiled autograd's own range; the suite's phase is "backward".
+    return (name.startswith("autograd::engine::evaluate_function") or "CompiledFunctionBackward" in name
+            or name.startswith("compiled_autograd") or name == "backward")
+
+
+def _is_optimizer(name: str) -> bool:
+    return name.startswith("Optimizer.step#") or name == "optimizer"
+
+
+_COLLECTIVE_RANGES = ("nccl:", "c10d::", "record_param_comms", "gloo:")
+
+
+class _Places:
+    """Where a launch lies among a trace's CPU ranges, by thread (``phase_of``)."""
+
+    def __init__(self, cpu: list[dict], to_seconds) -> None:
+        by_thread: dict[tuple, list] = {}
+        for e in cpu:
+            start, end = to_seconds(e["ts"]), to_seconds(e["ts"] + e.get("dur", 0))
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, e.get("name", "")))
+        self.threads = {thread: _Ranges(spans) for thread, spans in by_thread.items()}
+        # Each thread's backward ranges, for a launch on the engine's thread between them (a
+        # reducer's callback at the end of backward lies in no evaluate_function range).
+        self.backward = {thread: [(s, e) for s, e, name in r.spans if _is_backward(name)] for thread, r in self.threads.items()}
+
+    def names_at(self, thread, t: float) -> list[str]:
+        ranges = self.threads.get(thread)
+        return ranges.containing(t) if ranges else []
+
+    def step(self, window: Interval, main_thread) -> StepPlaces:
+        return StepPlaces(self, window, main_thread)
+
+
+class StepPlaces:
+    """The places of one step's launches (``phase_of``)."""
+
+    def __init__(self, places: _Places, window: Interval, main_thread) -> None:
+        self.places, self.main_thread = places, main_thread
+        self.backward_span = {}
+        for thread, spans in places.backward.items():
+            mine = [(s, e) for s, e in spans if window[0] <= s <= window[1]]
+            if mine:
+                self.backward_span[thread] = (mine[0][0], max(e for _, e in mine))
+        self.first_backward = min((s for s, _ in self.backward_span.values()), default=float("inf"))
+
+    def phase_of(self, thread, t: float) -> tuple[str, str | None]:
+        """``(phase, range)`` of a launch on ``thread`` at ``t``, first that applies: ``optimizer``
+        inside ``Optimizer.step#`` (the suite's ``optimizer``); the suite's ``accumulate`` and
+        ``gradient_sync``; ``backward`` inside the autograd engine, a compiled backward (the suite's
+        ``backward``) or on a thread between its backward ranges of this step; ``forward`` on the
+        step's main thread before its first backward range (the suite's ``forward``); else
+        ``other``, with the innermost range that is not the collective's own."""
+        names = self.places.names_at(thread, t)
+        if any(_is_optimizer(name) for name in names):
+            return "optimizer", None
+        for phase in (ACCUMULATE, "gradient_sync"):
+            if phase in names:
+                return phase, None
+        span = self.backward_span.get(thread)
+        if any(_is_backward(name) for name in names) or (span and span[0] <= t <= span[1]):
+            return "backward", None
+        if "forward" in names or (thread == self.main_thread and t < self.first_backward):
+            return "forward", None
+        inner = [name for name in names if not name.startswith(_COLLECTIVE_RANGES) and not re.fullmatch(r"ProfilerStep#\d+", name)]
+        return "other", inner[-1] if inner else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a trace
+
+
+def _op_of_range(name: str | None) -> str | None:
+    """A collective's name as PyTorch's range gives it: ``nccl:all_to_all`` -> ``all_to_all``."""
+    if not name:
+        return None
+    op = name.split(":", 1)[1] if ":" in name else name
+    return op.split()[0].strip("_") or None
+
+
+def _names_another(kernel_collective: str | None, op: str | None) -> bool:
+    """Whether the CPU range's collective ``op`` says more than the kernel's name: another
+    collective, or which one a SendRecv kernel runs (``all_to_all``, ``gather``)."""
+    if op is None:
+        return False
+    return _collective_of_op(op) != kernel_collective or (kernel_collective == "SendRecv" and not op.startswith(("send", "recv")))
+
+
+class StepWindow(NamedTuple):
+    """A step's CPU window, in seconds on the reading's clock, and the thread it ran on."""
+
+    start: float
+    end: float
+    name: str
+    thread: tuple | None
+
+
+def _cpu_spans(cpu: list[dict], to_seconds, matches) -> list[tuple[float, float, str, tuple]]:
+    """``(start, end, name, thread)`` of the CPU ranges whose name ``matches``, by start."""
+    return sorted((to_seconds(e["ts"]), to_seconds(e["ts"] + e.get("dur", 0)), e["name"], (e.get("pid"), e.get("tid")))
+                  for e in cpu if matches(e.get("name", "")))
+
+
+def _is_collective_range(prefix: str):
+    return lambda name: name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
+
+
+def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[dict]:
+    """The partition of each step window of one trace (module docstring), times in seconds from
+    the window's start. ``to_seconds`` maps the trace's µs onto the windows' clock (seconds)."""
+    gpu = [e for e in _gpu_events(events, -to_seconds(0.0) * 1e6) if e.kind != "sync"]
+    cpu = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") in _CPU_RANGE_CATEGORIES]
+    places = _Places(cpu, to_seconds)
+    nccl_ranges = _cpu_spans(cpu, to_seconds, _is_collective_range("nccl:"))
+    starts = [w.start for w in windows]
+
+    def owner(t: float) -> int | None:
+        i = bisect_right(starts, t) - 1
+        return i if i >= 0 and t <= windows[i].end else None
+
+    owned: list[list[GpuEvent]] = [[] for _ in windows]
+    for e in gpu:
+        if (i := owner(e.launch_seconds)) is not None:
+            owned[i].append(e)
+    compute_all = union((e.start_seconds, e.end_seconds) for e in gpu if e.kind == "compute")
+    copies = [(e.start_seconds, e.end_seconds) for e in gpu if e.kind == "memory"]
+    comm_all = [(e.start_seconds, e.end_seconds) for e in gpu if e.kind == "communication"]
+    # gloo over CUDA tensors launches no NCCL kernel: its CPU ranges are the communication.
+    gloo = [] if comm_all else _cpu_spans(cpu, to_seconds, _is_collective_range("gloo:"))
+    comm_all += [(start, end) for start, end, _, _ in gloo]
+    host_waits = idle_gaps([(e.start_seconds, e.end_seconds, e.launch_seconds) for e in gpu])
+    steps = []
+    for window, mine in zip(windows, owned):
+        span = (window.start, window.end)
+        phase_of = places.step(span, window.thread).phase_of
+
+        comms = []
+        kernels = sorted((e for e in mine if e.kind == "communication"), key=lambda e: e.start_seconds)
+        for place, k in enumerate(kernels):
+            op = _op_of_range(_innermost(nccl_ranges, k.thread, k.launch_seconds))
+            comms.append(Comm(k.start_seconds, k.end_seconds, f"{k.collective or 'collective'} {place}", k.collective,
+                              op if _names_another(k.collective, op) else None, *phase_of(k.thread, k.launch_seconds),
+                              k.size_bytes))
+        comm_source = COMM_FROM_NCCL_KERNELS if comms else COMM_NONE
+        for place, (start, end, name, thread) in enumerate(g for g in gloo if span[0] <= g[0] <= span[1]):
+            comm_source, op = COMM_FROM_GLOO_RANGES, _op_of_range(name)
+            comms.append(Comm(start, end, f"{op} {place}", _collective_of_op(op or ""), op, *phase_of(thread, start)))
+        own = [(e.start_seconds, e.end_seconds) for e in mine] + [(c.start, c.end) for c in comms]
+        w = (min(s for s, _ in own), max(e for _, e in own)) if own else (window.start, window.start)
+        own_compute = [(e.start_seconds, e.end_seconds) for e in mine if e.kind == "compute"]
+        figures = partition(w, own_compute, compute_all, comms, comm_all, copies, host_waits)
+        optimizer_start = min((e.start_seconds for e in mine if e.kind == "compute"
+                               and any(_is_optimizer(name) for name in places.names_at(e.thread, e.launch_seconds))),
+                              default=w[1])
+        rows, phases, tail = collective_rows(comms, compute_all, window.start, optimizer_start)
+        launched = [(k.thread, k.launch_seconds) for k in kernels]
+        without = [{"name": _op_of_range(name), "phase": phase_of(thread, start)[0],
+                    "start_seconds": start - window.start, "end_seconds": end - window.start}
+                   for start, end, name, thread in nccl_ranges
+                   if span[0] <= start <= span[1] and not any(t == thread and start <= at <= end for t, at in launched)]
+        steps.append({
+            "name": window.name, "step_seconds": window.end - window.start, "window_start_seconds": w[0] - window.start,
+            **figures, "bound_by_rule": BOUND_BY_RULE, "comm_source": comm_source,
+            "collectives": rows, "phases": phases, "collectives_without_kernel": without, "tail": tail, "tail_rule": TAIL_RULE,
+        })
+    return steps
+
+
+def _innermost(spans: list[tuple[float, float, str, tuple]], thread, t: float) -> str | None:
+    """The name of the latest-starting of ``spans`` on ``thread`` that contains ``t``."""
+    i = bisect_right(spans, (t, float("inf")))
+    for start, end, name, on in reversed(spans[:i]):
+        if on == thread and end >= t:
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's own trace (ddp trace)
+
+# The one step of a trace without ProfilerStep#N annotations.
+WHOLE_TRACE = "whole trace"
+
+
+class TraceReading(NamedTuple):
+    """What ``read_trace`` reads of one rank's trace."""
+
+    header: dict
+    """world_size, rank, backend, nccl_version (``distributedInfo``), gpu (its ``deviceProperties``
+    name, of the device its kernels ran on), each None where the trace does not say."""
+    steps: list[dict]
+    """One partition per ``ProfilerStep#N`` (``read_steps``), in order."""
+    from_profiler_steps: bool
+    """False where the trace has no ``ProfilerStep#N`` annotation: one step spans it (``WHOLE_TRACE``)."""
+    gpu_events: int
+    nccl_kernels: int
+    """NCCL kernels in the whole trace, launched inside a step or not."""
+
+
+def read_trace(trace: dict) -> TraceReading:
+    """The steps of one rank's PyTorch profiler trace of real training, each partitioned
+    (``read_steps``): a step is a ``ProfilerStep#N`` range (``torch.profiler.schedule`` writes
+    one per ``profiler.step()``); a trace without any is one step spanning it (``WHOLE_TRACE``).
+    Times in seconds from the trace's first event (a trace's µs since the epoch, 1.7e15, kept in
+    seconds would keep only about 0.2 µs of a float's precision); the CPU's and the GPU's events
+    share one clock in Kineto's traces."""
+    events = trace["traceEvents"]
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    origin_us = min((e["ts"] for e in timed), default=0)
+
+    def to_seconds(us: float) -> float:
+        return (us - origin_us) / 1e6
+
+    windows = sorted(StepWindow(to_seconds(e["ts"]), to_seconds(e["ts"] + e.get("dur", 0)), e["name"],
+                                (e.get("pid"), e.get("tid")))
+                     for e in timed if e.get("cat") in _CPU_RANGE_CATEGORIES
+                     and re.fullmatch(r"ProfilerStep#\d+", e.get("name", "")))
+    from_profiler_steps = bool(windows)
+    if not windows and timed:
+        windows = [StepWindow(0.0, max(to_seconds(e["ts"] + e.get("dur", 0)) for e in timed), WHOLE_TRACE, None)]
+    gpu = _gpu_events(events, origin_us)
+    return TraceReading(header=_header(trace), steps=read_steps(events, windows, to_seconds),
+                        from_profiler_steps=from_profiler_steps, gpu_events=len(gpu),
+                        nccl_kernels=sum(e.kind == "communication" for e in gpu))
+
+
+# ---------------------------------------------------------------------------------------------
+# The suite's traced steps
+
+
+def cuda_partitions(events: list[dict], steps: list[dict]) -> list[dict]:
+    """The partition of each of the suite's recorded steps (``ddp.bench.collectives.recording``)
+    from the CUDA trace recorded around them: each step's window is its phases' span on the
+    ``perf_counter`` clock, mapped onto the trace's by the first "forward" range (``trace_offset_us``)."""
+    offset_us = trace_offset_us(events, steps)
+    main = next(((e.get("pid"), e.get("tid")) for e in events if e.get("name") == "forward"
+                 and e.get("cat") == "user_annotation"), None)
+    windows = [StepWindow(*step_span(step), f"step {i}", main) for i, step in enumerate(steps)]
+    return read_steps(events, windows, lambda us: (us - offset_us) / 1e6)
+
+
+def labelled(partitions: list[dict], steps: list[dict]) -> list[dict]:
+    """``partitions`` with each collective row given the ``label`` of the step record's collective
+    it is (``bucket0``, ``broadcast0``), and the tail named by it: the i-th to start of each, where
+    the two count alike (NCCL's kernels read into the record, gloo's ranges against the strategy's
+    records); else its name."""
+    out = []
+    for partition, step in zip(partitions, steps):
+        records = sorted(step["collectives"], key=lambda c: c["launch_seconds"])
+        rows = partition["collectives"]
+        labels = [c["label"] for c in records] if len(records) == len(rows) else [row["name"] for row in rows]
+        label_of = {row["name"]: label for row, label in zip(rows, labels)}
+        out.append({**partition, "collectives": [{**row, "label": label} for row, label in zip(rows, labels)],
+                    "tail": label_of.get(partition["tail"], partition["tail"])})
+    return out
+
+
+def _compute_spans(step: dict) -> list[Interval]:
+    """What the training thread computes in a recorded step: every phase but the wait for
+    gradients (``gradient_sync``), backward until its last gradient."""
+    spans = [tuple(step[phase]) for phase in phases_of(step) if phase not in ("backward", "gradient_sync")]
+    return [*spans, (step["backward"][0], step["backward_compute_end"])]
+
+
+def cpu_partition(step: dict) -> dict:
+    """The partition of one recorded step on CPU (gloo), without a profiler: the training thread's
+    phases are the compute (``_compute_spans``), each collective's launch to completion the
+    communication, nothing else; times from the step's start. A collective's phase is the phase
+    its launch lies in (``backward`` where it lies in the accumulating micro-batches' backward too)."""
+    span = step_span(step)
+    compute = _compute_spans(step)
+    phases = [(step[phase][0], step[phase][1], phase) for phase in phases_of(step)]
+    comms = []
+    for place, c in enumerate(sorted(step["collectives"], key=lambda c: c["launch_seconds"])):
+        phase = next((name for start, end, name in phases if start <= c["launch_seconds"] <= end), "other")
+        comms.append(Comm(c["launch_seconds"], c["done_seconds"], c.get("label", f"collective{place}"),
+                          None, None, phase, None if phase != "other" else "between phases", c.get("size_bytes")))
+    figures = partition(span, compute, [], comms, [], [], [])
+    rows, by_phase, tail = collective_rows(comms, union(compute), span[0], step["optimizer"][0])
+    return {"step_seconds": span[1] - span[0], "window_start_seconds": 0.0, **figures, "bound_by_rule": BOUND_BY_RULE,
+            "comm_source": COMM_FROM_RECORDS if comms else COMM_NONE, "collectives": rows, "phases": by_phase,
+            "collectives_without_kernel": [], "tail": tail, "tail_rule": TAIL_RULE}
+
+
+def medians(partitions: list[dict]) -> dict:
+    """Each ``FIGURES`` figure's median over steps, and ``bound_by`` by the rule applied to them."""
+    figures = {key: statistics.median(p[key] for p in partitions) for key in FIGURES}
+    return {**figures, "bound_by": bound_by(figures)}
