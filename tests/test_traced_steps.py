@@ -85,8 +85,11 @@ def test_a_grid_traces_on_its_tracer_and_never_on_the_ranks_it_times(rank_group)
             ranks.run(count_traced_steps)
         configs = [StepConfig("local", "tiny", 2, 16), StepConfig("bucketed", "tiny", 2, 16, 1.0)]
         policy = RoundOptions(3, 3, 1, 1.0, float("inf"), traced_steps=4)
-        measurement, index, twin = GridMeasurer(rank_group, configs, policy, "local", tracer=tracer).measurement(configs[1])
+        measurer = GridMeasurer(rank_group, configs, policy, "local", tracer=tracer)
+        measurement, index, twin = measurer.measurement(configs[1])
+        local, local_index, _ = measurer.measurement(configs[0])  # its twin's rounds, and its twin's traced steps
         free(rank_group)
+        assert local.traces[local_index] is measurement.traces[twin]
         assert tracer.run(traced_so_far) == [8] * tracer.world_size  # 4 of local, 4 of bucketed
         assert rank_group.run(traced_so_far) == [0] * rank_group.world_size
     assert len(measurement.rounds) == 3

@@ -99,8 +99,9 @@ def step_section(run: Run) -> list[str]:
         "",
         "Exposed communication: the step's communication with no compute beside it, from its traced steps "
         "(`ddp.bench.collectives.timeline`), as a share of its step (and in ms), and what bounds the step by "
-        f"the rule `{BOUND_BY_RULE}`. Where nothing was traced (a run saved before schema 7), the timed wait for "
-        "gradients instead, so marked.",
+        f"the rule `{BOUND_BY_RULE}`; then the timed rounds' wait from backward's last gradient to gradients "
+        "synchronized, which on a host-bound step is the host's launch gap, not communication. Where nothing was "
+        "traced (a run saved before schema 7), the wait alone, so marked.",
         "",
         _table(share_rows, headers),
         "",
@@ -108,10 +109,13 @@ def step_section(run: Run) -> list[str]:
 
 
 def exposed_cell(step: StepRecord) -> str:
-    """A step's exposed communication and what bounds it; its timed wait where nothing was traced."""
+    """A step's exposed communication and what bounds it, beside the timed rounds' wait for
+    gradients, which on a host-bound step is the host's launch gap (so flagged); the wait alone
+    where nothing was traced."""
+    wait = f"wait {ms(step.sync_wait_seconds)} ms" + (" (host-bound: the host's gap)" if step.bound_by == "host" else "")
     if step.exposed_comm_seconds is None:
-        return f"wait {ms(step.sync_wait_seconds)} ms (not traced)"
-    return f"{pct(step.exposed_comm_fraction)} ({ms(step.exposed_comm_seconds)} ms), {bound_label(step)}"
+        return f"{wait} (not traced)"
+    return f"{pct(step.exposed_comm_fraction)} ({ms(step.exposed_comm_seconds)} ms), {bound_label(step)}; {wait}"
 
 
 def bound_label(step: StepRecord) -> str:

@@ -428,8 +428,10 @@ class GridMeasurer:
         labels = [g for measurement, _, _ in pairs for g in measurement.round_groups or [0] * len(measurement.rounds)]
         setups = [pairs[0][0].setups[pairs[0][2]]]
         seconds = [max(t.seconds for t in round_[0]) for round_ in rounds]
+        first, _, twin = pairs[0]
+        traces = None if first.traces is None else [first.traces[twin]]  # the twin's traced steps: the same configuration
         measurement = Measurement([local], setups, rounds, relative_half_width(seconds, groups=labels),
-                                  self.policy.target_precision, round_groups=labels)
+                                  self.policy.target_precision, traces=traces, round_groups=labels)
         self._measured[local] = (measurement, 0, None)
 
     def _measure_group(self, config: StepConfig) -> None:
