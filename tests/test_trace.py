@@ -375,3 +375,24 @@ def test_a_file_that_is_not_a_trace_is_one_line_and_exit_2(tmp_path, capsys, con
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddp-bench trace: error: ") and message in lines[0]
+
+
+RECORDED = Path(__file__).parent / "data" / "h200_ddp_ws1_nccl_rank0.json.gz"
+
+
+def test_a_recorded_nccl_trace_at_world_size_one_names_the_collectives_that_launched_no_kernel(capsys):
+    """PyTorch's DDP at one NCCL rank on an H200 (torch 2.11, NCCL 2.28.9; 3 steps of 8 linear layers,
+    recorded by this project): its reducer's all-reduces enter ``nccl:all_reduce`` and launch no kernel."""
+    with gzip.open(RECORDED) as f:
+        raw = json.load(f)
+    ranges = [e for e in raw["traceEvents"] if e.get("name") == "nccl:all_reduce"]
+    assert not [e for e in raw["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]
+    reading = read_trace(raw)
+    (step,) = reading.steps  # recorded without a schedule: no ProfilerStep#N, one step spanning the trace
+    assert reading.nccl_kernels == 0 and step["collectives"] == [] and step["comm_seconds"] == 0.0
+    assert [(c["name"], c["phase"]) for c in step["collectives_without_kernel"]] == [("all_reduce", "backward")] * len(ranges)
+    assert sum(step[part] for part in PARTS) == pytest.approx(step["window_seconds"])
+    assert step["bound_by"] == "host"  # 8 small layers: the GPU waits for each launch
+    assert ddp_main(["trace", str(RECORDED)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(ranges)} NCCL collectives launched no GPU kernel (all_reduce" in out and "ran no NCCL collective" not in out

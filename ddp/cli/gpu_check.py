@@ -57,8 +57,8 @@ class Stage:
 
 
 STAGES = (
-    Stage("harness", gpu_stages.harness, 40,
-          "24 s on an H200 (2026-11-26); estimated: start-up 10 s, a plain xl loop and the harness's built and "
+    Stage("harness", gpu_stages.harness, 35,
+          "24-25 s on an H200 (2026-11-26, 11-27); estimated: start-up 10 s, a plain xl loop and the harness's built and "
           "warmed, 10 rounds of both at b4 x 128 (0.25 s a step): 30 s"),
     Stage("precision", gpu_stages.precision, 90,
           "65 s on an H200; estimated: start-up 10 s, xl's step predicted for fp32 (tf32's is the same) and bf16 "
@@ -67,16 +67,17 @@ STAGES = (
     Stage("fit", gpu_stages.fit, 75,
           "57 s on an H200 at its largest batch of 13 (an H100's is 6, half the steps); estimated: 2 start-ups, xl "
           "predicted at seq 1024 twice, the largest batch built, 4 steps: 55 s"),
-    Stage("oom", gpu_stages.oom, 35,
-          "23 s on an H200; estimated: start-up 10 s, xl predicted at seq 128 (10 s), the hog fills the GPU in "
+    Stage("oom", gpu_stages.oom, 32,
+          "23 s on an H200 (twice); estimated: start-up 10 s, xl predicted at seq 128 (10 s), the hog fills the GPU in "
           "1 GiB blocks and is freed, xl b2 x 128 built and 5 steps: 30 s"),
-    Stage("traced", gpu_stages.traced, 90,
-          "70 s on an H200; estimated: 3 groups of ranks (2 gloo over CUDA twice, 1 NCCL), 25 s; small (128.6M) "
-          "steps, 3 x 12 rounds and 3 traces of 4 steps with their export; ddp profile of 2 strategies at world "
-          "size 1: 45 s"),
-    Stage("compile", gpu_stages.compile_, 70,
-          "43 s on an H200; estimated: start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
-          "backward, the torch strategy's from the cache, 2 x 5 steps: 70 s"),
+    Stage("traced", gpu_stages.traced, 108,
+          "75-89 s on an H200 (2026-11-27, with 12 rounds and small at world size 1; an H100 30% slower: 116 s); "
+          "estimated: 3 groups of ranks (2 gloo over CUDA twice, 1 NCCL), 25 s; small (128.6M) steps, 3 x 10 rounds "
+          "and 5 traces of 4 steps (local, bucketed, torch, then torch twice) with their export and partition; "
+          "ddp profile of 2 strategies at world size 1 on tiny: 40 s"),
+    Stage("compile", gpu_stages.compile_, 60,
+          "40-43 s on an H200; estimated: start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
+          "backward, the torch strategy's from the cache, 2 x 5 steps: 55 s"),
     Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 40,
           "30 s on an H200 with 44 tests; estimated: start-up 10 s, 42 tests (bucketed, torch and fsdp on the "
           "LM with AdamW, every precision and step shape) x 0.59 s: 35 s"),

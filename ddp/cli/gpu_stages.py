@@ -297,7 +297,7 @@ def traced(target: Target, out: Path, suite: Path) -> str:
         # profiler with CUDA activity (PyTorch's reducer records nothing itself): on the tracer's
         # ranks, then on the timing ranks themselves, which then time bucketed again.
         pair, profiled = [configs[1], configs[0]], [configs[2]]
-        rounds = dataclasses.replace(policy, min_rounds=12, max_rounds=12)
+        rounds = dataclasses.replace(policy, min_rounds=10, max_rounds=10)
         before = measure(timing, pair, rounds).round_seconds(0)
         trace(tracer, profiled, policy)
         after = measure(timing, pair, rounds).round_seconds(0)
@@ -317,7 +317,7 @@ def traced(target: Target, out: Path, suite: Path) -> str:
 def one_nccl_rank_launches_no_kernel(target: Target, out: Path) -> str:
     """``ddp profile`` at world size 1: the steps' phases read from the GPU's kernels, and no NCCL
     kernel (an all-reduce over one rank launches nothing: ``launch_all_reduce``)."""
-    configs = [ProfileConfig(StepConfig(name, "tiny" if target.rehearse else "small", 2, 64, 1.0 if name != "naive" else None),
+    configs = [ProfileConfig(StepConfig(name, "tiny", 2, 64, 1.0 if name != "naive" else None),
                              steps=2, out_dir=str(out)) for name in ("naive", "bucketed")]
     with target.ranks(1) as ranks:
         records = profile_on(ranks, configs)
@@ -330,15 +330,15 @@ def one_nccl_rank_launches_no_kernel(target: Target, out: Path) -> str:
     target.check(target.rehearse or kinds.count("compute") > 0, "no compute kernel in the CUDA trace at world size 1")
     target.check(kinds.count("communication") == 0 and not one_rank,
                  f"{kinds.count('communication')} NCCL kernels and {len(one_rank)} oneRankReduce at world size 1")
-    # The partition of the same trace, as the parent reads it: parts that add up, no communication,
-    # and (on NCCL) the collectives that launched no kernel named.
+    # The partition of the same trace, as the parent reads it: parts that add up and no
+    # communication. The suite's strategies launch no collective at world size 1 (launch_all_reduce),
+    # so NCCL ranges without a kernel (PyTorch's reducer's) are counted, not required.
     steps = [step for r in records for step in read_traces(r)[0]["steps"]]
     without = sum(len(step["timeline"]["collectives_without_kernel"]) for step in steps)
     for step in steps:
         # (rehearsed on CPU, gloo's one-rank all-reduce is a collective of its own: it communicates)
         target.check(adds_up(step["timeline"]) and (target.rehearse or step["timeline"]["comm_seconds"] == 0.0),
                      f"world size 1: {_parts(step['timeline'])}, communication {step['timeline']['comm_seconds']} s")
-    target.check(target.rehearse or without > 0, "world size 1: no NCCL range without a kernel read from the trace")
     bound = Counter(step["timeline"]["bound_by"] for step in steps)
     return (f"world size 1: {kinds.count('compute')} compute kernels, no NCCL kernel, no oneRankReduce; "
             f"{without} collectives without a kernel; bound by {dict(bound)}")

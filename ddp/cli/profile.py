@@ -10,6 +10,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ddp.analysis.profiles import write_profiles
+from ddp.bench.collectives.timeline import BOUND_BY_RULE
 from ddp.bench.config.options import add_config_options, add_launch_options, config_values, launch_options
 from ddp.bench.config.parsing import argument_type, non_negative_int, positive_int
 from ddp.bench.config.step_config import AXES, StepConfig
@@ -41,10 +42,11 @@ def summary_table(summary: ProfileSummary) -> str:
         tail = slowest.get("tail")
         tail_text = f"{tail} ({slowest['collective_exposed_seconds'][tail] * 1e3:.1f} ms)" if tail else None
         rows.append([name, s.step_seconds * 1e3, s.comm_seconds * 1e3, s.overlap_fraction, s.exposed_comm_seconds * 1e3,
-                     tail_text, s.slowest_rank, s.comm_source])
+                     tail_text, s.bound_by, s.slowest_rank, s.comm_source])
     headers = ["strategy", "step_ms", "comm_ms/step", "overlap_fraction", "exposed_comm_ms/step", "tail collective (exposed)",
-               "slowest_rank", "comm_from"]
-    return tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", "", ""), missingval="-")
+               "bound_by", "slowest_rank", "comm_from"]
+    return (tabulate(rows, headers=headers, floatfmt=("", ".0f", ".0f", ".2f", ".0f", "", "", "", ""), missingval="-")
+            + f"\nbound_by: {BOUND_BY_RULE}")
 
 
 def main(args: argparse.Namespace) -> int:
