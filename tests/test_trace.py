@@ -217,12 +217,13 @@ def test_a_then_callback_on_a_side_stream_does_not_hide_the_collective_it_follow
     assert step["copy_only_seconds"] == pytest.approx(6 * US)  # the copy beside it for 4 µs
 
 
-def test_forward_all_to_all_and_optimizer_all_gather_are_exposed_in_their_phases():
+def test_forward_all_to_all_and_all_gather_and_optimizer_all_gather_are_exposed_in_their_phases():
     all_to_all = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     all_gather = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
     kernels = [
         (1, 1010, 1020, 1120, all_to_all, 1),  # the input's distribution, before any compute: alone
         (2, 1100, 1120, 1300, AMPERE_GEMM, 1),  # forward
+        (6, 1200, 1300, 1310, all_gather, 1),  # FSDP's next unit gathered in forward, after the compute
         (3, 1310, 1320, 1400, AMPERE_GEMM, 2),  # backward
         (4, 1620, 1720, 1800, ADAM, 1),
         (5, 1700, 1800, 1850, all_gather, 1),  # a sharded optimizer's all-gather, after its compute
@@ -231,11 +232,11 @@ def test_forward_all_to_all_and_optimizer_all_gather_are_exposed_in_their_phases
               ("autograd::engine::evaluate_function: MmBackward0", 1300, 1460, 2), ("Optimizer.step#AdamW.step", 1600, 1900, 1)]
     (step,) = _read(kernels, ranges, copy=False)
     assert [(c["name"], c["cpu_collective"], c["phase"]) for c in step["collectives"]] == [
-        ("SendRecv 0", "all_to_all", "forward"), ("AllGather 1", None, "optimizer")]
-    assert step["exposed_comm_seconds"] == pytest.approx(150 * US)
-    assert step["phases"]["forward"]["exposed_seconds"] == pytest.approx(100 * US)
+        ("SendRecv 0", "all_to_all", "forward"), ("AllGather 1", None, "forward"), ("AllGather 2", None, "optimizer")]
+    assert step["exposed_comm_seconds"] == pytest.approx(160 * US)
+    assert step["phases"]["forward"]["exposed_seconds"] == pytest.approx(110 * US)
     assert step["phases"]["optimizer"]["exposed_seconds"] == pytest.approx(50 * US)
-    assert step["tail"] == "SendRecv 0"  # the all-gather ends after the optimizer's first compute kernel
+    assert step["tail"] == "AllGather 1"  # the optimizer's all-gather ends after the optimizer's first compute kernel
 
 
 def test_overlapping_step_windows_own_their_events_by_launch():

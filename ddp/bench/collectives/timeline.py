@@ -66,8 +66,9 @@ HOST_BOUND_SHARE = 0.30
 BOUND_BY_RULE = (f"host when the GPU waits on the host at least {HOST_BOUND_SHARE:.0%} of the window "
                  "(host_wait_seconds >= 0.3 x window_seconds); else whichever of the step's compute, its "
                  "communication alone and copies alone holds the most of the window")
-TAIL_RULE = ("the collective holding exposed time that ended last before the optimizer's first compute kernel "
-             "(or the window's end where no optimizer range is found)")
+TAIL_RULE = ("among the collectives holding exposed time that started before the optimizer's first compute kernel "
+             "(or the window's end where no optimizer range is found), the one that ended last, an end after that "
+             "kernel's start counted at it")
 
 # Where a step's communication intervals come from.
 COMM_FROM_NCCL_KERNELS = "nccl_kernels"
@@ -259,8 +260,10 @@ def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: floa
         sums["collectives"] += 1
         sums["exposed_seconds"] += row["exposed_seconds"]
         sums["overlapped_seconds"] += row["overlapped_seconds"]
-    waited = [(c, row) for c, row in zip(comms, rows) if row["exposed_seconds"] > 0 and c.end <= optimizer_start]
-    tail = max(waited, key=lambda pair: pair[0].end)[1]["name"] if waited else None
+    # A collective the optimizer's first kernel waited for ends before it on a GPU; on the CPU its
+    # completion is stamped by another thread, possibly just after the optimizer began: counted at it.
+    waited = [(c, row) for c, row in zip(comms, rows) if row["exposed_seconds"] > 0 and c.start < optimizer_start]
+    tail = max(waited, key=lambda pair: (min(pair[0].end, optimizer_start), pair[0].end))[1]["name"] if waited else None
     return rows, phases, tail
 
 
@@ -572,7 +575,8 @@ def cpu_partition(step: dict) -> dict:
     comms = []
     for place, c in enumerate(sorted(step["collectives"], key=lambda c: c["launch_seconds"])):
         phase = next((name for start, end, name in phases if start <= c["launch_seconds"] <= end), "other")
-        comms.append(Comm(c["launch_seconds"], c["done_seconds"], c.get("label", f"collective{place}"),
+        # Within the step: a completion stamped by gloo's thread after the step ended is the step's end.
+        comms.append(Comm(max(c["launch_seconds"], span[0]), min(c["done_seconds"], span[1]), c.get("label", f"collective{place}"),
                           None, None, phase, None if phase != "other" else "between phases", c.get("size_bytes")))
     figures = partition(span, compute, [], comms, [], [], [])
     rows, by_phase, tail = collective_rows(comms, union(compute), span[0], step["optimizer"][0])
