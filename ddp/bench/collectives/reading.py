@@ -53,7 +53,7 @@ def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_byt
         # among them) on the GPU's timeline as "gpu_user_annotation", which would count each twice
         # (seen with gloo over CUDA tensors on an H200, torch 2.11).
         return sorted(((e["ts"] - offset) / 1e6, (e["ts"] + e.get("dur", 0) - offset) / 1e6, e["name"])
-                      for e in events if e.get("ph") == "X" and e.get("cat") in _CPU_RANGE_CATEGORIES
+                      for e in events if e.get("ph") == "X" and e.get("cat") in CPU_RANGE_CATEGORIES
                       and _is_collective(e.get("name", ""), prefix))
 
     calls, executions = spans("c10d::"), spans("gloo:")
@@ -152,7 +152,7 @@ _DTYPE_BYTES = {"Bool": 1, "Byte": 1, "Char": 1, "Float8_e4m3fn": 1, "Float8_e5m
                 "ComplexDouble": 16}
 
 
-def _collective_of_op(op: str) -> str | None:
+def collective_of_op(op: str) -> str | None:
     normalized = op.replace("_", "").lower()
     return next((collective for prefix, collective in _COLLECTIVE_OF_OP if normalized.startswith(prefix)), None)
 
@@ -170,7 +170,7 @@ def nccl_collective(kernel_name: str, kernel_args: dict | None = None, cpu_range
     if found:
         return found.group(1)
     ops = [(kernel_args or {}).get("Collective name"), cpu_range.removeprefix("nccl:") if cpu_range else None]
-    return next((collective for op in ops if op and (collective := _collective_of_op(str(op)))), None)
+    return next((collective for op in ops if op and (collective := collective_of_op(str(op)))), None)
 
 
 def nccl_message_bytes(kernel_args: dict) -> int | None:
@@ -202,7 +202,7 @@ class GpuEvent(NamedTuple):
 # Categories of the CPU's ranges: operators (the autograd engine's among them) and record_function's
 # annotations (ProfilerStep#N, Optimizer.step#..., nccl:<op>, the suite's phases). Kineto mirrors
 # annotations on the GPU's timeline as "gpu_user_annotation": not CPU ranges.
-_CPU_RANGE_CATEGORIES = ("cpu_op", "user_annotation")
+CPU_RANGE_CATEGORIES = ("cpu_op", "user_annotation")
 
 
 def _innermost_nccl_ranges(events: list[dict]):
@@ -211,7 +211,7 @@ def _innermost_nccl_ranges(events: list[dict]):
     that called it (NCCL launches from the caller), so the thread is matched."""
     by_thread: dict[tuple, list[tuple[float, float, str]]] = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in _CPU_RANGE_CATEGORIES and e.get("name", "").startswith("nccl:"):
+        if e.get("ph") == "X" and e.get("cat") in CPU_RANGE_CATEGORIES and e.get("name", "").startswith("nccl:"):
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
     ranges = {thread: sorted(mine) for thread, mine in by_thread.items()}
     starts = {thread: [start for start, _, _ in mine] for thread, mine in ranges.items()}
@@ -227,7 +227,7 @@ def _innermost_nccl_ranges(events: list[dict]):
     return around
 
 
-def _gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
+def read_gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
     """Every GPU event whose CPU launch is in the trace, classified, times in seconds of trace
     time minus ``offset_us``. Launches are the "cuda_runtime" (cudaLaunchKernel,
     cudaLaunchKernelExC: NCCL's, cudaMemcpyAsync, ...) and "cuda_driver" (cuLaunchKernelEx) events,
@@ -265,7 +265,7 @@ def _gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
 def gpu_events_from_trace(events: list[dict], steps: list[dict]) -> list[GpuEvent]:
     """Every GPU event of the suite's trace whose CPU launch is in the trace, classified by
     ``kernel_kind`` (NCCL's kernels by ``nccl_collective`` too), on the steps' ``perf_counter`` clock."""
-    return _gpu_events(events, trace_offset_us(events, steps))
+    return read_gpu_events(events, trace_offset_us(events, steps))
 
 
 def _collective_label(collective: str | None, place: int) -> str:
@@ -378,7 +378,9 @@ def load_trace(path: Path) -> dict:
     return trace
 
 
-def _header(trace: dict) -> dict:
+def trace_header(trace: dict) -> dict:
+    """Who recorded a trace, as far as it says: world size, rank, backend and NCCL version
+    (``distributedInfo``), and the GPU its kernels ran on (``deviceProperties``); None where not said."""
     info = trace.get("distributedInfo") or {}
     names = {d.get("id"): d.get("name") for d in trace.get("deviceProperties") or [] if isinstance(d, dict)}
     device = next((e["args"].get("device") for e in trace["traceEvents"]

@@ -7,8 +7,8 @@ runs from its first own GPU event's start to its last one's end. Every instant o
 stream at once (kernels that overlap count once), is classed once, first class that applies:
 
 1. ``gpu_compute_seconds``: one of the step's own compute kernels runs;
-2. ``other_steps_seconds`` (with 4): a compute kernel of another step, or of none (launched
-   before the trace), runs;
+2. ``other_steps_seconds`` (added to 4's): a compute kernel of another step, or of none
+   (launched before the trace), runs;
 3. ``exposed_comm_seconds``: one of the step's NCCL kernels runs and no compute kernel of any step;
 4. ``other_steps_seconds``: another step's or an unowned NCCL kernel runs, alone;
 5. ``copy_only_seconds``: only copies (memcpy, memset) run;
@@ -45,11 +45,11 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from ddp.bench.collectives.reading import (
-    _CPU_RANGE_CATEGORIES,
+    CPU_RANGE_CATEGORIES,
     GpuEvent,
-    _collective_of_op,
-    _gpu_events,
-    _header,
+    collective_of_op,
+    read_gpu_events,
+    trace_header,
     trace_offset_us,
 )
 from ddp.bench.config.shape import ACCUMULATE, phases_of, step_span
@@ -76,6 +76,7 @@ COMM_FROM_GLOO_RANGES = "gloo_ranges"  # gloo over CUDA tensors: gloo's CPU rang
 COMM_FROM_RECORDS = "collective_records"  # CPU: the strategy's or the profiler's launch and completion
 COMM_NONE = "none"
 
+# The phases a collective is placed in (``StepPlaces.phase_of``).
 PHASES = ("forward", "backward", "accumulate", "gradient_sync", "optimizer", "other")
 
 
@@ -385,7 +386,7 @@ def _names_another(kernel_collective: str | None, op: str | None) -> bool:
     collective, or which one a SendRecv kernel runs (``all_to_all``, ``gather``)."""
     if op is None:
         return False
-    return _collective_of_op(op) != kernel_collective or (kernel_collective == "SendRecv" and not op.startswith(("send", "recv")))
+    return collective_of_op(op) != kernel_collective or (kernel_collective == "SendRecv" and not op.startswith(("send", "recv")))
 
 
 class StepWindow(NamedTuple):
@@ -410,8 +411,8 @@ def _is_collective_range(prefix: str):
 def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[dict]:
     """The partition of each step window of one trace (module docstring), times in seconds from
     the window's start. ``to_seconds`` maps the trace's µs onto the windows' clock (seconds)."""
-    gpu = [e for e in _gpu_events(events, -to_seconds(0.0) * 1e6) if e.kind != "sync"]
-    cpu = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") in _CPU_RANGE_CATEGORIES]
+    gpu = [e for e in read_gpu_events(events, -to_seconds(0.0) * 1e6) if e.kind != "sync"]
+    cpu = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") in CPU_RANGE_CATEGORIES]
     places = _Places(cpu, to_seconds)
     nccl_ranges = _cpu_spans(cpu, to_seconds, _is_collective_range("nccl:"))
     starts = [w.start for w in windows]
@@ -446,7 +447,7 @@ def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> lis
         comm_source = COMM_FROM_NCCL_KERNELS if comms else COMM_NONE
         for place, (start, end, name, thread) in enumerate(g for g in gloo if span[0] <= g[0] <= span[1]):
             comm_source, op = COMM_FROM_GLOO_RANGES, _op_of_range(name)
-            comms.append(Comm(start, end, f"{op} {place}", _collective_of_op(op or ""), op, *phase_of(thread, start)))
+            comms.append(Comm(start, end, f"{op} {place}", collective_of_op(op or ""), op, *phase_of(thread, start)))
         own = [(e.start_seconds, e.end_seconds) for e in mine] + [(c.start, c.end) for c in comms]
         w = (min(s for s, _ in own), max(e for _, e in own)) if own else (window.start, window.start)
         own_compute = [(e.start_seconds, e.end_seconds) for e in mine if e.kind == "compute"]
@@ -515,13 +516,13 @@ def read_trace(trace: dict) -> TraceReading:
 
     windows = sorted(StepWindow(to_seconds(e["ts"]), to_seconds(e["ts"] + e.get("dur", 0)), e["name"],
                                 (e.get("pid"), e.get("tid")))
-                     for e in timed if e.get("cat") in _CPU_RANGE_CATEGORIES
+                     for e in timed if e.get("cat") in CPU_RANGE_CATEGORIES
                      and re.fullmatch(r"ProfilerStep#\d+", e.get("name", "")))
     from_profiler_steps = bool(windows)
     if not windows and timed:
         windows = [StepWindow(0.0, max(to_seconds(e["ts"] + e.get("dur", 0)) for e in timed), WHOLE_TRACE, None)]
-    gpu = _gpu_events(events, origin_us)
-    return TraceReading(header=_header(trace), steps=read_steps(events, windows, to_seconds),
+    gpu = read_gpu_events(events, origin_us)
+    return TraceReading(header=trace_header(trace), steps=read_steps(events, windows, to_seconds),
                         from_profiler_steps=from_profiler_steps, gpu_events=len(gpu),
                         nccl_kernels=sum(e.kind == "communication" for e in gpu))
 
