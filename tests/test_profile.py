@@ -12,7 +12,7 @@ import pytest
 from ddp.analysis.overlap import rank_figures, strategy_summary
 from ddp.analysis.profiles import write_profiles
 from ddp.bench.collectives.reading import cuda_steps_from_trace, kernel_kind
-from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, intersect, labelled, length, subtract, union
+from ddp.bench.collectives.timeline import cpu_partition, intersect, length, subtract, union, with_timelines
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_profile_summary
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
@@ -53,15 +53,9 @@ def test_intersect_and_subtract_count_each_instant_once():
     assert length(intersect(a, [(-1.0, 10.0)])) == pytest.approx(5.0)
 
 
-def with_timelines(steps: list[dict]) -> list[dict]:
-    """Recorded CPU steps with the partition the suite gives them (``cpu_partition``)."""
-    return [{**step, "timeline": cpu_partition(step)} for step in steps]
-
-
 def cuda_read(events: list[dict], steps: list[dict], plan=None) -> list[dict]:
     """Recorded steps read against their CUDA trace, each with its timeline, as ``ddp profile``'s parent reads them."""
-    read = cuda_steps_from_trace(events, steps, plan)
-    return [{**step, "timeline": t} for step, t in zip(read, labelled(cuda_partitions(events, steps), read))]
+    return with_timelines(cuda_steps_from_trace(events, steps, plan), events, steps)
 
 
 def test_the_cpu_partition_of_a_recorded_step_worked_by_hand():

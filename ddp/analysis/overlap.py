@@ -11,10 +11,8 @@ completion of each), all on the ``time.perf_counter`` clock, one clock for every
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ddp.bench.collectives.reading import comm_source, trace_offset_us
-from ddp.bench.collectives.timeline import FIGURES, bound_by
+from ddp.bench.collectives.timeline import FIGURES, bound_by, usual_tail
 from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
@@ -57,11 +55,10 @@ def exposure_figures(timelines: list[dict]) -> dict:
         for row in timeline["collectives"]:
             per_label[row["label"]] = per_label.get(row["label"], 0.0) + row["exposed_seconds"]
             attributed += row["exposed_seconds"]
-    tails = Counter(t["tail"] for t in timelines if t["tail"] is not None)
     total = sum(t["exposed_comm_seconds"] for t in timelines)
     return {
         "collective_exposed_seconds": {label: seconds / len(timelines) for label, seconds in per_label.items()},
-        "tail": tails.most_common(1)[0][0] if tails else None,
+        "tail": usual_tail(timelines),
         "unattributed_exposed_seconds": max(0.0, total - attributed) / len(timelines),
     }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, strategy_summary, timeline_record
 from ddp.bench.collectives.reading import cuda_steps_from_trace
-from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, labelled
+from ddp.bench.collectives.timeline import with_timelines
 from ddp.bench.results.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
 
 
@@ -24,13 +24,12 @@ def read_traces(rank_records: list[dict]) -> list[dict]:
         path = Path(record["trace_file"])
         trace = json.loads(path.read_text())
         if record["device"].startswith("cuda"):
-            steps = cuda_steps_from_trace(trace["traceEvents"], record["steps"])
-            timelines = labelled(cuda_partitions(trace["traceEvents"], record["steps"]), steps)
-            record = {**record, "steps": [{**step, "timeline": t} for step, t in zip(steps, timelines)]}
+            read = cuda_steps_from_trace(trace["traceEvents"], record["steps"])
+            record = {**record, "steps": with_timelines(read, trace["traceEvents"], record["steps"])}
         else:
             add_collective_track(trace, record["steps"])
             path.write_text(json.dumps(trace))
-            record = {**record, "steps": [{**step, "timeline": cpu_partition(step)} for step in record["steps"]]}
+            record = {**record, "steps": with_timelines(record["steps"])}
         records.append(record)
     return records
 

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.collectives.reading import cpu_steps_from_trace, cuda_steps_from_trace
-from ddp.bench.collectives.timeline import cpu_partition, cuda_partitions, labelled
+from ddp.bench.collectives.timeline import with_timelines
 from ddp.bench.config.shape import StepObserver
 from ddp.strategies import tracing
 
@@ -115,8 +115,7 @@ def traced_steps(trainer, steps: int) -> list[dict]:
     records none (PyTorch's DDP) runs under the CPU profiler, which sees c10d's calls and gloo's work."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
     if not trainer.cuda and (getattr(trainer.model, "records_collectives", False) or not trainer.communicates):
-        records = [recorded_step(trainer, together=True) for _ in range(steps)]
-        return [{**step, "timeline": cpu_partition(step)} for step in records]
+        return with_timelines([recorded_step(trainer, together=True) for _ in range(steps)])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if trainer.cuda else [])
     with torch.profiler.profile(activities=activities) as profiler:
         records = [recorded_step(trainer, together=True) for _ in range(steps)]
@@ -131,6 +130,4 @@ def traced_steps(trainer, steps: int) -> list[dict]:
         read = records  # gloo over CUDA: the strategy's own records, as on CPU
     else:
         read = cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)
-    if not trainer.cuda:
-        return [{**step, "timeline": cpu_partition(step)} for step in read]
-    return [{**step, "timeline": timeline} for step, timeline in zip(read, labelled(cuda_partitions(events, records), read))]
+    return with_timelines(read, events, records) if trainer.cuda else with_timelines(read)

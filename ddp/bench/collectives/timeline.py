@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 import statistics
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -584,6 +585,24 @@ def cpu_partition(step: dict) -> dict:
     return {"step_seconds": span[1] - span[0], "window_start_seconds": 0.0, **figures, "bound_by_rule": BOUND_BY_RULE,
             "comm_source": COMM_FROM_RECORDS if comms else COMM_NONE, "collectives": rows, "phases": by_phase,
             "collectives_without_kernel": [], "tail": tail, "tail_rule": TAIL_RULE}
+
+
+def with_timelines(read: list[dict], events: list[dict] | None = None, recorded: list[dict] | None = None) -> list[dict]:
+    """Step records with their ``timeline``: on CPU (no ``events``) each one's ``cpu_partition``;
+    on CUDA the partition of the trace ``events`` over the ``recorded`` steps (their phases on the
+    CPU's clock, which own the GPU events), its collectives labelled by ``read`` (the same steps
+    with their collectives read from the trace: ``labelled``)."""
+    if events is None:
+        return [{**step, "timeline": cpu_partition(step)} for step in read]
+    return [{**step, "timeline": t} for step, t in zip(read, labelled(cuda_partitions(events, recorded), read))]
+
+
+def usual_tail(timelines: list[dict]) -> str | None:
+    """The tail over several steps: the one the steps most often had, the latest-ending among
+    equals; None where no step had one."""
+    ends = {row["label"]: row["end_seconds"] for t in timelines for row in t["collectives"]}
+    tails = Counter(t["tail"] for t in timelines if t["tail"] is not None)
+    return max(tails, key=lambda label: (tails[label], ends.get(label, 0.0)), default=None)
 
 
 def medians(partitions: list[dict]) -> dict:

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 
 from ddp.bench.collectives.reading import comm_source
-from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE
+from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE, usual_tail
 from ddp.bench.collectives.timeline import medians as timeline_medians
 from ddp.bench.config.shape import step_span
 from ddp.bench.memory.predict import predict_or_none
@@ -82,9 +82,6 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     ), key=lambda c: c.launch_seconds)
     exposed = [t["exposed_comm_seconds"] for t in timelines]
     attributed = [sum(row["exposed_seconds"] for row in t["collectives"]) for t in timelines]
-    tails = Counter(t["tail"] for t in timelines if t["tail"] is not None)
-    done = {c.label: c.done_seconds for c in timings}
-    tail = max(tails, key=lambda label: (tails[label], done.get(label, 0.0)), default=None)
     figures = timeline_medians(timelines)
     return CollectiveTrace(
         rank=rank, steps=len(steps), comm_source=comm_source(steps),
@@ -92,7 +89,7 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
         **{key: figures[key] for key in FIGURES}, exposed_comm_seconds_ci95=list(median_ci(exposed)),
         bound_by=figures["bound_by"], bound_by_rule=BOUND_BY_RULE,
         attributed_seconds=statistics.median(attributed), attributed_seconds_ci95=list(median_ci(attributed)),
-        collectives=timings, tail=tail, tail_rule=f"the most frequent over the traced steps of: {TAIL_RULE}",
+        collectives=timings, tail=usual_tail(timelines), tail_rule=f"the most frequent over the traced steps of: {TAIL_RULE}",
     )
 
 
