@@ -133,7 +133,7 @@ def test_benchmarks_are_told_apart_by_extra_info_not_by_name(tmp_path):
     assert [o.name for o in run.others] == ["test_step[versus]"]
 
 
-@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (8, "upgrade ddp-bench")])
+@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (9, "upgrade ddp-bench")])
 def test_a_run_of_another_schema_is_refused_in_one_line_naming_its_version(tmp_path, version, what):
     bench = step_bench("naive", 200.0, 80.0)
     bench["extra_info"]["schema_version"] = version
@@ -168,8 +168,10 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     assert "**2 bucket(s)** for 2.5 MiB of gradients (total / cap = 3)" in report
     assert "1 bucket(s) hold a single tensor larger than the cap" in report
     assert "Fewer than total / cap: some buckets hold more than the cap" in report
-    # the step table: naive's median 200 ms with its interval [200, 200] (three rounds of 200 ms)
-    assert table_row(report, "naive")[:2] == ["naive", "200.00 [200.00, 200.00]"]
+    # the step table: naive's median 200 ms with its interval [200, 200] (three rounds of 200 ms),
+    # which covers only 1 - 2/2^3 = 75%: flagged, and said below the table
+    assert table_row(report, "naive")[:2] == ["naive", "200.00 [200.00, 200.00] (75%)"]
+    assert "fewer rounds than a 95% interval of a median needs (6)" in report
     # the overhead table row for naive: local 100 ms, step 200 ms, +100 ms in every round (interval
     # [100, 100], which excludes 0: resolved), x2
     assert table_row(report, "batch 2, seq len 32", "naive") == [

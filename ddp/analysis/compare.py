@@ -25,7 +25,7 @@ from ddp.analysis.figures import machine_differences
 from ddp.analysis.tables import ms, ratio_interval
 from ddp.analysis.tables import table as render
 from ddp.bench.config.parsing import MAX_ROUNDS
-from ddp.bench.results.records import Run
+from ddp.bench.results.records import EXPOSED_CHANGED_IN, Run
 from ddp.bench.results.stats import (
     Groups,
     Verdict,
@@ -423,9 +423,9 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
                         "machine as much as the code")
     rows = compare(old, new, threshold)
     migrated = sorted({f"{run.path.name} (schema {s.migrated_from})" for run in (old, new) for s in run.steps
-                       if s.migrated_from is not None})
+                       if s.migrated_from is not None and s.migrated_from < EXPOSED_CHANGED_IN})
     if migrated:
-        warnings.append(f"NOTE: {', '.join(migrated)} saved before schema 7: a step's exposed communication there was the timed "
+        warnings.append(f"NOTE: {', '.join(migrated)} saved before schema {EXPOSED_CHANGED_IN}: a step's exposed communication there was the timed "
                         "wait for gradients, now sync_wait_seconds, and is not compared with exposed_comm_seconds (the "
                         "traced steps' communication alone); step times compare as before")
     one_group = [r.name for r in rows if r.decision is not None and r.decision.groups[0] < 2

@@ -87,9 +87,11 @@ def _pivot(steps: list[StepRecord], cell) -> tuple[list, list[str]]:
 
 def step_section(run: Run) -> list[str]:
     steps = run.steps
-    time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}")
+    time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}"
+                                + ("" if (s.step_seconds_ci_coverage or 1.0) >= 0.95 else f" ({s.step_seconds_ci_coverage:.0%})"))
     share_rows, _ = _pivot(steps, exposed_cell)
     world = sorted({s.world_size for s in steps})
+    short = [s for s in steps if (s.step_seconds_ci_coverage or 1.0) < 0.95]
     return [
         f"## Time per step ({', '.join(map(str, world))} ranks; batch is per rank)",
         "",
@@ -97,6 +99,8 @@ def step_section(run: Run) -> list[str]:
         "",
         _table(time_rows, headers),
         "",
+        *([f"An interval followed by a percentage covers only that: {len(short)} step(s) had fewer rounds than "
+           "a 95% interval of a median needs (6); take more with --rounds.", ""] if short else []),
         "Exposed communication: the step's communication with no compute beside it, from its traced steps "
         "(`ddp.bench.collectives.timeline`), as a share of its step (and in ms), and what bounds the step by "
         f"the rule `{BOUND_BY_RULE}`; then the timed rounds' wait from backward's last gradient to gradients "

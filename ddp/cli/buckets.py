@@ -26,7 +26,7 @@ from ddp.launcher import RankGroup
 from ddp.strategies.registry import BUCKETED_STRATEGIES, takes_bucket_size
 
 # Per cap: 5 to 20 rounds, until the median is within +-2% or 10 s of rounds were spent.
-ROUNDS = RoundOptions(min_rounds=5, max_rounds=20, warmup_rounds=1, target_precision=0.02, budget_seconds=10.0)
+ROUNDS = RoundOptions(min_rounds=6, max_rounds=20, warmup_rounds=1, target_precision=0.02, budget_seconds=10.0)
 BUCKET_SIZES_MB = (1.0, 5.0, 25.0, 100.0)
 
 

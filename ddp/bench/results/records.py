@@ -33,12 +33,17 @@ from typing import Any
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.strategies.declarations import Sharding
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Schema 7 read what bounds a step from its traced steps' timeline (``ddp.bench.collectives.timeline``):
 # ``exposed_comm_seconds`` became communication running alone, and the timed rounds' event-based
-# figure, which schema 6 saved under that name, is ``sync_wait_seconds``. Step records of schema 6
-# are migrated on reading (``_migrate_step``); nothing is carried under a name whose meaning changed.
-MIGRATES_FROM = 6
+# figure, which schema 6 saved under that name, is ``sync_wait_seconds``. Schema 8 added what a
+# step benchmark cost besides its rounds (``builds``, ``restored_builds``, ``warmup_rounds``,
+# ``memory_counts``, ``traced_steps``), why a pair ran without its twin (``unpaired_reason``) and the exact coverage
+# of the step's interval (``step_seconds_ci_coverage``). Records of schemas 6 and 7 are migrated on
+# reading (``_migrate``); nothing is carried under a name whose meaning changed.
+MIGRATES_FROM = (6, 7)
+EXPOSED_CHANGED_IN = 7
+"""Records saved before this schema had no traced exposed communication (``ddp compare`` says so)."""
 
 
 def strategy_label(strategy: str, bucket_size_mb: float | None) -> str:
@@ -299,8 +304,27 @@ class StepRecord:
     bound_by: str | None = None
     """What bounds the step (``collectives.bound_by``): ``host``, ``compute``, ``communication`` or
     ``copies``; None where none was traced. MFU and comparisons of a ``host``-bound step measure the host."""
+    step_seconds_ci_coverage: float | None = None
+    """The exact coverage of ``step_seconds_ci95`` (``ddp.bench.results.stats.median_ci_coverage``):
+    at least 0.95 from 6 rounds up; below it from fewer, where the interval is flagged. None where
+    the interval is two-level (rounds from groups of ranks: bootstrap, nominal 95%) or the record
+    predates schema 8."""
+    builds: int | None = None
+    """Builds of this configuration over every group of ranks, the tracer's included
+    (``ddp.bench.rounds.ledger``); None where not counted (``ddp run``, saved before schema 8)."""
+    restored_builds: int | None = None
+    """Those of ``builds`` whose model came from a kept copy (``ddp.bench.rounds.reuse``), not built."""
+    warmup_rounds: int | None = None
+    """Untimed steps of this configuration before its timed or traced ones, over every group."""
+    memory_counts: int | None = None
+    """Steps of this configuration whose training state was counted (``Trainer.count_setup``)."""
+    traced_steps: int | None = None
+    """Traced steps of this configuration (``collectives``)."""
+    unpaired_reason: str | None = None
+    """Why this step ran without its ``local`` twin in its rounds where the grid pairs them (no
+    overhead figure then); None where paired or where the grid does not pair."""
     migrated_from: int | None = None
-    """The schema version the record was saved in, where it was migrated on reading (``_migrate_step``)."""
+    """The schema version the record was saved in, where it was migrated on reading (``_migrate``)."""
     kind: str = "step"
     schema_version: int = SCHEMA_VERSION
 
@@ -503,13 +527,16 @@ _RENAMED_IN_7 = {"exposed_comm_seconds": "sync_wait_seconds", "exposed_comm_frac
 
 
 def _migrate(info: dict, version: int) -> dict:
-    """A record of schema ``MIGRATES_FROM`` as one of this schema. A step's timed wait, which schema
-    6 saved as ``exposed_comm_*``, is ``sync_wait_*``; its traced collectives, whose exposed figures
-    were the window from backward's end to the optimizer's start, are dropped: such a record has no
-    exposed communication nor ``bound_by``. Other records are unchanged."""
+    """A record of a schema in ``MIGRATES_FROM`` as one of this schema. From 6: a step's timed
+    wait, saved as ``exposed_comm_*``, is ``sync_wait_*``; its traced collectives, whose exposed
+    figures were the window from backward's end to the optimizer's start, are dropped: such a
+    record has no exposed communication nor ``bound_by``. From 7: schema 8's fields are None (not
+    counted). Other records are unchanged."""
     if info.get("kind") == "step":
-        info = {_RENAMED_IN_7.get(key, key): value for key, value in info.items() if _RENAMED_IN_7.get(key, key) is not None}
-        info["migrated_from"] = version
+        if version < EXPOSED_CHANGED_IN:
+            info = {_RENAMED_IN_7.get(key, key): value for key, value in info.items()
+                    if _RENAMED_IN_7.get(key, key) is not None}
+        info = {**info, "migrated_from": version}
     return {**info, "schema_version": SCHEMA_VERSION}
 
 
@@ -539,7 +566,7 @@ def _record(path: Path, bench: dict) -> StepRecord | AllReduceRecord | RaceRecor
     if kind is None and not {"strategy", "size_bytes", "contenders"} & set(info):
         return None  # not a ddp-bench benchmark: listed with its median only
     version = info.get("schema_version", 1)
-    if version == MIGRATES_FROM:
+    if version in MIGRATES_FROM:
         info, version = _migrate(info, version), SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         newer = version > SCHEMA_VERSION

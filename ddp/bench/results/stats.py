@@ -84,6 +84,23 @@ def _median_ci_rank(n: int, confidence: float) -> tuple[int, float]:
     return j, (total - 2 * lower_tail) / total
 
 
+def smallest_rounds(confidence: float = 0.95) -> int:
+    """The fewest samples whose (min, max) interval of the median reaches ``confidence``: 6 at 95%
+    (1 - 2/2^6 = 96.9%; 5 give 93.75%). Fewer give an interval that covers less than it says: the
+    suite takes at least this many rounds by default, and flags a figure from fewer."""
+    n = 1
+    while median_ci_coverage(n, confidence) < confidence:
+        n += 1
+    return n
+
+
+def interval_coverage(n: int, groups: Groups = None, confidence: float = 0.95) -> float | None:
+    """The exact coverage of ``median_interval`` over ``n`` rounds of one group (order statistics:
+    ``median_ci_coverage``); None for rounds of several groups, whose two-level bootstrap interval
+    is nominal (its coverage is not known exactly)."""
+    return median_ci_coverage(n, confidence) if group_count(groups) <= 1 else None
+
+
 def median_ci_coverage(n: int, confidence: float = 0.95) -> float:
     """The coverage ``median_ci`` achieves for n samples: >= ``confidence``, except below the
     smallest n that can reach it (n <= 5 at 95%), where (min, max) covers 1 - 2**(1 - n)."""

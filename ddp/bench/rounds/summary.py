@@ -18,6 +18,7 @@ from ddp.bench.memory.predict import predict_or_none
 from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord
 from ddp.bench.results.stats import (
+    interval_coverage,
     median_ci,
     median_interval,
     paired_ci,
@@ -93,9 +94,12 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     )
 
 
-def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None) -> StepRecord:
+def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None,
+                **counted) -> StepRecord:
     """The record of configuration ``index`` of a ``ddp.bench.rounds.measure.Measurement``, paired with
-    ``local_index`` (its local twin in the same rounds) when given; ``device`` is ``cpu`` or the GPU's name."""
+    ``local_index`` (its local twin in the same rounds) when given; ``device`` is ``cpu`` or the GPU's
+    name; ``counted``: the record's fields only the measurer knows (``builds``, ``warmup_rounds``,
+    ``memory_counts``, ``traced_steps``: ``GridMeasurer.record_counts``; ``unpaired_reason``)."""
     config = measurement.configs[index]
     setups = measurement.setups[index]
     setup = setups[0]
@@ -139,7 +143,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         num_buckets=None if sizes is None else len(sizes), bucket_sizes_bytes=sizes,
         collectives_per_step=setup.collectives_per_step, bytes_per_step=setup.bytes_per_step,
         step_seconds=step, step_seconds_ci95=list(median_interval(rounds, groups)), round_seconds=rounds,
-        round_groups=groups,
+        round_groups=groups, step_seconds_ci_coverage=interval_coverage(len(rounds), groups),
         rank_step_seconds=[statistics.median(r) for r in measurement.rank_round_seconds(index)],
         sync_wait_seconds=statistics.median(waits), sync_wait_fraction=statistics.median(fractions),
         sync_wait_fraction_ci95=list(median_interval(fractions, fraction_groups) if min(fractions, default=0) > 0
@@ -152,7 +156,7 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         predicted_memory=predict_or_none(config, world_size),
         collectives=traced, exposed_comm_seconds=None if traced is None else traced.exposed_comm_seconds,
         bound_by=None if traced is None else traced.bound_by,
-        **paired,
+        **paired, **counted,
     )
 
 
