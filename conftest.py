@@ -104,6 +104,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def rank_group(pytestconfig: pytest.Config):
     """A group of ranks shared by every test in the session; see ddp.launcher.RankGroup."""
     resolved = launch(pytestconfig)
-    group = RankGroup(resolved.world_size, resolved.backend, resolved.device, timeout_seconds=resolved.timeout_seconds)
+    group = RankGroup(resolved.world_size, resolved.backend, resolved.device, timeout_seconds=resolved.timeout_seconds,
+                      label="the session's ranks")
     yield group
     group.close()

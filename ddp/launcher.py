@@ -9,9 +9,12 @@ parallel runs), and then runs any importable function on every rank, as often as
     group.close()
 
 A rank that raises fails the call with that rank's traceback; a call that outlives its timeout
-fails with every rank's stack, dumped by ``faulthandler``. Either way the group is torn down and
-the next call starts a fresh one. Ranks die with their parent (``PR_SET_PDEATHSIG``), ignore
-Ctrl-C (the parent ends them) and are closed at interpreter exit.
+fails with every rank's stack, dumped by ``faulthandler``. A rank whose process a signal ended
+(most often the kernel's out-of-memory killer, whose SIGKILL no rank can catch or report) fails
+the call with ``RankKilled``, naming the rank, its group (``label``), the signal and its likely
+cause. Either way the group is torn down and the next call starts a fresh one. Ranks die with
+their parent (``PR_SET_PDEATHSIG``), ignore Ctrl-C (the parent ends them) and are closed at
+interpreter exit.
 """
 
 from __future__ import annotations
@@ -54,6 +57,46 @@ class RankError(RuntimeError):
     group_intact: bool = False
     """True when every rank answered and each failed rank's exception said the process group is
     still in step (``group_intact`` on the exception): the group is then kept for the next call."""
+
+
+# What the signal that ended a rank usually means, for the message that names it; any other
+# signal is described by ``signal.strsignal``.
+SIGNAL_CAUSES = {
+    # A rank cannot catch SIGKILL, and nothing in the suite sends it but ``RankGroup.kill``, which
+    # ends ranks the parent has already given up on.
+    signal.SIGKILL: "likely the host's out-of-memory killer: see `dmesg` / `journalctl -k`",
+    signal.SIGSEGV: "a segmentation fault in native code (a C++ or CUDA extension, a driver)",
+    # Shared memory between processes lives in /dev/shm: 64 MB in a container unless --shm-size raises it.
+    signal.SIGBUS: "a bus error, often /dev/shm full: raise a container's --shm-size",
+    signal.SIGABRT: "an abort in native code (a failed assertion; NCCL or CUDA giving up)",
+    signal.SIGTERM: "asked to stop from outside (a job scheduler, a time limit, `kill`)",
+    signal.SIGFPE: "an arithmetic fault in native code",
+    signal.SIGILL: "an illegal instruction: a binary built for another CPU",
+}
+
+
+def signal_cause(number: int) -> tuple[str, str]:
+    """The name of signal ``number`` (``SIGKILL``) and what it likely means."""
+    try:
+        known = signal.Signals(number)
+    except ValueError:
+        return f"signal {number}", "an unknown signal"
+    return known.name, SIGNAL_CAUSES.get(known) or (signal.strsignal(known) or known.name).lower()
+
+
+class RankKilled(RankError):
+    """A rank's process was ended by a signal (a negative exit code): most often the kernel's
+    out-of-memory killer, when the host ran out of memory. ``summary``, the message's first line,
+    names the rank, its process (the pid the kernel's log names), its group, the call, the signal
+    and its likely cause; the rest carries what every rank said. The group's other ranks are
+    ended: its next call starts fresh ones."""
+
+    def __init__(self, summary: str, details: str = "", *, rank: int, label: str, signal_name: str) -> None:
+        super().__init__(f"{summary}\n{details}" if details else summary)
+        self.summary = summary
+        self.rank = rank
+        self.label = label
+        self.signal_name = signal_name
 
 
 class Withdrawn:
@@ -263,6 +306,13 @@ def _worker_main(
 
 
 _live_groups: weakref.WeakSet[RankGroup] = weakref.WeakSet()
+_started_seconds = [0.0]  # every group's starts in this process: a run's time by part reads it
+
+
+def started_seconds() -> float:
+    """Seconds this process has spent starting groups of ranks (spawn, imports, joining the process
+    group: on CUDA each rank's context and, at its first collective, NCCL's communicator)."""
+    return _started_seconds[0]
 
 
 @atexit.register
@@ -280,8 +330,12 @@ class RankGroup:
         backend: str = "auto",
         device: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        label: str | None = None,
     ) -> None:
+        """``label`` names the group where its errors are reported ("rank 1 of {label} was
+        killed"), e.g. "timing group 2" or "the tracing ranks"; default "a group of N ranks"."""
         self.world_size = world_size
+        self.label = label or f"a group of {world_size} rank{'s' if world_size != 1 else ''}"
         self.backend = choose_backend(backend, world_size)[0]
         self.device = device or default_device(self.backend)
         reason = unavailable_reason(self.backend, world_size, self.device)
@@ -298,9 +352,16 @@ class RankGroup:
     def started(self) -> bool:
         return bool(self._processes)
 
+    @property
+    def usable(self) -> bool:
+        """Started, and not to be replaced before its next call (a rank withdrew and the others
+        may be stuck): what is asked of it now runs on these processes."""
+        return self.started and not self._replace_before_next_call
+
     def start(self) -> None:
         if self.started:
             return
+        started = time.perf_counter()
         context = multiprocessing.get_context("spawn")
         self._tmpdir = tempfile.mkdtemp(prefix="ddp-bench-ranks-")
         store_path = os.path.join(self._tmpdir, "store")
@@ -324,6 +385,8 @@ class RankGroup:
         except BaseException:
             self.kill()
             raise
+        finally:
+            _started_seconds[0] += time.perf_counter() - started
 
     def run(self, fn: Callable[..., Any], *args, timeout_seconds: float | None = None, **kwargs) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank (``fn(rank, *args, **kwargs)`` if it is marked
@@ -336,10 +399,14 @@ class RankGroup:
             self.kill()
             self._replace_before_next_call = False
         self.start()
+        what = _describe(fn)
         try:
-            for conn in self._conns:
-                conn.send((fn, args, kwargs))
-            return self._collect(timeout_seconds or self.timeout_seconds, what=_describe(fn))
+            for rank, conn in enumerate(self._conns):
+                try:
+                    conn.send((fn, args, kwargs))
+                except OSError as error:  # BrokenPipeError, ConnectionResetError: its process is gone
+                    raise self._send_failed(rank, what, error) from None
+            return self._collect(timeout_seconds or self.timeout_seconds, what=what)
         except RankError as error:
             if not error.group_intact:
                 self.kill()
@@ -353,6 +420,7 @@ class RankGroup:
     def _collect(self, timeout_seconds: float, what: str) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        signals: dict[int, int] = {}  # ranks whose process a signal ended: the signal's number
         intact: set[int] = set()  # ranks whose error left the group in step
         withdrawn: Withdrawn | None = None
         withdrawal_deadline = float("inf")
@@ -378,13 +446,13 @@ class RankGroup:
                     conn = self._conns[rank]
                     if conn.poll():
                         continue  # it sent something before dying; read that first
-                    errors[rank] = self._death_message(rank)
+                    errors[rank] = self._death_message(rank, signals)
                     continue
                 rank = conn_rank[id(item)]
                 try:
                     status, payload = item.recv()
-                except EOFError:  # the rank's process ended without a word
-                    errors[rank] = self._death_message(rank)
+                except (EOFError, OSError):  # the rank's process ended without a word (reset: it left a call unread)
+                    errors[rank] = self._death_message(rank, signals)
                     continue
                 if status in ("error", "error_intact"):
                     errors[rank] = payload
@@ -397,7 +465,10 @@ class RankGroup:
                         withdrawal_deadline = time.monotonic() + GRACE_AFTER_WITHDRAWAL_SECONDS
         if errors:
             shown = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items()))
-            error = RankError(f"{len(errors)} of {self.world_size} ranks failed in {what}:\n{shown}")
+            headline = f"{len(errors)} of {self.world_size} ranks of {self.label} failed in {what}:\n{shown}"
+            if signals:
+                raise self._killed(min(signals), signals[min(signals)], what, headline)
+            error = RankError(headline)
             error.group_intact = len(results) + len(errors) == self.world_size and intact == set(errors)
             raise error
         if withdrawn is not None:
@@ -415,10 +486,35 @@ class RankGroup:
             )
         return [results[rank] for rank in range(self.world_size)]
 
-    def _death_message(self, rank: int) -> str:
+    def _death_message(self, rank: int, signals: dict[int, int]) -> str:
+        """What ended rank ``rank``'s process; a signal's number is added to ``signals``."""
+        code = self._exit_code(rank)
+        if code is not None and code < 0:
+            signals[rank] = -code
+            name, cause = signal_cause(-code)
+            return f"rank {rank} (pid {self._processes[rank].pid}) was killed by {name}: {cause}"
+        return f"rank {rank} died with exit code {code}"
+
+    def _exit_code(self, rank: int) -> int | None:
         # The pipe and the sentinel close a moment before the process can be reaped.
         self._processes[rank].join(5.0)
-        return f"rank {rank} died with exit code {self._processes[rank].exitcode}"
+        return self._processes[rank].exitcode
+
+    def _killed(self, rank: int, number: int, what: str, details: str = "") -> RankKilled:
+        name, cause = signal_cause(number)
+        summary = f"rank {rank} of {self.label} (pid {self._processes[rank].pid}) was killed by {name} in {what}, {cause}"
+        details = "\n".join(filter(None, ["its other ranks were ended; the next call starts fresh ones", details]))
+        return RankKilled(summary, details, rank=rank, label=self.label, signal_name=name)
+
+    def _send_failed(self, rank: int, what: str, error: OSError) -> RankError:
+        """The error of a call that could not be sent to rank ``rank``: ``RankKilled`` when a
+        signal had ended its process (between calls: the out-of-memory killer picks the process
+        that holds the most memory, busy or not)."""
+        code = self._exit_code(rank)
+        if code is not None and code < 0:
+            return self._killed(rank, -code, what)
+        ended = "its process is running" if code is None else f"its process died with exit code {code}"
+        return RankError(f"rank {rank} of {self.label} could not be sent {what} ({error}): {ended}")
 
     def _dump_stacks(self, ranks: list[int]) -> str:
         for rank in ranks:

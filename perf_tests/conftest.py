@@ -5,6 +5,7 @@ run's closing summary of the precision each benchmark reached."""
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -15,19 +16,49 @@ from ddp.bench.config.options import GridOptions
 from ddp.bench.config.parsing import percent_type
 from ddp.bench.results import timing
 from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
-from ddp.launcher import RankGroup, unavailable_reason
+from ddp.bench.results.stats import smallest_rounds
+from ddp.bench.rounds.estimate import estimate_run
+from ddp.bench.rounds.ledger import PARTS, STARTUP, Ledger, minutes_text
+from ddp.launcher import RankGroup, started_seconds, unavailable_reason
 
 PRECISION = pytest.StashKey[dict]()
 AIMED = pytest.StashKey[list]()
 MEASURED = pytest.StashKey[list]()
 """This session's benchmarks as pytest-benchmark saves them (name, group, extra_info, stats), for the gate."""
 SESSION = pytest.StashKey[pytest.Session]()
+LEDGER = pytest.StashKey[Ledger]()
+"""Where the run's time went, by part (``ddp.bench.rounds.ledger``)."""
+STARTED = pytest.StashKey[tuple[float, float]]()
+"""The session's start: ``time.perf_counter()`` and ``started_seconds()`` then."""
 COMPARED = pytest.StashKey[list]()
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[SESSION] = session  # the gate sets its exit status
+    session.config.stash[LEDGER] = Ledger()
+    session.config.stash[STARTED] = (time.perf_counter(), started_seconds())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Print the run's estimated length before anything runs (``ddp.bench.rounds.estimate``): the
+    step benchmarks selected, from the grid, the model, the device and measured per-part costs."""
+    selected = [item.callspec.params["step_config"] for item in session.items
+                if hasattr(item, "callspec") and "step_config" in item.callspec.params]
+    if not selected:
+        return
+    grid = benchmark_grid(session.config)
+    estimate = estimate_run(selected, grid, launch(session.config))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(estimate.line())
+
+
+@pytest.fixture(scope="session")
+def run_ledger(pytestconfig: pytest.Config) -> Ledger:
+    """The run's ledger: every grid's builds, warm-ups, memory counts, rounds, traced steps and
+    predictions (``ddp.bench.rounds.measure.GridMeasurer``), printed by part at the end."""
+    return pytestconfig.stash[LEDGER]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -106,7 +137,8 @@ def extra_rank_groups(pytestconfig: pytest.Config):
         if reason:
             pytest.skip(reason)
         if (world_size, index) not in groups:
-            groups[world_size, index] = RankGroup(world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
+            groups[world_size, index] = RankGroup(world_size, resolved.backend, resolved.device, resolved.timeout_seconds,
+                                                  label=f"extra group {index} of {world_size} ranks")
         return groups[world_size, index]
 
     yield group_of
@@ -120,8 +152,9 @@ def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
     (``--rank-groups``, ``ddp.bench.rounds.measure.measure_in_groups``): each of the session's size,
     backend and device, started apart on first use, closed at the end of the session."""
     resolved = launch(pytestconfig)
-    groups = [RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
-              for _ in range(grid.rank_groups - 1)]
+    groups = [RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds,
+                        label=f"rank group {index + 2} of --rank-groups {grid.rank_groups}")
+              for index in range(grid.rank_groups - 1)]
     yield groups
     for group in groups:
         group.close()
@@ -133,7 +166,8 @@ def tracing_group(pytestconfig: pytest.Config):
     time nothing (``ddp.bench.rounds.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
     attached to a process); started on the first trace, closed at the end of the session."""
     resolved = launch(pytestconfig)
-    group = RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds)
+    group = RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds,
+                      label="the tracing ranks")
     yield group
     group.close()
 
@@ -191,7 +225,9 @@ def aim_at_decision(pytestconfig: pytest.Config) -> AimAtDecision | None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    time_by_part(terminalreporter, config)
     precision_summary(terminalreporter, config)
+    unpaired_summary(terminalreporter, config)
     aimed_summary(terminalreporter, config)
     threshold = config.getoption("ddp_fail_slower")
     if threshold is not None:
@@ -223,6 +259,34 @@ def regression_gate(terminalreporter, config: pytest.Config, threshold: float) -
             config.stash[SESSION].exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def time_by_part(terminalreporter, config: pytest.Config) -> None:
+    """Where the run's time went: the ledger's parts, the groups' start-up, and the rest (pytest,
+    the all-reduce benchmark's and the races' own work, freeing and moving results)."""
+    ledger = config.stash.get(LEDGER, None)
+    if ledger is None or not ledger.seconds:
+        return
+    started, starts_before = config.stash[STARTED]
+    wall = time.perf_counter() - started
+    parts = ledger.by_part()
+    parts[STARTUP] += started_seconds() - starts_before
+    terminalreporter.section("ddp-bench time by part")
+    shown = ", ".join(f"{part} {minutes_text(parts[part])}" for part in PARTS)
+    rest = wall - sum(parts.values())
+    terminalreporter.write_line(f"run {minutes_text(wall)}: {shown}, other {minutes_text(max(0.0, rest))}")
+
+
+def unpaired_summary(terminalreporter, config: pytest.Config) -> None:
+    """The steps that ran without their ``local`` twin where the grid pairs them, and why: their
+    rows have no overhead over ``local``."""
+    unpaired = [(bench["name"], bench["extra_info"]["unpaired_reason"]) for bench in config.stash.get(MEASURED, [])
+                if bench["extra_info"].get("unpaired_reason")]
+    if not unpaired:
+        return
+    terminalreporter.section("ddp-bench steps without their local twin")
+    for name, reason in unpaired:
+        terminalreporter.write_line(f"  {name}: {reason}")
+
+
 def precision_summary(terminalreporter, config: pytest.Config) -> None:
     table: dict[str, tuple[float, float]] = config.stash.get(PRECISION, {})
     if not table:
@@ -234,6 +298,12 @@ def precision_summary(terminalreporter, config: pytest.Config) -> None:
         f"95% interval of each median, as +- a share of it, over {len(table)} benchmarks: "
         f"median +-{statistics.median(reached):.1%}, widest +-{max(reached):.1%}"
     )
+    short = [(bench["name"], bench["extra_info"]["step_seconds_ci_coverage"]) for bench in config.stash.get(MEASURED, [])
+             if (bench["extra_info"].get("step_seconds_ci_coverage") or 1.0) < 0.95]
+    if short:
+        terminalreporter.write_line(
+            f"{len(short)} interval(s) from fewer than {smallest_rounds()} rounds cover less than 95%: "
+            + ", ".join(f"{name} {coverage:.1%}" for name, coverage in short) + f"; take --rounds {smallest_rounds()} or more")
     if missed:
         terminalreporter.write_line(f"{len(missed)} did not reach their target within the round budget:")
         for name, (r, t) in sorted(missed.items(), key=lambda item: -item[1][0]):

@@ -11,8 +11,9 @@ ranks started apart (``more_rank_groups``), so that their intervals hold from on
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
 comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
 the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``. Each
-step's collectives come from traced steps on a second group of ranks that times nothing
-(``tracing_group``): no timed round runs in a process after a profiler.
+step's collectives come from traced steps: on CUDA on a group of ranks that times nothing
+(``tracing_group``), so that no timed round runs in a process after a profiler; on CPU, where
+nothing stays attached, on the group that timed it last, right after its rounds.
 """
 
 from __future__ import annotations
@@ -21,19 +22,22 @@ import pytest
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.machine import device_name
-from ddp.bench.rounds.measure import GridMeasurer, NotRun
+from ddp.bench.rounds.measure import IN_GROUP, GridMeasurer, NotRun
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.summary import step_record
 from ddp.strategies.registry import traits
 
 
 @pytest.fixture(scope="module")
-def measurer(rank_group, more_rank_groups, tracing_group, grid, aim_at_decision):
+def measurer(rank_group, more_rank_groups, request, grid, aim_at_decision, run_ledger):
     """Measures the grid a group at a time, its rounds spread over ``--rank-groups`` groups of
     ranks, aimed at the comparison with a saved run under ``--benchmark-compare``, each
-    benchmark's traced steps on ranks of their own; the last models are freed when this module is done."""
+    benchmark's traced steps on CUDA on ranks of their own (``tracing_group``), on CPU where it
+    was timed; the last models are freed when this module is done."""
+    tracer = request.getfixturevalue("tracing_group") if rank_group.device == "cuda" else IN_GROUP
     yield GridMeasurer(rank_group, grid.configs(), grid.round_options(), grid.interleave, stop=aim_at_decision,
-                       tracer=tracing_group, memory_bytes=grid.device_memory_bytes, more_groups=more_rank_groups)
+                       tracer=tracer, memory_bytes=grid.device_memory_bytes, more_groups=more_rank_groups,
+                       ledger=run_ledger)
     for group in [rank_group, *more_rank_groups]:
         if group.started:
             group.run(release)
@@ -46,7 +50,8 @@ def test_step(benchmark, rank_group, measurer, step_config: StepConfig, record_r
     if isinstance(result, NotRun):
         pytest.skip(result.reason(group.world_size))
     measurement, index, local_index = result
-    record = step_record(measurement, group.backend, device_name(group.device), index, local_index)
+    record = step_record(measurement, group.backend, device_name(group.device), index, local_index,
+                         unpaired_reason=measurer.unpaired.get(step_config), **measurer.record_counts(step_config))
     record_rounds(record.round_seconds, record)
     record_precision(record.reached_precision, record.target_precision)
 

@@ -40,6 +40,12 @@ from ddp.strategies.registry import StrategyError, resolve_strategy, traits
 HEADROOM = 0.10  # of the memory: the allocator's rounding and fragmentation, a CUDA context, kernels' scratch
 # (the prediction read 37.2 GiB where local xl at batch 4 x 128 peaked at 38.2 GiB on an H100: 0.97)
 GIB = 2**30
+# What a rank process holds besides its configurations, counted once per process in every fit
+# decision (``fit``): on CUDA its context (about 0.5 GiB with lazy module loading on an H100,
+# CUDA 12-13) and NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, and its
+# proxy's: 0.5-2 GB per process at two to eight ranks); on CPU the interpreter, torch and gloo
+# (230 MB resident for an idle rank here: torch 2.13, measured with /proc/self/status).
+PROCESS_BYTES = {"cuda": int(1.5 * GIB), "cpu": 256 * 2**20}
 MOMENTS = ("forward", "backward", "synchronization", "optimizer", "gather")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
 # Copies of the stepped parameters AdamW holds while it steps, by implementation (MemTracker on
@@ -333,15 +339,19 @@ class Fit:
     """What fits of a set of configurations in ``memory_bytes``."""
 
     together: bool
-    """All built at once, stepping one at a time."""
+    """All built at once, stepping one at a time, beside the processes' own memory and any kept copy."""
     alone: dict[StepConfig, bool]
     """Each one on its own."""
     needed_together_bytes: int
     needed_alone_bytes: dict[StepConfig, int]
     memory_bytes: int
 
+    outside_bytes: int = 0
+    """What the rank processes and kept copies hold besides the configurations (``fit``)."""
+
     def explain(self) -> str:
-        return (f"together they need about {self.needed_together_bytes / GIB:.1f} GiB per rank, "
+        outside = f" with {self.outside_bytes / GIB:.1f} GiB of processes and kept copies" if self.outside_bytes else ""
+        return (f"together they need about {self.needed_together_bytes / GIB:.1f} GiB per rank{outside}, "
                 f"{usable_bytes(self.memory_bytes) / GIB:.1f} GiB usable of {self.memory_bytes / GIB:.1f} GiB")
 
     def too_large(self) -> str | None:
@@ -356,19 +366,27 @@ class Fit:
                 "(python -m ddp memory shows what fits)")
 
 
-def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int) -> Fit:
+def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int, processes: int = 0,
+        device: str = "cpu", copies: Sequence[StepConfig] = ()) -> Fit:
     """Whether ``configs`` on ``world_size`` ranks fit together (every kept state, plus the largest
     step's own needs) and alone (each one's predicted peak). A configuration listed twice counts
-    twice (built by two groups of ranks on the same devices). Without a prediction for one of them
-    (``predict_or_none``) they are taken to fit: they are built, and an out-of-memory rank says so."""
+    twice (built by two groups of ranks on the same devices). ``processes``: rank processes
+    sharing ``memory_bytes`` (one per group of ranks), each holding ``PROCESS_BYTES`` of
+    ``device``; ``copies``: configurations whose model a rank keeps a copy of
+    (``ddp.bench.rounds.reuse``: its parameters and buffers), each counted. Without a prediction
+    for one of them (``predict_or_none``) they are taken to fit: they are built, and an
+    out-of-memory rank says so."""
     usable = usable_bytes(memory_bytes)
+    outside = processes * PROCESS_BYTES["cuda" if device == "cuda" else "cpu"]
+    outside += sum(model_shape(c).parameter_bytes + model_shape(c).buffer_bytes for c in copies)
     predictions = {c: predict_or_none(c, world_size) for c in configs}
     if any(p is None for p in predictions.values()):
-        return Fit(True, dict.fromkeys(configs, True), 0, dict.fromkeys(configs, 0), memory_bytes)
+        return Fit(True, dict.fromkeys(configs, True), 0, dict.fromkeys(configs, 0), memory_bytes, outside)
     alone = {c: p.total_bytes for c, p in predictions.items()}
     kept = {c: kept_bytes(c, world_size) for c in configs}
-    together = sum(kept[c] for c in configs) + max(alone[c] - kept[c] for c in configs)
-    return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes)
+    together = sum(kept[c] for c in configs) + max(alone[c] - kept[c] for c in configs) + outside
+    return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes,
+               outside)
 
 
 def fit_on(ranks, configs: Sequence[StepConfig]) -> Fit:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,19 +43,24 @@ from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import NotBuilt, device_memory_bytes, fit, too_large
 from ddp.bench.results.stats import relative_half_width
+from ddp.bench.rounds.ledger import PREDICTIONS, Ledger
 from ddp.bench.rounds.rank_state import (
     OutOfMemory,
     RankCannotRun,
+    RankLost,
     first_withdrawn,
     prepare,
     release,
     return_cached_memory,
+    set_model_reuse,
     skip_reason,
+    take_ledger,
     timed_round,
     traced,
 )
+from ddp.bench.rounds.reuse import restorable, workload_key
 from ddp.bench.rounds.trainer import StepSetup, StepTiming
-from ddp.launcher import Rank, call_on_rank
+from ddp.launcher import Rank, RankKilled, call_on_rank
 from ddp.strategies.registry import FLOOR
 
 # The harness's step against a plain PyTorch loop of the same work, interleaved: within 2% is the
@@ -103,10 +109,11 @@ class Measurement:
 
 @dataclass(frozen=True)
 class NotRun:
-    """A measurement that did not run: some rank ran out of memory, or cannot run the configuration."""
+    """A measurement that did not run: some rank ran out of memory, cannot run the configuration,
+    or was killed by a signal."""
 
     config: StepConfig
-    marker: OutOfMemory | RankCannotRun | NotBuilt
+    marker: OutOfMemory | RankCannotRun | RankLost | NotBuilt
 
     def reason(self, world_size: int) -> str:
         """A one-line skip reason naming the configuration (``ddp.bench.rounds.rank_state.skip_reason``)."""
@@ -269,7 +276,7 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
     return merged
 
 
-def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[list[list[dict]]] | None:
+def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions, keep_built: bool = False) -> list[list[list[dict]]] | None:
     """``policy.traced_steps`` traced steps of each configuration on ``ranks``
     (``ddp.bench.rounds.rank_state.traced``: each built and warmed up there unless it is, then traced, then
     everything freed): per configuration, per rank, the step records; None when a rank could not
@@ -279,8 +286,10 @@ def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions) -> list[li
     the process on CUDA. ``GridMeasurer`` traces on a group of ranks of its own (its ``tracer``),
     ``ddp run`` on its own ranks once every benchmark is timed. On CPU nothing stays attached (no
     CUPTI; the profiler's callbacks, the recorder and its hooks are gone afterwards:
-    ``tests/test_traced_steps.py``); ``gpu-check`` times rounds before and after on a GPU."""
-    per_rank = ranks.run(traced, list(configs), policy.warmup_rounds, policy.traced_steps)
+    ``tests/test_traced_steps.py``); ``gpu-check`` times rounds before and after on a GPU. So on
+    CPU a grid traces each configuration where it was just timed, ``keep_built`` (no build, no
+    warm-up, nothing freed: ``GridMeasurer``'s ``trace_in_group``)."""
+    per_rank = ranks.run(traced, list(configs), policy.warmup_rounds, policy.traced_steps, keep_built)
     if first_withdrawn(per_rank) is not None:
         return None
     return [[rank_traces[index] for rank_traces in per_rank] for index in range(len(configs))]
@@ -307,6 +316,7 @@ class InProcessRanks:
         self.rank = rank
         self.world_size = rank.info.world_size
         self.backend = rank.info.backend
+        self.device = rank.info.device.type
         self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.GATHER_TIMEOUT_SECONDS))
 
     def run(self, fn, *args, **kwargs) -> list:
@@ -329,6 +339,10 @@ class InProcessRanks:
         return results
 
 
+IN_GROUP = "in group"
+"""``GridMeasurer``'s tracer on CPU: each configuration traced where it was timed."""
+
+
 class GridMeasurer:
     """Measures a grid's configurations as ``interleave`` says, and hands out each one's record.
 
@@ -343,7 +357,9 @@ class GridMeasurer:
     skipped with its predicted and available memory, and the next one runs. A group predicted not
     to fit together is measured one configuration at a time, each with its ``local`` twin where
     the two fit; a group that runs out of memory all the same is measured again that way, so that
-    one configuration too large does not take the others with it.
+    one configuration too large does not take the others with it. A rank that a signal ends
+    meanwhile (the host's out-of-memory killer: ``ddp.launcher.RankKilled``) skips the
+    measurement with a ``RankLost`` naming it; its group starts fresh ranks for the next.
 
     With more than one group of ranks (``groups``), each measurement's rounds are spread over all
     of them (``measure_in_groups``), ``ranks`` first.
@@ -351,18 +367,22 @@ class GridMeasurer:
     With ``policy.traced_steps``, each configuration is then traced once (``trace``) on
     ``tracer``, ranks of the same size, backend and device that time nothing, one configuration at
     a time, so that no timed round of ``ranks`` ever follows a profiler in its process; where the
-    tracer's build does not fit beside what ``ranks`` hold, ``ranks`` free theirs first. Without a
+    tracer's build does not fit beside what ``ranks`` hold, ``ranks`` free theirs first. That is
+    the CUDA layout (the profiler leaves CUPTI attached: ``trace``). With ``tracer`` ``IN_GROUP``
+    (CPU, where nothing stays attached) each configuration is traced on the last group of ranks
+    right after its rounds, as it is built there: no third group, no build, no warm-up. Without a
     tracer nothing is traced here: ``trace_all`` traces every measurement once the timing is over.
     """
 
     def __init__(self, ranks, configs: Sequence[StepConfig], policy: RoundOptions, interleave: str,
                  stop: StopCriterion | None = None, tracer=None, memory_bytes: int | None = None,
-                 more_groups: Sequence = ()) -> None:
+                 more_groups: Sequence = (), ledger: Ledger | None = None) -> None:
         """``stop``: rounds aimed at a comparison (``measure``'s), for every measurement of the grid;
         ``tracer``: the ranks that run the traced steps (see the class docstring); ``memory_bytes``:
         the memory of a rank's device to fit configurations in (None: what the ranks have);
         ``more_groups``: groups of ranks like ``ranks``, started apart, that share every
-        measurement's rounds with it."""
+        measurement's rounds with it; ``ledger``: where the time of each part of the work goes
+        (``ddp.bench.rounds.ledger``; a run's, shared by its grids), else one of its own."""
         if interleave not in INTERLEAVE:
             raise ValueError(f"interleave must be one of {', '.join(INTERLEAVE)}, got {interleave!r}")
         self.ranks = ranks
@@ -376,6 +396,30 @@ class GridMeasurer:
         self._alone: set[StepConfig] = set()
         self._traced: dict[StepConfig, list[list[dict]]] = {}
         self._memory_bytes = memory_bytes
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.unpaired: dict[StepConfig, str] = {}
+        """Why a configuration ran without its ``local`` twin where the grid pairs them (the record's
+        ``unpaired_reason``)."""
+
+    def _take_ledgers(self) -> None:
+        """Add what every started group of ranks spent since the last call to ``ledger``: the
+        first rank's figures (the ranks of a group run the same steps in step)."""
+        for ranks in [*self.groups, self.tracer]:
+            if ranks is not None and ranks is not IN_GROUP and getattr(ranks, "usable", True):
+                self.ledger.merge(ranks.run(take_ledger)[0])
+
+    def record_counts(self, config: StepConfig) -> dict[str, int]:
+        """The builds, warm-up steps, memory counts and traced steps ``config`` took, over every
+        group of ranks (``ddp.bench.rounds.ledger.RECORD_FIELDS``)."""
+        return self.ledger.record_counts(config)
+
+    def _fit(self, configs: Sequence[StepConfig], world_size: int, copies: Sequence[StepConfig] = ()):
+        """``fit``, counting every rank process that shares a device (one per group of ranks and
+        the tracer's) and the models kept for reuse."""
+        memory = self._memory()
+        processes = len(self.groups) + (1 if self.tracer not in (None, IN_GROUP) else 0)
+        with self.ledger.timing(PREDICTIONS):
+            return fit(configs, memory, world_size, processes, self.ranks.device, copies)
 
     def _memory(self) -> int:
         """The smallest memory a rank may use (``ddp.bench.memory.predict.device_memory_bytes``), asked once."""
@@ -386,17 +430,30 @@ class GridMeasurer:
     def _not_built(self, config: StepConfig) -> str | None:
         """Why ``config`` is not built on these ranks (``NotBuilt``: a step its strategy or model
         cannot run, or a peak predicted not to fit), or None."""
-        return cannot_run(config) or too_large(config, self.ranks.world_size, self._memory())
+        memory = self._memory()
+        with self.ledger.timing(PREDICTIONS):
+            return cannot_run(config) or too_large(config, self.ranks.world_size, memory)
 
     def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotRun:
         """``members`` measured on every group of ranks; each group keeps them built where the
         groups' builds fit in a device's memory together (one process per rank and group)."""
-        together = fit(members * len(self.groups), self._memory(), self.ranks.world_size).together
-        if not together:  # what the last group kept of the previous measurement would be in the way
-            self._free()
+        # One kept copy per workload and group of ranks where they fit (``ddp.bench.rounds.reuse``).
+        copies = list({workload_key(c): c for c in members if restorable(c)}.values()) * len(self.groups)
+        held = members * len(self.groups)
+        reuse = bool(copies) and self._fit(held, self.ranks.world_size, copies).together
+        together = reuse or self._fit(held, self.ranks.world_size).together
+        try:
             for ranks in self.groups:
-                ranks.run(return_cached_memory)
-        return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together)
+                ranks.run(set_model_reuse, reuse)
+            if not together:  # what the last group kept of the previous measurement would be in the way
+                self._free()
+                for ranks in self.groups:
+                    ranks.run(return_cached_memory)
+            return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together)
+        except RankKilled as error:  # its group was ended; the next call starts fresh ranks
+            return NotRun(members[0], RankLost.of(error))
+        finally:
+            self._take_ledgers()
 
     def _free(self) -> None:
         for ranks in self.groups:
@@ -438,7 +495,7 @@ class GridMeasurer:
         group = [c for c in self.configs if c.group == config.group and not self._not_built(c)]
         local = next((c for c in group if c.strategy == FLOOR), None) or config.local_twin()
         members = [local] + [c for c in group if c != local]
-        if self._not_built(local) or not fit(members, self._memory(), self.ranks.world_size).together:
+        if self._not_built(local) or not self._fit(members, self.ranks.world_size).together:
             self._alone.add(config.group)
             return
         result = self._timed(members, benchmarks=len(group))
@@ -452,16 +509,27 @@ class GridMeasurer:
             self._measured[member] = (result, index, None if index == 0 else 0)
 
     def _measure_alone(self, config: StepConfig) -> None:
-        paired = self.interleave != "off" and config.strategy != FLOOR and not self._not_built(config.local_twin())
-        if paired and not fit([config, config.local_twin()], self._memory(), self.ranks.world_size).together:
-            paired = False  # each fits alone, not the two at once
+        unpaired = None
+        if self.interleave != "off" and config.strategy != FLOOR:
+            twin = config.local_twin()
+            together = None if self._not_built(twin) else self._fit([config, twin], self.ranks.world_size)
+            if together is None:
+                unpaired = f"its {FLOOR} twin is not built: {self._not_built(twin)}"
+            elif not together.together:  # each fits alone, not the two at once
+                unpaired = f"it and its {FLOOR} twin are predicted not to fit together ({together.explain()})"
+        paired = self.interleave != "off" and config.strategy != FLOOR and unpaired is None
         members = [config, config.local_twin()] if paired else [config]
         result = self._timed(members)
-        if isinstance(result, NotRun) and paired and isinstance(result.marker, OutOfMemory):
-            # Predicted to fit together, but ran out of memory: alone, as a group that does.
+        if isinstance(result, NotRun) and paired and isinstance(result.marker, (OutOfMemory, RankLost)):
+            # Predicted to fit together, but ran out of memory (or the host's out-of-memory killer
+            # ended a rank): alone, as a group that does.
+            unpaired = (f"it and its {FLOOR} twin could not run together "
+                        f"({skip_reason(config, self.ranks.world_size, result.marker)})")
             self._free()
             paired, members = False, [config]
             result = self._timed(members)
+        if unpaired is not None:
+            self.unpaired[config] = unpaired
         if isinstance(result, NotRun):
             self._free()
             self._measured[config] = result
@@ -478,16 +546,24 @@ class GridMeasurer:
         benchmarks) keeps its traced steps: it is not traced again."""
         if self.policy.traced_steps == 0:
             return
-        if ranks is not self.ranks:
+        in_group = ranks is IN_GROUP
+        if in_group:
+            ranks = self.groups[-1]  # the group that timed last keeps the configurations built
+        elif ranks is not self.ranks:
             for group in self.groups:
                 group.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
         traces = []
         for config in measurement.configs:
             if config not in self._traced:
                 held = measurement.configs * len(self.groups)
-                if ranks is not self.ranks and not fit([*held, config], self._memory(), len(measurement.setups[0])).together:
+                if not in_group and ranks is not self.ranks and not self._fit([*held, config], len(measurement.setups[0])).together:
                     self._free()
-                traced_steps = trace(ranks, [config], self.policy)
+                try:
+                    traced_steps = trace(ranks, [config], self.policy, keep_built=in_group)
+                except RankKilled as error:  # as out of memory under the profiler: the timing stands
+                    warnings.warn(f"{config.describe()} not traced: {error.summary}", RuntimeWarning, stacklevel=2)
+                    traced_steps = None
+                self._take_ledgers()
                 if traced_steps is None:
                     return  # could not run (out of memory under the profiler): no collectives in the record
                 self._traced[config] = traced_steps[0]

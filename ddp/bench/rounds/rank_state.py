@@ -12,7 +12,9 @@ dropped held, and says what is left otherwise.
 ``OutOfMemory`` marker, so the caller decides (perf_tests skip with its ``reason``). It is freed
 outside the ``except`` block: the exception's traceback holds the frames of the failed step, and
 with them its activations and autograd graph. A configuration this machine cannot run
-(``ddp.bench.rounds.trainer.CannotRun``) returns an ``RankCannotRun`` marker the same way.
+(``ddp.bench.rounds.trainer.CannotRun``) returns an ``RankCannotRun`` marker the same way. A rank
+whose process a signal ended (the host's out-of-memory killer) returns nothing: the parent makes
+a ``RankLost`` marker of the launcher's ``RankKilled`` instead.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import torch.distributed as dist
 
 from ddp.bench.collectives.recording import traced_steps
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, RESTORED, ROUNDS, TRACED, WARMUP, Ledger, take
+from ddp.bench.rounds.reuse import KeptModels
 from ddp.bench.rounds.trainer import CannotRun, StepSetup, StepTiming, Trainer
-from ddp.launcher import Rank, RankInfo, Withdrawn, on_rank
+from ddp.launcher import Rank, RankInfo, RankKilled, Withdrawn, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import steps_to_settle
 
@@ -78,6 +82,21 @@ class RankCannotRun(Withdrawn):
 
 
 @dataclass(frozen=True)
+class RankLost:
+    """Not a rank's result but the parent's, made from ``ddp.launcher.RankKilled``: a signal ended
+    a rank's process (most often the host's out-of-memory killer, which no rank can catch or
+    report) while it ran a configuration. Its group was ended; the next call starts fresh ranks."""
+
+    rank: int
+    message: str
+    """The error's first line: the rank, its process and group, the signal and its likely cause."""
+
+    @classmethod
+    def of(cls, error: RankKilled) -> RankLost:
+        return cls(error.rank, error.summary)
+
+
+@dataclass(frozen=True)
 class _Failure:
     """What is kept of an out-of-memory error once its traceback (and the tensors its frames
     hold) is gone."""
@@ -94,6 +113,11 @@ class RankBench:
     trainers: dict[StepConfig, Trainer] = field(default_factory=dict)
     allreduce_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
     """float32 buffers of the all-reduce benchmark, by element count."""
+    kept: KeptModels = field(default_factory=KeptModels)
+    """Models kept for the next configuration of the same workload (``ddp.bench.rounds.reuse``)."""
+    ledger: Ledger = field(default_factory=Ledger)
+    """What each configuration's builds, warm-up, memory counts, rounds and traced steps took
+    here, until the parent takes it (``take_ledger``)."""
 
     def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int,
                 count_memory: bool = True) -> list[StepSetup] | Withdrawn:
@@ -111,30 +135,50 @@ class RankBench:
 
         def build() -> list[StepSetup]:
             self._build(info, configs, warmup_steps)
-            return [self.trainers[config].count_setup(count_memory) for config in configs]
+            return [self._count_setup(config, count_memory) for config in configs]
 
         return self._withdrawing(info, build)
 
-    def _build(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int) -> None:
-        """Build and warm up ``configs`` (see ``prepare``), freeing every other one."""
+    def _count_setup(self, config: StepConfig, count_memory: bool) -> StepSetup:
+        trainer = self.trainers[config]
+        if not count_memory or trainer.memory is not None:
+            return trainer.count_setup(count_memory)  # nothing to count: the kept count
+        with self.ledger.timing(MEMORY_COUNTS, config):
+            return trainer.count_setup(count_memory)
+
+    def _build(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, keep_others: bool = False) -> None:
+        """Build and warm up ``configs`` (see ``prepare``), freeing every other one unless ``keep_others``."""
         kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
-        self.release(info)  # whatever is not asked for any more, before building (memory)
+        others, self.trainers = self.trainers, {}
+        if keep_others:
+            kept = {**others, **kept}
+        else:
+            self.trainers = others
+            self.release(info, keep_models=True)  # whatever is not asked for any more, before building (memory)
         self.trainers = dict(kept)
+        self.kept.keep_only([*configs, *self.trainers])
         for config in configs:
             if config in kept:
-                for _ in range(warmup_steps):
-                    kept[config].step()
+                if not warmup_steps:
+                    continue
+                with self.ledger.timing(WARMUP, config, count=warmup_steps):
+                    for _ in range(warmup_steps):
+                        kept[config].step()
                 continue
             # Built and warmed up one at a time, so that on CUDA what each holds between its steps
             # is what the allocator gained meanwhile (``ddp.bench.rounds.trainer.own_peak_bytes`` reads it).
-            before = _allocated_bytes(info)
-            trainer = self.trainers[config] = Trainer(config, info)
+            before, held_before, restores = _allocated_bytes(info), self.kept.held_bytes(), self.kept.restores
+            with self.ledger.timing(BUILDS, config):
+                trainer = self.trainers[config] = Trainer(config, info, workloads=self.kept.workload)
+            if self.kept.restores > restores:
+                self.ledger.add(RESTORED, 0.0, config)
             steps = max(steps_to_settle(config.strategy), warmup_steps)
-            for index in range(steps):
-                counting = index == steps - 1 and not trainer.states_its_collectives
-                trainer.count_collectives() if counting else trainer.step()
-            if before is not None:
-                trainer.resident_bytes = _allocated_bytes(info) - before
+            with self.ledger.timing(WARMUP, config, count=steps):
+                for index in range(steps):
+                    counting = index == steps - 1 and not trainer.states_its_collectives
+                    trainer.count_collectives() if counting else trainer.step()
+            if before is not None:  # a kept copy made, or a released module taken, is not this build's doing
+                trainer.resident_bytes = _allocated_bytes(info) - before - (self.kept.held_bytes() - held_before)
 
     def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | Withdrawn:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
@@ -150,16 +194,19 @@ class RankBench:
             for index in order:
                 if len(configs) > 1:
                     dist.barrier()  # every rank starts each contender's step together
-                timings[index] = self.trainers[configs[index]].step()
+                with self.ledger.timing(ROUNDS, configs[index]):
+                    timings[index] = self.trainers[configs[index]].step()
             return [timings[index] for index in range(len(configs))]
 
         return self._withdrawing(info, run)
 
-    def trace(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, steps: int) -> list[list[dict]] | Withdrawn:
+    def trace(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, steps: int,
+              keep_built: bool = False) -> list[list[dict]] | Withdrawn:
         """``steps`` traced steps of each configuration (``ddp.bench.collectives.recording.traced_steps``), one
         configuration after the other, each built and warmed up first (as ``prepare`` does) unless
         it is built already, and everything freed afterwards; per configuration the step records
-        (none for a configuration that communicates nothing).
+        (none for a configuration that communicates nothing). ``keep_built``: nothing is freed, what
+        is built is traced as it is, without warm-up (CPU only: traced where it was timed, below).
 
         The traced steps may run the profiler, and on CUDA the profiler leaves CUPTI attached to
         the process once done (Kineto tears it down only when TEARDOWN_CUPTI says so, and then
@@ -168,9 +215,13 @@ class RankBench:
         (``ddp.bench.rounds.measure.trace``)."""
 
         def run() -> list[list[dict]]:
-            self._build(info, configs, warmup_steps)
-            traces = [traced_steps(trainer, steps) for trainer in (self.trainers[config] for config in configs)]
-            self.release(info)
+            self._build(info, configs, 0 if keep_built else warmup_steps, keep_others=keep_built)
+            traces = []
+            for config in configs:
+                with self.ledger.timing(TRACED, config, count=steps):
+                    traces.append(traced_steps(self.trainers[config], steps))
+            if not keep_built:
+                self.release(info)
             return traces
 
         return self._withdrawing(info, run)
@@ -215,18 +266,27 @@ class RankBench:
             group_broken=failure.group_broken,
         )
 
-    def release(self, info: RankInfo) -> None:
-        """Drop every trainer and buffer kept on this rank and return the memory to the device. On
+    def release(self, info: RankInfo, keep_models: bool = False) -> None:
+        """Drop every trainer and buffer kept on this rank and return the memory to the device;
+        ``keep_models``: their models stay for the next build of the same workload
+        (``ddp.bench.rounds.reuse``; the parent frees with it off, and every copy goes too). On
         CUDA, say so where a user sees it when the device did not get back what they held: what
         each trainer had allocated once built (``resident_bytes``) and the buffers' bytes. Memory
         that something else holds (a configuration kept for the next build, a test's own model) is
         none of its business."""
         dropped = sum(trainer.resident_bytes or 0 for trainer in self.trainers.values())
         dropped += sum(buffer.numel() * buffer.element_size() for buffer in self.allreduce_buffers.values())
-        before = _allocated_bytes(info)
-        for trainer in self.trainers.values():
+        before, held_before = _allocated_bytes(info), self.kept.held_bytes()
+        trainers, self.trainers = self.trainers, {}
+        for config in list(trainers):
+            trainer = trainers.pop(config)
+            workload = trainer.workload
             trainer.close()
-        self.trainers = {}
+            if keep_models:
+                self.kept.give_back(config, workload)
+            del trainer, workload
+        if not keep_models:
+            self.kept.keep_only([])
         self.allreduce_buffers = {}
         gc.collect()
         if info.device.type == "cuda":
@@ -238,7 +298,7 @@ class RankBench:
             if clear_cublas_workspaces is not None:
                 clear_cublas_workspaces()
             torch.cuda.empty_cache()
-            held = dropped - (before - _allocated_bytes(info))
+            held = dropped - ((before - held_before) - (_allocated_bytes(info) - self.kept.held_bytes()))
             if held > 2**20:  # not an error: the next build may still fit
                 print(f"ddp-bench: rank {info.rank} still holds {held / 2**20:.1f} MiB of CUDA memory of the "
                       "configurations it released", flush=True)
@@ -270,8 +330,25 @@ def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0)
 
 
 @on_rank
-def traced(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int, steps: int) -> list[list[dict]] | Withdrawn:
-    return rank.keep(RankBench).trace(rank.info, configs, warmup_steps, steps)
+def traced(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int, steps: int,
+           keep_built: bool = False) -> list[list[dict]] | Withdrawn:
+    return rank.keep(RankBench).trace(rank.info, configs, warmup_steps, steps, keep_built)
+
+
+@on_rank
+def set_model_reuse(rank: Rank, enabled: bool) -> None:
+    """Keep built models for the next configuration of the same workload, or not (then every kept
+    copy goes): ``ddp.bench.rounds.reuse``."""
+    kept = rank.keep(RankBench).kept
+    kept.enabled = enabled
+    if not enabled:
+        kept.keep_only([])
+
+
+@on_rank
+def take_ledger(rank: Rank) -> Ledger:
+    """This rank's ledger since the last call (``ddp.bench.rounds.ledger``), emptied here."""
+    return take(rank.keep(RankBench).ledger)
 
 
 @on_rank
@@ -318,10 +395,14 @@ def first_withdrawn(results: Sequence) -> OutOfMemory | RankCannotRun | None:
     return next((r for r in results if isinstance(r, Withdrawn)), None)
 
 
-def skip_reason(config: StepConfig, world_size: int, marker: OutOfMemory | RankCannotRun) -> str:
-    """Why ``config`` was not measured: the rank's out-of-memory figures, or why it cannot run."""
+def skip_reason(config: StepConfig, world_size: int, marker: OutOfMemory | RankCannotRun | RankLost) -> str:
+    """Why ``config`` was not measured: the rank's out-of-memory figures, why it cannot run, or
+    what ended a rank's process."""
     if isinstance(marker, RankCannotRun):
         return f"cannot run {config.describe()}: {marker.message}"
+    if isinstance(marker, RankLost):
+        return (f"rank killed: {config.describe()}, {world_size} rank{'s' if world_size != 1 else ''}: "
+                f"{marker.message}; the next benchmark runs on fresh ranks")
     return oom_reason(config, world_size, marker)
 
 

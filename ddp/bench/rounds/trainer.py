@@ -169,9 +169,11 @@ def drop_parameter_hooks(module: nn.Module) -> None:
 class Trainer:
     """One configuration on one rank: the workload wrapped in its strategy, AdamW, this rank's batch."""
 
-    def __init__(self, config: StepConfig, info: RankInfo, before_first_step: Callable[[nn.Module], None] | None = None) -> None:
+    def __init__(self, config: StepConfig, info: RankInfo, before_first_step: Callable[[nn.Module], None] | None = None,
+                 workloads: Callable[[StepConfig, torch.device], Workload] | None = None) -> None:
         """``before_first_step(model)`` may adjust the wrapped model before it runs (``ddp profile``
-        hooks PyTorch's reducer there)."""
+        hooks PyTorch's reducer there); ``workloads(config, device)`` builds the workload in place of
+        ``build_workload``, seeded as it would be (``ddp.bench.rounds.reuse.KeptModels``)."""
         self.config = config
         self.rank = info.rank
         self.world_size = info.world_size
@@ -181,7 +183,10 @@ class Trainer:
             raise CannotRun(reason)
         self.shape = config.step_shape
         torch.manual_seed(config.seed)  # the same initial weights for every strategy of a model
-        workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
+        if workloads is None:
+            workload = build_workload(config.model, config.batch_size, config.seq_len, info.device)
+        else:
+            workload = workloads(config, info.device)
         self.workload: Workload = workload
         module = workload.module
         self.shape.prepare(module)  # checkpointed blocks, before compiling and wrapping (as torchtitan orders them)

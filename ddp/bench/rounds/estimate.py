@@ -1,0 +1,166 @@
+"""How long a benchmark run will take, said before it starts: ``estimated length: ...``.
+
+The estimate counts what the run will do, the way ``ddp.bench.rounds.measure.GridMeasurer`` does
+it (per configuration: builds, warm-up steps, memory counts, rounds and traced steps on each group
+of ranks; groups started), and prices each part with costs measured on a machine of the same
+kind (``MEASURED``): a group's start-up, a build (a fixed part and one per parameter), and a
+step, modelled as a fixed part (the host's launches and the harness) plus the step's model FLOPs
+at the rate the machine sustained. A memory count and a traced step are priced in steps. The
+rounds take their budget (``GridOptions.round_budget_seconds``), or their minimum where that is
+longer.
+
+What the estimate rests on is printed with it; ``docs/perf-suite.md`` and ``docs/gpu.md`` give
+the runs the costs were measured in. The run's time by part, printed when it ends (``ledger``),
+is what to hold it to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddp.bench.config.options import GridOptions, ResolvedLaunch
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.memory.predict import parameter_count
+from ddp.bench.results.flops import workload_flops_per_token
+from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
+from ddp.strategies.registry import FLOOR, steps_to_settle
+
+
+@dataclass(frozen=True)
+class PartCosts:
+    """What each part of a run costs on one kind of machine, measured (``MEASURED``)."""
+
+    source: str
+    """The run they were measured in."""
+    startup_seconds: float
+    """Starting one group of ranks (spawn, imports, the process group; on CUDA the contexts)."""
+    build_seconds: float
+    """A build's fixed part: the strategy, the optimizer, the batches."""
+    build_seconds_per_gparam: float
+    """A build's part per billion parameters: allocating and initializing the model."""
+    step_seconds: float
+    """A step's fixed part: launches, hooks, the harness."""
+    flops_per_second: float
+    """Model FLOPs per second one rank sustains in a step (fp32 on CPU; per the grid's precision
+    on a GPU)."""
+    memory_count_steps: float
+    """A memory count (one or two steps under MemTracker), in steps."""
+    traced_step_steps: float
+    """A traced step (the recorder, on CUDA the profiler and the trace's reading), in steps."""
+    benchmark_seconds: float
+    """A step benchmark's own part besides those: calls to the ranks, freeing, the record."""
+    prediction_seconds: float
+    """Predicting a configuration's memory (a fake step, made once per model, sequence length and
+    precision, and the arithmetic)."""
+
+
+# Measured with this suite's time by part (``ddp.bench.rounds.ledger``), each from the run named.
+MEASURED: dict[str, PartCosts] = {
+    "cpu": PartCosts(
+        source="2-core CPU, torch 2.13.0+cpu, gloo, mini b4,8 x s64,128 (docs/perf-suite.md, the run's length)",
+        startup_seconds=4.0, build_seconds=0.05, build_seconds_per_gparam=20.0, step_seconds=0.02,
+        flops_per_second=40e9, memory_count_steps=4.0, traced_step_steps=1.3, benchmark_seconds=0.6,
+        prediction_seconds=0.3,
+    ),
+    "cuda": PartCosts(
+        source="one H200 (torch 2.11.0+cu130), gpu-check of 2026-11-27 and its xl profile (docs/gpu.md)",
+        startup_seconds=12.0, build_seconds=1.0, build_seconds_per_gparam=2.0, step_seconds=0.10,
+        flops_per_second=300e12, memory_count_steps=3.0, traced_step_steps=4.0, benchmark_seconds=2.0,
+        prediction_seconds=1.0,
+    ),
+}
+
+
+def costs_for(device: str) -> PartCosts:
+    return MEASURED["cuda" if device == "cuda" else "cpu"]
+
+
+def step_flops(config: StepConfig) -> float:
+    """Model FLOPs of one rank's step: the built-in sizes' count, else 6 per parameter per token."""
+    tokens = config.step_shape.tokens_per_step
+    per_token = workload_flops_per_token(config.model, config.seq_len)
+    if per_token is None:
+        per_token = 6.0 * parameter_count(config.model, config.batch_size, config.seq_len)
+    return per_token * tokens
+
+
+def parameters(config: StepConfig) -> int:
+    return parameter_count(config.model, config.batch_size, config.seq_len)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A run's estimated seconds by part (``ddp.bench.rounds.ledger.PARTS``, and ``other``)."""
+
+    seconds: dict[str, float]
+    benchmarks: int
+    costs: PartCosts
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def line(self) -> str:
+        parts = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in self.seconds.items() if seconds >= 0.5)
+        return (f"estimated length: {minutes_text(self.total_seconds)} for {self.benchmarks} step benchmark"
+                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source})")
+
+
+def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch) -> Estimate:
+    """The estimated length of the step benchmarks of ``configs`` (the selected ones of ``grid``)
+    on ``launch``'s ranks, laid out as perf_tests lays them out: ``grid.rank_groups`` groups of
+    ranks timing, each configuration with its ``local`` twin (kept built across the strategies of
+    its group) under ``--interleave local``, every strategy of a group in the same rounds under
+    ``group``; traced on a third group on CUDA, where it was timed on CPU."""
+    costs = costs_for(launch.device)
+    policy = grid.round_options()
+    groups = grid.rank_groups
+    cuda = launch.device == "cuda"
+    seconds = dict.fromkeys([*PARTS, "other"], 0.0)
+    seconds[STARTUP] = (groups + (1 if cuda and policy.traced_steps else 0)) * costs.startup_seconds
+
+    def step(config: StepConfig) -> float:
+        return costs.step_seconds + step_flops(config) / costs.flops_per_second
+
+    def build(config: StepConfig, where: int) -> None:
+        """A fresh build on ``where`` groups of ranks, with its warm-up and, in the first, its memory count."""
+        seconds[BUILDS] += where * (costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9)
+        seconds[WARMUP] += where * max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
+        seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
+
+    def rounds(pair_seconds: float) -> float:
+        floor = policy.min_rounds * pair_seconds
+        ceiling = policy.max_rounds * pair_seconds
+        return min(ceiling, max(floor, policy.budget_seconds))
+
+    by_group: dict[StepConfig, list[StepConfig]] = {}
+    for config in configs:
+        by_group.setdefault(config.group, []).append(config)
+    for members in by_group.values():
+        local = next((c for c in members if c.strategy == FLOOR), None) or members[0].local_twin()
+        others = [c for c in members if c.strategy != FLOOR]
+        seconds[PREDICTIONS] += costs.prediction_seconds * (1 + len(others))
+        traced = [local, *others] if policy.traced_steps else []
+        if grid.interleave == "group":
+            for config in [local, *others]:
+                build(config, groups)
+            seconds[ROUNDS] += rounds(sum(step(c) for c in [local, *others])) * max(1, len(others))
+        else:
+            paired = grid.interleave != "off"
+            if paired or any(c.strategy == FLOOR for c in members):
+                build(local, groups)
+            for config in others:
+                build(config, groups)
+                if paired:  # the kept twin's warm-up before each measurement
+                    seconds[WARMUP] += groups * policy.warmup_rounds * step(local)
+                seconds[ROUNDS] += rounds(step(config) + (step(local) if paired else 0.0))
+            if not others:
+                seconds[ROUNDS] += rounds(step(local))
+        for config in traced:
+            seconds[TRACED] += policy.traced_steps * costs.traced_step_steps * step(config)
+            if cuda:  # the tracer builds and warms up each configuration on its own ranks
+                seconds[BUILDS] += costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9
+                seconds[WARMUP] += max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
+        seconds["other"] += costs.benchmark_seconds * len(members)
+    return Estimate(seconds, len(configs), costs)

@@ -1,0 +1,59 @@
+"""What a benchmark run's time goes to (``ddp.bench.rounds.ledger``), counted where the work runs:
+each configuration's builds (and those from a kept copy), warm-up steps, memory counts, rounds
+and traced steps over every group of ranks, against what the grid asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.ledger import BUILDS, PARTS, ROUNDS, Ledger, minutes_text, take
+from ddp.bench.rounds.measure import IN_GROUP, GridMeasurer
+from ddp.launcher import RankGroup
+from ddp.strategies.registry import steps_to_settle
+
+
+def test_a_ledger_adds_by_configuration_and_part_and_is_emptied_when_taken():
+    ledger = Ledger()
+    ledger.add(BUILDS, 1.5, "a")
+    ledger.add(BUILDS, 0.5, "b")
+    ledger.add(ROUNDS, 2.0, "a", count=4)
+    assert ledger.by_part()[BUILDS] == 2.0 and set(ledger.by_part()) == set(PARTS)
+    assert ledger.record_counts("a")["builds"] == 1 and ledger.count("a", ROUNDS) == 4
+    taken = take(ledger)
+    assert not ledger.seconds and taken.by_part()[ROUNDS] == 2.0
+    with pytest.raises(ValueError, match="unknown part"):
+        ledger.add("lunch", 1.0)
+    assert minutes_text(61.4) == "1 min 1 s" and minutes_text(9.6) == "10 s"
+
+
+@pytest.fixture
+def second_group(rank_group):
+    group = RankGroup(rank_group.world_size, rank_group.backend, rank_group.device, label="the second timing group")
+    yield group
+    group.close()
+
+
+def test_each_record_counts_what_its_configuration_cost_over_both_groups(rank_group, second_group):
+    """Two timing groups, the default layout on CPU (each strategy with its local twin, traced
+    where it was timed): every configuration built once a group (the second strategy of the
+    workload from a kept copy), warmed up as its strategy needs, counted once, traced once."""
+    base = dict(model="tiny", batch_size=2, seq_len=16, bucket_size_mb=1.0)
+    configs = [StepConfig.of(name, base) for name in ("bucketed", "torch")]
+    policy = RoundOptions.fixed(4, 1, traced_steps=2)
+    measurer = GridMeasurer(rank_group, configs, policy, "local", tracer=IN_GROUP, more_groups=[second_group])
+    for config in configs:
+        measurer.measurement(config)
+    local = configs[0].local_twin()
+    for config in configs:
+        counts = measurer.record_counts(config)
+        assert counts["builds"] == 2, counts  # one per group: no tracer's build on CPU
+        assert counts["memory_counts"] == 1 and counts["traced_steps"] == policy.traced_steps, counts
+        assert counts["warmup_rounds"] == 2 * max(steps_to_settle(config.strategy), policy.warmup_rounds), counts
+    assert measurer.record_counts(configs[0])["restored_builds"] == 0
+    assert measurer.record_counts(configs[1])["restored_builds"] == 2, "torch's model was not taken from bucketed's"
+    # local: built once a group and kept; traced once; warmed up again before its second measurement
+    assert measurer.record_counts(local)["builds"] == 2 and measurer.record_counts(local)["traced_steps"] == 2
+    rounds = sum(measurer.ledger.count(c, ROUNDS) for c in configs)
+    assert rounds == 2 * policy.min_rounds

@@ -1,0 +1,119 @@
+"""A configuration built from a kept model (``ddp.bench.rounds.reuse``) is indistinguishable from a
+fresh build: the reference is the same configuration built fresh, in the same rank process.
+
+Checked per strategy that replicates, after a different strategy trained the kept model for a few
+steps: every parameter and buffer identical bit for bit before the first step, the same first
+loss, the same weights bit for bit after three steps, a fresh optimizer (no state before its first
+step), the same hooks on the parameters as a fresh build (nothing of the previous strategy left),
+and its step time within the range of the fresh build's. What is not restorable (sharding
+strategies, ``--compile on``, checkpointing, a user's model or class) is built fresh. On CUDA the
+own peak is compared as well, in ``gpu-check`` (its ``layout`` stage).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.rank_state import RankBench
+from ddp.bench.rounds.reuse import attached, restorable
+from ddp.launcher import Rank, on_rank
+
+BASE = dict(model="tiny", batch_size=2, seq_len=32, bucket_size_mb=1.0)
+TIMED_STEPS = 12
+
+
+def _hooks(module: torch.nn.Module) -> list[int]:
+    return [len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {}) for p in module.parameters()]
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in [*module.named_parameters(), *module.named_buffers()]}
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> list:
+    """Each parameter's step count and moments, as plain numbers (compared exactly)."""
+    return [(float(state["step"]), state["exp_avg"].tolist(), state["exp_avg_sq"].tolist())
+            for state in optimizer.state.values()]
+
+
+def _first_loss(trainer) -> float:
+    inputs, targets = trainer.batches[-1]
+    with torch.no_grad():
+        return trainer._forward_loss(inputs, targets).item()
+
+
+@on_rank
+def built_both_ways(rank: Rank, previous: StepConfig, config: StepConfig) -> dict:
+    """``config`` built from the model ``previous`` trained and released, and built fresh."""
+    info = rank.info
+    reused_bench, fresh_bench = RankBench(), RankBench()
+    reused_bench.kept.enabled = True
+    reused_bench.prepare(info, [previous], warmup_steps=2, count_memory=False)
+    reused_bench._build(info, [config], warmup_steps=0)  # releases previous, keeping its model
+    reused = reused_bench.trainers[config]
+    fresh_bench._build(info, [config], warmup_steps=0)
+    fresh = fresh_bench.trainers[config]
+    result = {
+        "restores": reused_bench.kept.restores, "builds": reused_bench.kept.builds,
+        "initial_equal": all(torch.equal(a, b) for a, b in zip(_state(reused.workload.module).values(),
+                                                               _state(fresh.workload.module).values())),
+        "hooks": (_hooks(reused.workload.module), _hooks(fresh.workload.module)),
+        "optimizer_equal": _optimizer_state(reused.optimizer) == _optimizer_state(fresh.optimizer),
+        "losses": (_first_loss(reused), _first_loss(fresh)),
+    }
+    # steps_to_settle steps were run by _build already; three more, then the weights again
+    for _ in range(3):
+        reused.step()
+        fresh.step()
+    result["trained_equal"] = all(torch.equal(a, b) for a, b in zip(_state(reused.workload.module).values(),
+                                                                    _state(fresh.workload.module).values()))
+    times = {"reused": [], "fresh": []}
+    for _ in range(TIMED_STEPS):  # alternated, so that drift falls on both
+        times["reused"].append(reused.step().step_seconds)
+        times["fresh"].append(fresh.step().step_seconds)
+    result["times"] = times
+    reused_bench.release(info)
+    fresh_bench.release(info)
+    return result
+
+
+@pytest.mark.parametrize("previous, strategy", [("torch", "bucketed"), ("bucketed", "torch"), ("overlap", "naive"),
+                                                ("flat", "local")])
+def test_a_reused_model_trains_as_a_fresh_build(rank_group, previous, strategy):
+    config = StepConfig.of(strategy, BASE)
+    before = StepConfig.of(previous, BASE)
+    for result in rank_group.run(built_both_ways, before, config):
+        assert result["restores"] == 1 and result["builds"] == 1, "the second build must come from the kept model"
+        assert result["initial_equal"], "restored weights differ from a fresh build's"
+        reused_hooks, fresh_hooks = result["hooks"]
+        assert reused_hooks == fresh_hooks, f"{previous}'s hooks left on the model: {reused_hooks} vs {fresh_hooks}"
+        assert result["optimizer_equal"], "the optimizer's state after the settling steps differs: not fresh"
+        loss, fresh_loss = result["losses"]
+        assert loss == fresh_loss
+        assert result["trained_equal"], "three steps from the kept model trained differently from a fresh build"
+        reused, fresh = result["times"]["reused"], result["times"]["fresh"]
+        assert min(fresh) * 0.9 <= statistics.median(reused) <= max(fresh) * 1.1, (reused, fresh)
+
+
+def test_what_is_not_restorable_is_built_fresh():
+    assert restorable(StepConfig.of("bucketed", BASE))
+    assert restorable(StepConfig.of("torch", BASE))
+    assert not restorable(StepConfig.of("fsdp", BASE))
+    assert not restorable(StepConfig.of("torch_fsdp", BASE))
+    assert not restorable(StepConfig.of("zero", BASE))
+    assert not restorable(StepConfig.of("bucketed", {**BASE, "compile": "on"}))
+    assert not restorable(StepConfig.of("bucketed", {**BASE, "activation_checkpointing": "blocks"}))
+
+
+def test_a_model_with_a_hook_left_on_it_is_not_kept():
+    module = torch.nn.Linear(2, 2)
+    assert attached(module) is None
+    module.weight.register_post_accumulate_grad_hook(lambda p: None)
+    assert "hook" in attached(module)
+    module = torch.nn.Linear(2, 2)
+    module.register_forward_hook(lambda *a: None)
+    assert "_forward_hooks" in attached(module)
