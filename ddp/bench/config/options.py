@@ -411,21 +411,25 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return GridOptions(
             axes={name: axis.gpu for name, axis in AXES.items()},
+            # 10 rounds at least; more only until the median is within +-1%, which a GPU-bound step
+            # (+-0.1% a round in fp32 on an H200) reaches in them: the budget is a ceiling.
             rounds=RoundOptions(min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2, target_precision=0.01,
                                 budget_seconds=None, traced_steps=TRACED_STEPS),
             # Each strategy with its local twin, as on CPU: the paired overhead, local_mfu and
-            # mfu_lost_points are the suite's headline figures. xl and its twin fit one 80 GB GPU
-            # together at the default shapes (predicted 60-68 GiB of an H100's 71.3 usable; on an
-            # H200 torch's step peaked at 45.5 GiB of its own beside its twin, 44.7 predicted); a
-            # pair that does not is measured alone, saying so by the missing overhead.
-            session_budget_seconds=1800.0, interleave=FLOOR,
+            # mfu_lost_points are the suite's headline figures. At batch 2 x 1,024 in bf16 a
+            # strategy and its twin fit an 80 GB GPU together (torch 25 MiB: 29.8 + 22.3 GiB kept,
+            # its step's 14.9 more, beside three processes' 4.5: 71.5 of 71.7 usable). At batch 4
+            # they do not (backward's 21.5 GiB of activations on top): the twin gives way, the step
+            # is measured alone and its row says why (``unpaired_reason``); an H200 pairs both.
+            session_budget_seconds=600.0, interleave=FLOOR,
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
             # NCCL needs a GPU per rank; gloo ranks can share one
             allreduce_world_sizes=gpu_world_sizes(gpus) if backend == "nccl" else (2, 4, 6),
         )
     return GridOptions(
         axes={name: axis.cpu for name, axis in AXES.items()},
-        rounds=RoundOptions(min_rounds=5, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
+        # 6 rounds at least: the fewest whose median interval covers 95% (``stats.smallest_rounds``)
+        rounds=RoundOptions(min_rounds=6, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
                             traced_steps=TRACED_STEPS),
         # 100 s of rounds for the grid's 20 steps, 5 s each. The rest of a run is fixed costs
         # that grow with the number of configurations, not with their steps: each one's builds,
