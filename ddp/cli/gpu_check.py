@@ -56,33 +56,38 @@ class Stage:
     needs_suite: bool = True
 
 
+# Each limit: what the stage took on an H200 (2026-11-26/27, docs/gpu-check-h200.md), times 1.3 for
+# an H100 host 30% slower (an H100's launches looked 20-30% slower than the H200's), rounded up.
 STAGES = (
-    Stage("harness", gpu_stages.harness, 35,
+    Stage("harness", gpu_stages.harness, 33,
           "24-25 s on an H200 (2026-11-26, 11-27); estimated: start-up 10 s, a plain xl loop and the harness's built and "
           "warmed, 10 rounds of both at b4 x 128 (0.25 s a step): 30 s"),
-    Stage("precision", gpu_stages.precision, 90,
-          "65 s on an H200; estimated: start-up 10 s, xl's step predicted for fp32 (tf32's is the same) and bf16 "
-          "at seq 512, about 10 s of CPU each, per precision local, bucketed, torch at b2 x 512 built and 29 steps: "
-          "80 s"),
-    Stage("fit", gpu_stages.fit, 75,
-          "57 s on an H200 at its largest batch of 13 (an H100's is 6, half the steps); estimated: 2 start-ups, xl "
-          "predicted at seq 1024 twice, the largest batch built, 4 steps: 55 s"),
-    Stage("oom", gpu_stages.oom, 32,
+    Stage("precision", gpu_stages.precision, 75,
+          "new; estimated on an H200: start-up 10 s, xl's step predicted at seq 1024 for fp32 (tf32's is the same) and "
+          "bf16, 10 s of CPU each, local built three times (fp32 only where it fits), 2 + 6 steps of 1.5, 0.6 and 0.45 s: "
+          "55 s; x 1.3"),
+    Stage("fit", gpu_stages.fit, 58,
+          "57 s on an H200 at its largest batch of 13 (an H100's is 6, half the steps: about 44 s there); estimated: "
+          "2 start-ups, xl predicted at seq 1024 twice, the largest batch built, 4 steps"),
+    Stage("oom", gpu_stages.oom, 30,
           "23 s on an H200 (twice); estimated: start-up 10 s, xl predicted at seq 128 (10 s), the hog fills the GPU in "
-          "1 GiB blocks and is freed, xl b2 x 128 built and 5 steps: 30 s"),
-    Stage("traced", gpu_stages.traced, 108,
-          "75-89 s on an H200 (2026-11-27, with 12 rounds and small at world size 1; an H100 30% slower: 116 s); "
-          "estimated: 3 groups of ranks (2 gloo over CUDA twice, 1 NCCL), 25 s; small (128.6M) steps, 3 x 10 rounds "
-          "and 5 traces of 4 steps (local, bucketed, torch, then torch twice) with their export and partition; "
-          "ddp profile of 2 strategies at world size 1 on tiny: 40 s"),
-    Stage("compile", gpu_stages.compile_, 60,
+          "1 GiB blocks and is freed, xl b2 x 128 built and 5 steps"),
+    Stage("traced", gpu_stages.traced, 90,
+          "75-89 s on an H200 with 12 rounds, the after-effect in the timing ranks and small at world size 1; now 8 "
+          "rounds a check, tiny at world size 1, no after-effect: about 65 s there; x 1.3"),
+    Stage("compile", gpu_stages.compile_, 52,
           "40-43 s on an H200; estimated: start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
-          "backward, the torch strategy's from the cache, 2 x 5 steps: 55 s"),
-    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda"), 40,
-          "30 s on an H200 with 44 tests; estimated: start-up 10 s, 42 tests (bucketed, torch and fsdp on the "
-          "LM with AdamW, every precision and step shape) x 0.59 s: 35 s"),
-    Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 35,
+          "backward, the torch strategy's from the cache, 2 x 5 steps"),
+    Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda",
+                                                          gpu_stages.REUSE), 50,
+          "30 s on an H200 with 44 tests; estimated: start-up 10 s, 42 tests (bucketed, torch and fsdp on the LM with "
+          "AdamW, every precision and step shape) x 0.59 s and 4 reuse checks of 2 s: 43 s"),
+    Stage("correctness-nccl", gpu_stages.correctness(Target.one_rank, "correctness-nccl"), 32,
           "24 s on an H200 with 44 tests; estimated: start-up 10 s, the same 42 tests x 0.47 s: 30 s"),
+    Stage("layout", gpu_stages.layout, 60,
+          "new; estimated on an H200: 3 groups of 2 gloo ranks over CUDA started, 30 s; small b2 x 256 in bf16 "
+          "predicted (2 s), 5 steps with their twins, 6 rounds and 2 traced steps each, built from kept copies: 15 s; "
+          "x 1.3"),
 )
 
 

@@ -14,8 +14,8 @@ What each stage holds the suite to on one GPU (docs/gpu-first-run.md has the fir
 - ``harness``: the harness's ``local`` step against a plain PyTorch loop of the same xl step,
   interleaved (``perf_tests/test_harness_cost.py``): the ratio's interval reaches below 1.02; both
   peaks within 2%.
-- ``precision``: xl steps of ``local``, ``bucketed`` and ``torch`` in fp32, tf32 and bf16, each paired
-  with its ``local`` twin: every row has its MFU, the twin's and the points of MFU lost.
+- ``precision``: xl's ``local`` step at 4,096 tokens in fp32, tf32 and bf16 (fp32 skipped unbuilt
+  where it does not fit): a step the GPU bounds, where bf16 must beat tf32, with its MFU.
 - ``fit``: the largest batch ``ddp memory`` says fits (``largest_batch``) runs, the next is refused
   unbuilt, and the measured peak (CUDA's ``max_memory_allocated``; MemTracker's in a rehearsal)
   is within 10% of the predicted one.
@@ -24,12 +24,17 @@ What each stage holds the suite to on one GPU (docs/gpu-first-run.md has the fir
 - ``traced``: the traced steps on CUDA (2 gloo ranks over CUDA tensors), ``local`` included: each
   step's window partitioned (``ddp.bench.collectives.timeline``) into parts that add up to it, each
   bucket named, the shares adding up to the exposed communication, a tail, what bounds the step;
-  the timed rounds after a tracer's traced steps against those before (not slower), beside the
-  after-effect of tracing in the timing ranks themselves (reported); at world size 1 with NCCL, no
-  strategy launches an NCCL kernel, the partition adds up and the collectives without a kernel are named.
+  the timed rounds after a tracer's traced steps against those before (not slower); at world size
+  1 with NCCL, no strategy launches an NCCL kernel, the partition adds up and the collectives
+  without a kernel are named.
+- ``layout``: the default run's processes on one GPU (two timing groups and the tracer, 2 gloo
+  ranks over CUDA each), its steps paired and counted, configurations built from kept copies, and
+  each process's memory sampled against what the fit decisions count per process.
 - ``compile``: ``--compile on`` for xl with ``bucketed`` and ``torch``: both compile and run.
 - ``correctness-gloo-cuda``, ``correctness-nccl``: the correctness suite with 2 gloo ranks over
-  CUDA tensors and with one NCCL rank, cut to what fits the budget (``LEFT_OUT`` says what not).
+  CUDA tensors and with one NCCL rank, cut to what fits the budget (``LEFT_OUT`` says what not),
+  every step shape (accumulation, checkpointing) included; over CUDA also a model built from a
+  kept copy against a fresh build (tests/test_reuse.py: weights, losses, step time and own peak).
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Callable
@@ -53,7 +60,7 @@ from ddp.bench.collectives.reading import kernel_kind
 from ddp.bench.collectives.timeline import PARTS
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.memory.predict import HEADROOM, largest_batch, predict, size_text
+from ddp.bench.memory.predict import HEADROOM, PROCESS_BYTES, largest_batch, predict, size_text
 from ddp.bench.results.records import StepRecord, load_run
 from ddp.bench.results.stats import ratio_of_medians_ci
 from ddp.bench.rounds.measure import HARNESS_RATIO_BAR, GridMeasurer, NotRun, free, measure, trace
@@ -161,32 +168,152 @@ def harness(target: Target, out: Path, suite: Path) -> str:
     return figure
 
 
+# xl's step at 4,096 tokens (batch 4 x 1,024, the LM's context): where the GPU, not the host's
+# ~6,000 launches, bounds a tf32 or bf16 step (at 1,024 tokens both sat on the host's floor on an
+# H200, bf16 the slower: docs/gpu.md).
+PRECISION_BATCH, PRECISION_SEQ_LEN = 4, 1024
+
+
 def precision(target: Target, out: Path, suite: Path) -> str:
     json_path = out / "precision.json"
-    bucket = "0.1" if target.rehearse else "25"
-    code, _ = _pytest(suite, out, "precision", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(), "--model", target.model,
-                      "--strategies", f"{FLOOR},bucketed,torch", "--batch-sizes", "2", "--seq-lens", "32" if target.rehearse else "512",
-                      "--bucket-sizes", bucket, "--precision", "fp32,tf32,bf16", "--interleave", FLOOR, "--rounds", "5",
-                      "--max-rounds", "5", "--warmup-rounds", "1", "--traced-steps", "0", "--benchmark-json", str(json_path))
-    target.check(code == 0, f"perf_tests/test_step.py exited {code}")
-    steps = _steps(json_path)
-    target.check(len(steps) == 9, f"{len(steps)} of 9 steps measured: {sorted(steps)}")
+    batch, seq_len = ("2", "32") if target.rehearse else (str(PRECISION_BATCH), str(PRECISION_SEQ_LEN))
+    code, junit = _pytest(suite, out, "precision", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(),
+                          "--model", target.model, "--strategies", FLOOR, "--batch-sizes", batch, "--seq-lens", seq_len,
+                          "--precision", "fp32,tf32,bf16", "--interleave", "off", "--rounds", "6", "--max-rounds", "6",
+                          "--warmup-rounds", "1", "--traced-steps", "0", "--benchmark-json", str(json_path))
+    outcomes = _outcomes(junit)
+    target.check(code == 0, f"perf_tests/test_step.py exited {code}: {outcomes}")
+    rows = {r.config.precision: r for r in _steps(json_path).values()}
+    # fp32 at this size may not fit an 80 GB GPU (it is then refused unbuilt, named in the log)
+    target.check({"tf32", "bf16"} <= set(rows), f"tf32 and bf16 not both measured: {outcomes}")
     parts = []
-    for name in ("fp32", "tf32", "bf16"):
-        rows = {r.strategy: r for r in steps.values() if r.config.precision == name}
-        local = rows[FLOOR]
-        text = f"{name}: local {_ms(local.step_seconds)}" + (f" MFU {local.mfu:.1%}" if local.mfu is not None else "")
-        for strategy in ("bucketed", "torch"):
-            row = rows[strategy]
-            target.check(row.overhead_seconds is not None, f"{row.config.test_id} was not paired with its local twin")
-            low, high = row.overhead_seconds_ci95
-            text += f", {strategy} +{_ms(row.overhead_seconds)} [{low * 1e3:.1f}, {high * 1e3:.1f}]"
-            if not target.rehearse:
-                target.check(row.mfu is not None and 0 < row.mfu < 1 and row.local_mfu is not None
-                             and row.mfu_lost_points is not None, f"{row.config.test_id}: MFU {row.mfu}, local's {row.local_mfu}")
-                text += f" (MFU {row.mfu:.1%}, {row.mfu_lost_points:+.1f} points lost)"
-        parts.append(text)
-    return "; ".join(parts)
+    for name, row in rows.items():
+        low, high = row.step_seconds_ci95
+        parts.append(f"{name} {_ms(row.step_seconds)} [{low * 1e3:.1f}, {high * 1e3:.1f}]"
+                     + (f" MFU {row.mfu:.1%}" if row.mfu is not None else ""))
+    figure = f"local {target.model} b{batch} x {seq_len}: " + ", ".join(parts)
+    bf16, tf32 = rows["bf16"].step_seconds_ci95, rows["tf32"].step_seconds_ci95
+    target.check(bf16[1] < tf32[0], f"{figure}: bf16 does not beat tf32 (a host-bound step?)", timing=True)
+    return figure
+
+
+class ProcessMemory:
+    """Samples, every ``interval`` seconds while it is entered, the memory of every process of this
+    stage's process group (the stage's pytest and its rank processes): on a GPU what
+    ``nvidia-smi`` says each uses of it (the CUDA context, NCCL's buffers and the caching
+    allocator's reserve: what no ``torch.cuda`` counter of another process shows), on the CPU each
+    one's resident memory (/proc). Keeps each process's largest and smallest sample."""
+
+    def __init__(self, gpu: bool, interval: float = 0.5) -> None:
+        self.gpu, self.interval = gpu, interval
+        self.largest: dict[int, int] = {}
+        self.smallest: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: str | None = None
+
+    def __enter__(self) -> ProcessMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                sample = self._gpu_sample() if self.gpu else self._host_sample()
+            except (OSError, ValueError, subprocess.SubprocessError) as error:
+                self.error = f"{type(error).__name__}: {error}"
+                return
+            group = os.getpgrp()
+            for pid, used in sample.items():
+                if pid != os.getpid() and _process_group(pid) == group and _is_rank(pid):
+                    self.largest[pid] = max(used, self.largest.get(pid, 0))
+                    self.smallest[pid] = min(used, self.smallest.get(pid, used))
+
+    @staticmethod
+    def _gpu_sample() -> dict[int, int]:
+        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        return {int(pid): int(mib) * 2**20 for pid, mib in (line.split(",") for line in text.strip().splitlines() if line)}
+
+    @staticmethod
+    def _host_sample() -> dict[int, int]:
+        sample = {}
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            except OSError:
+                continue
+            if "VmRSS" in fields:
+                sample[int(status.parent.name)] = int(fields["VmRSS"].split()[0]) * 1024
+        return sample
+
+
+def _is_rank(pid: int) -> bool:
+    """A rank process (the launcher spawns them through multiprocessing), not pytest nor
+    multiprocessing's resource tracker."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return "spawn_main" in command and "resource_tracker" not in command
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def layout(target: Target, out: Path, suite: Path) -> str:
+    """The default run's process layout on one GPU: two timing groups of two gloo ranks over CUDA
+    and the tracer's two, six processes with a context each, a model that fits six times, its
+    configurations built from kept copies after the first (``ddp.bench.rounds.reuse``), in bf16
+    with two micro-batches a step (accumulation timed on CUDA). Every step is paired with its
+    twin, every record counts its builds, warm-up, memory counts and traced steps, and the memory
+    each process held is sampled: at most what the fit decisions count per process
+    (``PROCESS_BYTES``) before a model is built."""
+    json_path = out / "layout.json"
+    model, seq_len = ("tiny", "32") if target.rehearse else ("small", "256")
+    sampler = ProcessMemory(gpu=not target.rehearse)
+    with sampler:
+        code, junit = _pytest(suite, out, "layout", "perf_tests/test_step.py", *target.two_ranks_on_one_gpu(),
+                              "--rank-groups", "2", "--model", model, "--strategies", f"{FLOOR},bucketed,torch",
+                              "--batch-sizes", "2", "--seq-lens", seq_len, "--bucket-sizes", "1,25",
+                              "--precision", "fp32" if target.rehearse else "bf16", "--grad-accum", "2",
+                              "--rounds", "6", "--max-rounds", "6",
+                              "--warmup-rounds", "1", "--traced-steps", "2", "--benchmark-json", str(json_path))
+    outcomes = _outcomes(junit)
+    target.check(code == 0 and outcomes and all(o == "passed" for o in outcomes.values()), f"layout run: {outcomes}")
+    steps = list(_steps(json_path).values())
+    for row in steps:
+        counted = (row.builds, row.warmup_rounds, row.memory_counts, row.traced_steps)
+        target.check(None not in counted and row.traced_steps > 0, f"{row.config.test_id}: counts {counted}")
+        if row.strategy != FLOOR:
+            target.check(row.overhead_seconds is not None, f"{row.config.test_id} unpaired: {row.unpaired_reason}")
+    restored = sum(row.restored_builds or 0 for row in steps)
+    figure = (f"{len(steps)} steps of {model} on 2 gloo ranks x 2 groups + tracer, {restored} builds from kept copies, "
+              f"bound by {dict(Counter(row.bound_by for row in steps))}")
+    target.check(restored > 0, f"{figure}: no configuration was built from a kept copy")
+    if sampler.error or not sampler.largest:
+        return f"{figure}; process memory not sampled ({sampler.error or 'no sample'})"
+    ranks = list(sampler.largest)
+    idle = min(sampler.smallest[pid] for pid in ranks)
+    figure += (f"; {len(ranks)} processes sampled, largest {size_text(max(sampler.largest.values()))}, "
+               f"together at most {size_text(sum(sampler.largest.values()))}; the least a process held {size_text(idle)}, "
+               f"counted per process {size_text(PROCESS_BYTES['cpu' if target.rehearse else 'cuda'])}")
+    # 2 timing groups of 2 ranks and, on CUDA, the tracer's 2 (on the CPU a step is traced where it was timed)
+    expected = 4 if target.rehearse else 6
+    target.check(len(ranks) >= expected, f"{figure}: expected {expected} rank processes")
+    # On a GPU a process appears once its context exists: its least is the context (and the
+    # allocator's first reserve). On the CPU its least is caught while it starts: reported only.
+    target.check(idle <= PROCESS_BYTES["cpu" if target.rehearse else "cuda"], f"{figure}: a process holds more than counted",
+                 timing=True)
+    return figure
 
 
 def fit(target: Target, out: Path, suite: Path) -> str:
@@ -294,21 +421,15 @@ def traced(target: Target, out: Path, suite: Path) -> str:
                          f"{shown}: the collectives' shares do not add up to the exposed communication")
             figures.append(shown)
         # bucketed's timed rounds before and after a trace of torch, whose traced steps run the
-        # profiler with CUDA activity (PyTorch's reducer records nothing itself): on the tracer's
-        # ranks, then on the timing ranks themselves, which then time bucketed again.
+        # profiler with CUDA activity (PyTorch's reducer records nothing itself) on the tracer's ranks.
         pair, profiled = [configs[1], configs[0]], [configs[2]]
-        rounds = dataclasses.replace(policy, min_rounds=10, max_rounds=10)
+        rounds = dataclasses.replace(policy, min_rounds=8, max_rounds=8)
         before = measure(timing, pair, rounds).round_seconds(0)
         trace(tracer, profiled, policy)
         after = measure(timing, pair, rounds).round_seconds(0)
-        trace(timing, profiled, policy)
-        in_place = measure(timing, pair, rounds).round_seconds(0)
         free(timing)
     ratio, low, high = ratio_of_medians_ci(after, before)
-    effect = ratio_of_medians_ci(in_place, after)
-    figures.append(f"bucketed after torch's profiled trace on the tracer / before {ratio:.3f} [{low:.3f}, {high:.3f}]; "
-                   f"after one in the timing ranks themselves {effect[0]:.3f} [{effect[1]:.3f}, {effect[2]:.3f}] (reported: "
-                   "the profiler's after-effect in a process)")
+    figures.append(f"bucketed after torch's profiled trace on the tracer / before {ratio:.3f} [{low:.3f}, {high:.3f}]")
     target.check(low <= 1.03, "; ".join(figures) + ": slower after the tracer traced", timing=True)
     figures.append(one_nccl_rank_launches_no_kernel(target, out))
     return "; ".join(figures)
@@ -374,21 +495,29 @@ STAGE_START_SECONDS = 10.0
 # The strategies a GPU runs differently (a C++ reducer, buckets on the device, sharded state), on
 # the LM with AdamW, each in every precision and every step shape (--grad-accum,
 # --activation-checkpointing) of theirs: 42 tests.
-CORRECTNESS = ("--strategies", "bucketed,torch,fsdp", "-k",
+CORRECTNESS = (("--strategies", "bucketed,torch,fsdp"),
                "(transformer_tiny and adamw and not tensor_over_cap and not (bucketed and few_per_bucket))"
                " or (test_precision and not whole_batch_mean)")
-REHEARSED_CORRECTNESS = ("--strategies", "bucketed", "-k", "transformer_tiny and adamw and step")
+REHEARSED_CORRECTNESS = (("--strategies", "bucketed"), "transformer_tiny and adamw and step")
+REUSE = ("tests/test_reuse.py", "a_reused_model")
+"""A model built from a kept copy against a fresh build, on CUDA tensors (with 2 gloo ranks)."""
 LEFT_OUT = ("naive, flat, overlap, sharded_optimizer, zero and torch_fsdp; SGD; two of bucketed's four bucket layouts; "
             "the frozen, tied and routed models; the whole-batch-mean cases of the step's shapes (each shape trains "
             "against one process in test_precision); the suite's own tests/ (all of them run on the CPU in CI)")
 
 
-def correctness(launch: Callable[[Target], list[str]], name: str):
-    """A stage that runs the correctness suite (``CORRECTNESS`` of it) with ``launch``'s ranks."""
+def correctness(launch: Callable[[Target], list[str]], name: str, also: tuple[str, str] | None = None):
+    """A stage that runs the correctness suite (``CORRECTNESS`` of it) with ``launch``'s ranks;
+    ``also``: a test file of the suite's own and the tests of it to run with them."""
 
     def stage(target: Target, out: Path, suite: Path) -> str:
-        selection = REHEARSED_CORRECTNESS if target.rehearse else CORRECTNESS
-        code, junit = _pytest(suite, out, name, "correctness_tests", *launch(target), *selection)
+        options, keyword = REHEARSED_CORRECTNESS if target.rehearse else CORRECTNESS
+        paths = ["correctness_tests"]
+        if also is not None:
+            paths.append(also[0])
+            keyword = f"({keyword}) or {also[1]}"
+        selection = (*options, "-k", keyword)
+        code, junit = _pytest(suite, out, name, *paths, *launch(target), *selection)
         outcomes = list(_outcomes(junit).values())
         counts = {kind: sum(o.split(":")[0] == kind for o in outcomes) for kind in ("passed", "failed", "skipped")}
         figure = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped ({' '.join(selection)})"
