@@ -72,10 +72,13 @@ def built_both_ways(rank: Rank, previous: StepConfig, config: StepConfig) -> dic
     result["trained_equal"] = all(torch.equal(a, b) for a, b in zip(_state(reused.workload.module).values(),
                                                                     _state(fresh.workload.module).values()))
     times = {"reused": [], "fresh": []}
+    peaks = {"reused": [], "fresh": []}
     for _ in range(TIMED_STEPS):  # alternated, so that drift falls on both
-        times["reused"].append(reused.step().step_seconds)
-        times["fresh"].append(fresh.step().step_seconds)
-    result["times"] = times
+        for name, trainer in (("reused", reused), ("fresh", fresh)):
+            timing = trainer.step()
+            times[name].append(timing.step_seconds)
+            peaks[name].append(timing.peak_memory_bytes)  # a step's own CUDA peak; None on CPU
+    result["times"], result["peaks"] = times, peaks
     reused_bench.release(info)
     fresh_bench.release(info)
     return result
@@ -97,6 +100,10 @@ def test_a_reused_model_trains_as_a_fresh_build(rank_group, previous, strategy):
         assert result["trained_equal"], "three steps from the kept model trained differently from a fresh build"
         reused, fresh = result["times"]["reused"], result["times"]["fresh"]
         assert min(fresh) * 0.9 <= statistics.median(reused) <= max(fresh) * 1.1, (reused, fresh)
+        reused_peaks, fresh_peaks = result["peaks"]["reused"], result["peaks"]["fresh"]
+        if None not in reused_peaks:  # on CUDA: the same own peak, to the allocator's rounding
+            assert min(fresh_peaks) * 0.99 <= statistics.median(reused_peaks) <= max(fresh_peaks) * 1.01, (
+                reused_peaks, fresh_peaks)
 
 
 def test_what_is_not_restorable_is_built_fresh():
