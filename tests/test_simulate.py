@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,19 +15,27 @@ from ddp.analysis.costmodel import (
     Compute,
     Gradient,
     Link,
+    Machine,
     NotModelled,
+    Overheads,
+    Sent,
     calibrate,
+    calibrate_on_measured,
     channel_end,
+    expected_max_of_normals,
     fit_link,
+    gradients_by_flops,
     gradients_in_backward_order,
     gradients_of_module,
     module_of,
+    parse_link,
     predict_grid,
     predict_step,
     ready_times,
     strategy_launches,
     validation_rows,
 )
+from ddp.bench.config.shape import StepShape
 from ddp.bench.results.records import PredictionRecord, RunFileError, ValidationRecord, load_records, load_run
 from ddp.cli import main as ddp_main
 from ddp.strategies.bucketed import buffer_bytes, plan_buckets
@@ -99,7 +108,7 @@ def test_bucket_schedule_exposed_time_by_hand() -> None:
     launches = strategy_launches("bucketed", gradients, ready_times(gradients, 4.0), 0.0, 2.0, link, 2)
     assert [r for r, _ in launches] == pytest.approx([2.0, 4.0])
     assert [d for _, d in launches] == pytest.approx([2.0 + 2 * flag_seconds, 2.0 + flag_seconds])
-    step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)
+    step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)[:4]
     assert calls == 2
     assert exposed == pytest.approx(2.0 + 3 * flag_seconds)
     assert step == pytest.approx(6.0 + exposed)
@@ -152,7 +161,7 @@ def test_buckets_never_mix_element_sizes() -> None:
 def test_no_communication_on_one_rank_or_for_local() -> None:
     gradients = gradients_in_backward_order("tiny", seq_len=32)
     for strategy, bucket in (("naive", None), ("bucketed", 1.0), ("local", None)):
-        step, exposed, _, _ = predict_step(strategy, bucket, Compute(0.1), gradients, LINKS["ib-400g"], 1)
+        step, exposed = predict_step(strategy, bucket, Compute(0.1), gradients, LINKS["ib-400g"], 1)[:2]
         assert (step, exposed) == (0.1, 0.0)
 
 
@@ -272,7 +281,7 @@ def test_sharded_strategies_move_the_bytes_their_collectives_need():
     compute = Compute(1.0)
     for world_size in (2, 8, 64):
         share = (world_size - 1) / world_size
-        _, _, fsdp_comm, _ = predict_step("fsdp", None, compute, gradients, link, world_size, module=module)
+        fsdp_comm = predict_step("fsdp", None, compute, gradients, link, world_size, module=module).comm_seconds
         assert fsdp_comm == pytest.approx(3 * share * total_bytes / 1e9)
         bucketed = predict_step("bucketed", 1.0, compute, gradients, link, world_size)
         zero1 = predict_step("sharded_optimizer", 1.0, compute, gradients, link, world_size)
@@ -290,7 +299,7 @@ def test_full_sharding_is_modelled_on_the_units_the_strategy_gathers():
     module.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
     gradients = gradients_of_module(module, 1)
     link = Link("bandwidth only", latency_seconds=0.0, busbw_bytes_per_second=1e9)
-    step, exposed, comm, calls = predict_step("fsdp", None, Compute(1.0), gradients, link, 2, module=module)
+    step, exposed, comm, calls = predict_step("fsdp", None, Compute(1.0), gradients, link, 2, module=module)[:4]
     assert calls == 3 * (3 + 1)  # two all-gathers and a reduce-scatter per unit: three layers and the root
     assert comm == pytest.approx(3 * 0.5 * sum(g.size_bytes for g in gradients) / 1e9)
     with pytest.raises(NotModelled, match="says no units"):
@@ -303,3 +312,105 @@ def test_sharded_strategies_cost_nothing_on_one_rank():
         bucket = 1.0 if strategy in ("sharded_optimizer", "zero") else None
         assert predict_step(strategy, bucket, Compute(0.5), gradients, LINKS["ib-400g"], 1, module=module_of("tiny"))[:3] \
             == (0.5, 0.0, 0.0)
+
+
+# --- a machine as it is built: nodes, two fabrics, NCCL's ring and tree -----------------------
+
+
+def test_a_ring_across_nodes_pays_the_inter_node_latency_on_its_crossing_steps() -> None:
+    """16 ranks on 2 nodes of 8: an all-reduce's ring crosses nodes on 2 of its 30 steps, moves
+    2 x 15/16 of the buffer at the slower fabric; a reduce-scatter half of each."""
+    intra, inter = Link("nv", 1e-6, 100e9), Link("ib", 10e-6, 40e9)
+    machine = Machine(intra, inter, gpus_per_node=8, algorithm="ring")
+    size = 64 * MB
+    assert machine.collective_seconds("all_reduce", size, 16) == pytest.approx(28e-6 + 2 * 10e-6 + size * 30 / 16 / 40e9)
+    assert machine.collective_seconds("reduce_scatter", size, 16) == pytest.approx(14e-6 + 10e-6 + size * 15 / 16 / 40e9)
+    # inside one node: only the intra-node fabric
+    assert machine.collective_seconds("all_reduce", size, 8) == pytest.approx(14e-6 + size * 14 / 8 / 100e9)
+    # one NIC per GPU: a node moves 8 of them across nodes, and NVLink becomes the slower fabric
+    per_gpu = Machine(intra, Link("ib", 10e-6, 40e9, port_per_gpu=True), gpus_per_node=8, algorithm="ring")
+    assert per_gpu.collective_seconds("all_reduce", size, 16) == pytest.approx(48e-6 + size * 30 / 16 / 100e9)
+
+
+def test_auto_takes_the_tree_for_small_all_reduces_across_many_nodes_and_the_ring_for_large() -> None:
+    machine = Machine(Link("nv", 1e-6, 300e9), Link("ib", 5e-6, 300e9, port_per_gpu=False), gpus_per_node=8)
+    ring, tree = replace(machine, algorithm="ring"), replace(machine, algorithm="tree")
+    n = 1024  # 128 nodes: the ring's 2046 steps (254 crossing nodes) against the tree's 2 x (7 + 7)
+    assert tree.collective_seconds("all_reduce", 0, n) == pytest.approx(2 * (7 * 1e-6 + 7 * 5e-6))
+    assert machine.collective_seconds("all_reduce", 0, n) == tree.collective_seconds("all_reduce", 0, n)
+    large = 4 * 2**30
+    assert ring.collective_seconds("all_reduce", large, n) < tree.collective_seconds("all_reduce", large, n)
+    assert machine.collective_seconds("all_reduce", large, n) == ring.collective_seconds("all_reduce", large, n)
+    assert machine.collective_seconds("all_gather", 0, n) == ring.collective_seconds("all_gather", 0, n)  # rings only
+
+
+def test_dgx1_bandwidth_follows_the_gpus_a_job_spans() -> None:
+    dgx1 = LINKS["dgx1-v100"]
+    assert [dgx1.busbw_at(n) / 1e9 for n in (2, 4, 8)] == [22, 87, 130]
+
+
+def test_a_link_is_a_preset_or_its_figures() -> None:
+    assert parse_link("ib-400g") is LINKS["ib-400g"]
+    given = parse_link("25,4.5")
+    assert (given.busbw_bytes_per_second, given.latency_seconds) == (25e9, pytest.approx(4.5e-6))
+    for bad in ("fast", "25", "0,1", "25,-1"):
+        with pytest.raises(ValueError, match="BUSBW|bus bandwidth"):
+            parse_link(bad)
+
+
+def test_a_bad_link_is_one_line(capsys) -> None:
+    err = _simulate_error(capsys, ["--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--local-step-ms", "10",
+                                   "--link", "fast"])
+    assert "--link: expected a preset" in err
+    err = _simulate_error(capsys, ["--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--local-step-ms", "10",
+                                   "--link", "nvlink-h100", "--gpus-per-node", "8"])
+    assert "give --inter-link" in err
+
+
+def test_gradients_are_ready_by_forward_flops_not_by_parameter_count() -> None:
+    """A stem convolution over a large image (few parameters, most FLOPs) then a large linear head
+    (many parameters, few FLOPs): the head's gradient is ready at once, the stem's at the end."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 64 * 64, 10))
+    with torch.device("meta"):
+        model = model.to("meta")
+        gradients = gradients_by_flops(model, torch.empty(4, 3, 64, 64, device="meta"))
+    names = [g.name for g in gradients]
+    assert names == ["2.bias", "2.weight", "0.bias", "0.weight"]
+    conv = 2 * 4 * 8 * 3 * 9 * 64 * 64
+    linear = 2 * 4 * 8 * 64 * 64 * 10
+    fractions = {g.name: g.ready_fraction for g in gradients}
+    assert fractions["2.weight"] == pytest.approx(linear / (conv + linear))
+    assert fractions["0.weight"] == 1.0
+    assert ready_times(gradients, 2.0) == pytest.approx([2.0 * fractions[n] for n in names])
+
+
+def test_fsdp_in_bf16_gathers_half_the_bytes_and_reduces_in_fp32() -> None:
+    link = Link("bandwidth only", latency_seconds=0.0, busbw_bytes_per_second=1e9)
+    gradients, module = gradients_in_backward_order("tiny", 32), module_of("tiny")
+    total = sum(g.size_bytes for g in gradients)
+    n, share = 8, 7 / 8
+    bf16 = Sent(precision="bf16")
+    comm = predict_step("fsdp", None, Compute(1.0), gradients, link, n, module=module, gather_scale=bf16.gather_scale("fsdp"))
+    assert comm.comm_seconds == pytest.approx((2 * 0.5 + 1) * share * total / 1e9)
+    assert Sent(precision="bf16").gather_scale("bucketed") == 1.0  # DDP's gradients are fp32 whatever autocast does
+    halved = Sent(grad_comm="bf16").gradients("bucketed", gradients)
+    assert sum(g.size_bytes for g in halved) == total // 2 and {g.element_size for g in halved} == {2}
+
+
+def test_the_terms_add_up_and_the_fixed_step_is_calibrated_on_a_measured_step() -> None:
+    gradients = gradients_in_backward_order("tiny", 32)
+    link = Link("l", 10e-6, 1e9)
+    costs = Overheads(fixed_step_seconds=0.0, collective_seconds=None, rank_variation=0.02)
+    shape = StepShape(2, 32)
+    calibrated = calibrate_on_measured("tiny", shape, "bucketed", 1.0, link, {1: 0.103}, 0.100, costs)
+    assert calibrated.overheads.fixed_step_seconds == pytest.approx(0.003)  # one rank: nothing crosses a link
+    terms = predict_step("bucketed", 1.0, calibrated.compute, gradients, link, 8, overheads=calibrated.overheads)
+    assert terms.step_seconds == pytest.approx(terms.compute_seconds + terms.fixed_step_seconds + terms.fixed_collective_seconds
+                                               + terms.rank_wait_seconds + terms.exposed_comm_seconds)
+    assert terms.fixed_collective_seconds == pytest.approx(terms.collectives_per_step * link.small_message_seconds(8))
+    assert terms.rank_wait_seconds == pytest.approx(0.02 * 0.100 * expected_max_of_normals(8))
+    assert expected_max_of_normals(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)  # E[max of 2] = 1/sqrt(pi)
+    # without a local step, the compute is what meets the measured step
+    solved = calibrate_on_measured("tiny", shape, "bucketed", 1.0, link, {8: terms.step_seconds}, None, costs)
+    assert solved.compute.step_seconds + 0.003 == pytest.approx(0.100 + 0.003, rel=0.05)
+    assert solved.residuals_seconds[8] == pytest.approx(0.0, abs=1e-9)

@@ -13,6 +13,12 @@ link and step time:
   ``exposed_comm_seconds`` (what communication adds after backward ends), from the strategy's own
   ``communication_schedule`` on one serial channel, or ``fully_sharded_step`` for a strategy whose
   ``Sharding`` splits parameters; a strategy that gives neither is not modelled;
+- ``Machine``: nodes of ``gpus_per_node`` GPUs on one link, joined by another, each collective
+  timed as NCCL's tuning model times rings and trees (``auto``: the faster);
+- ``Overheads``: what an implementation adds besides bytes (a fixed cost per step, calibrated on
+  measured steps by ``calibrate_on_measured``; per collective; waiting for the slowest rank);
+  ``StepTerms``: the step and every term it adds up from, as ``--json`` saves them;
+- ``subject_of``: any workload built on the meta device, its gradients ready by its FLOPs;
 - ``validation_rows``: the prediction at the run's own world size beside its measured median;
   the model is trusted elsewhere only as far as it matches there.
 
@@ -24,9 +30,11 @@ backward FLOPs; ``--overlap-slowdown`` on CPU) and what each rests on: docs/torc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 from torch import nn
@@ -37,14 +45,15 @@ from ddp.bench.config.workloads import build_workload
 from ddp.bench.results.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.model import MODEL_SIZES, build_model
 from ddp.strategies.declarations import sharding_of
-from ddp.strategies.registry import FLOOR, resolve_strategy, traits
+from ddp.strategies.registry import FLOOR, resolve_strategy, takes_comm_dtype, traits
 
-ALGORITHMS = ("ring", "tree")
+ALGORITHMS = ("auto", "ring", "tree")
+"""``auto``: per collective the faster of ring and tree, as NCCL's tuning model picks (see ``Machine``)."""
 
 
 @dataclass(frozen=True)
 class Link:
-    """The alpha-beta cost of an all-reduce (docs/torchrun-and-simulate.md, "The model")."""
+    """The alpha-beta cost of a collective on one fabric (docs/torchrun-and-simulate.md, "The model")."""
 
     name: str
     latency_seconds: float
@@ -52,17 +61,30 @@ class Link:
     busbw_bytes_per_second: float
     """Achieved bus bandwidth, as nccl-tests reports it (busbw = algbw x 2(n-1)/n)."""
     algorithm: str = "ring"
-    """``ring`` (latency 2(n-1) alpha) or ``tree`` (latency 2 ceil(log2 n) alpha)."""
+    """``ring`` (latency 2(n-1) alpha), ``tree`` (latency 2 ceil(log2 n) alpha) or ``auto`` (the faster)."""
+    busbw_by_gpus: tuple[tuple[int, float], ...] = ()
+    """A fabric whose bus bandwidth depends on how many of its GPUs a job spans (DGX-1's cube mesh):
+    ``(GPUs up to, bytes/s)`` pairs, ascending; empty: ``busbw_bytes_per_second`` at any count."""
+    port_per_gpu: bool = False
+    """Across nodes: True where the bandwidth is one NIC's and each GPU has its own, so a node
+    moves ``gpus_per_node`` times it; False where the figure is the node's (what nccl-tests
+    reports for a job across nodes) or the link is not used across nodes."""
+
+    def busbw_at(self, gpus: int) -> float:
+        """Bus bandwidth of a collective over ``gpus`` GPUs of this fabric."""
+        return next((bw for up_to, bw in self.busbw_by_gpus if gpus <= up_to), self.busbw_bytes_per_second)
 
     def latency_steps(self, world_size: int) -> int:
         return latency_steps(world_size, self.algorithm)
 
     def allreduce_seconds(self, size_bytes: float, world_size: int) -> float:
-        """Seconds for one all-reduce of ``size_bytes`` on ``world_size`` ranks (0 on one rank)."""
+        """Seconds for one all-reduce of ``size_bytes`` on ``world_size`` ranks (0 on one rank);
+        ``auto``: the faster of ring and tree."""
         if world_size <= 1:
             return 0.0
         bus_bytes = size_bytes * 2 * (world_size - 1) / world_size
-        return self.latency_seconds * self.latency_steps(world_size) + bus_bytes / self.busbw_bytes_per_second
+        algorithms = ("ring", "tree") if self.algorithm == "auto" else (self.algorithm,)
+        return min(self.latency_seconds * latency_steps(world_size, a) for a in algorithms) + bus_bytes / self.busbw_at(world_size)
 
     def collective_seconds(self, collective: str, size_bytes: float, world_size: int) -> float:
         """Seconds for one ``collective`` whose full buffer is ``size_bytes``: an all-reduce, or a
@@ -70,8 +92,20 @@ class Link:
         if collective == "all_reduce":
             return self.allreduce_seconds(size_bytes, world_size)
         if collective in HALF_ALL_REDUCE:
-            return self.allreduce_seconds(size_bytes, world_size) / 2
+            return replace(self, algorithm="ring").allreduce_seconds(size_bytes, world_size) / 2
         raise ValueError(f"no cost of collective {collective!r}: use all_reduce, {', '.join(HALF_ALL_REDUCE)}")
+
+    def small_message_seconds(self, world_size: int) -> float:
+        """One all-reduce of no bytes: the collective's latency at this world size."""
+        return self.allreduce_seconds(0, world_size)
+
+    def describe(self) -> str:
+        if self.busbw_by_gpus:
+            bandwidth = ", ".join(f"{bw / GB:g} GB/s up to {n} GPUs" for n, bw in self.busbw_by_gpus)
+        else:
+            bandwidth = f"busbw {self.busbw_bytes_per_second / GB:.3f} GB/s"
+        port = " per GPU's NIC" if self.port_per_gpu else ""
+        return f"{self.name}: alpha {self.latency_seconds * 1e6:.2f} us per step, {bandwidth}{port}"
 
 
 # A ring all-reduce is a reduce-scatter followed by an all-gather, each of (n-1) steps moving
@@ -84,34 +118,131 @@ def latency_steps(world_size: int, algorithm: str) -> int:
         return 2 * (world_size - 1)
     if algorithm == "tree":
         return 2 * math.ceil(math.log2(world_size)) if world_size > 1 else 0
-    raise ValueError(f"unknown algorithm {algorithm!r}: use {' or '.join(ALGORITHMS)}")
+    if algorithm == "auto":
+        return min(latency_steps(world_size, "ring"), latency_steps(world_size, "tree"))
+    raise ValueError(f"unknown algorithm {algorithm!r}: use {', '.join(ALGORITHMS)}")
 
 
 GB = 1e9  # link bandwidths are quoted in 10^9 bytes per second
 
-# Links for hardware not at hand. Bandwidths are achieved all-reduce bus bandwidths (what a
-# ring of ranks sees per rank), below the wire rate; latencies are per algorithm step.
+# Links for hardware not at hand. Bandwidths are achieved bus bandwidths (what nccl-tests reports
+# as busbw, NVIDIA/nccl-tests doc/PERFORMANCE.md), below the wire rate; latencies are per
+# algorithm step. Inside a node (`--link`) a preset is the node's fabric; across nodes
+# (`--inter-link`) its bandwidth is one NIC's where `port_per_gpu`, else the node's.
 LINKS: dict[str, Link] = {
     # H100 SXM5, NVLink 4 through NVSwitch: 900 GB/s bidirectional, 450 GB/s per direction
-    # (NVIDIA H100 Tensor Core GPU datasheet). nccl-tests all_reduce_perf on 8 x H100 SXM reaches
-    # busbw 460-480 GB/s with NVLink SHARP (NVLS) and about 360-400 GB/s with rings ("NCCL-tests
-    # in practice", docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests; busbw as defined in
-    # NVIDIA/nccl-tests doc/PERFORMANCE.md). 380 GB/s: a ring, no NVLS (two GPUs get no NVLS gain).
-    # alpha 3 us per step: about 6 us for a small all-reduce on 2 GPUs, NCCL's LL-protocol range.
+    # (NVIDIA H100 Tensor Core GPU datasheet). NCCL's rings reach busbw ~370 GB/s on it (NCCL's
+    # maintainer, NVIDIA/nccl-tests#212: "450GB/s is the line rate. With the protocol overhead
+    # (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s"; NVLink SHARP all-reduces reach
+    # ~480). 380 GB/s: a ring, no NVLS (two GPUs get no NVLS gain). alpha 3 us per step: about
+    # 6 us for a small all-reduce on 2 GPUs, NCCL's LL-protocol range.
     "nvlink-h100": Link("nvlink-h100", latency_seconds=3e-6, busbw_bytes_per_second=380 * GB),
-    # 8 x A100 SXM4, NVLink 3 (600 GB/s bidirectional): nccl-tests busbw 230-250 GB/s (same source).
+    # 8 x A100 SXM4, NVLink 3 (600 GB/s bidirectional): nccl-tests busbw 230-250 GB/s ("NCCL-tests
+    # in practice", docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests).
     "nvlink-a100": Link("nvlink-a100", latency_seconds=3e-6, busbw_bytes_per_second=230 * GB),
+    # DGX-1 with V100 (NVIDIA DGX-1 System Architecture whitepaper): six NVLink 2 links a GPU, 25 GB/s
+    # per direction each, in a hybrid cube mesh; GPUs 0 and 1 share one link, a quad (0-3) is fully
+    # connected by four links a GPU, all eight use all six. NCCL's rings use what the GPUs a job
+    # spans have: one link for 2 GPUs, and at NVLink's ~87% protocol efficiency (the 370/450 of
+    # H100's above; 21-22 GB/s over one NVLink 2 bridge in NVIDIA/nccl-tests#44) 22 GB/s on 2 GPUs,
+    # 87 on a quad's four links, 130 on the eight GPUs' six (the "~130 GB/s" NCCL reports on DGX-1V).
+    "dgx1-v100": Link("dgx1-v100", latency_seconds=3e-6, busbw_bytes_per_second=130 * GB,
+                      busbw_by_gpus=((2, 22 * GB), (4, 87 * GB), (8, 130 * GB))),
     # InfiniBand NDR, 400 Gb/s per port = 50 GB/s per direction (NVIDIA ConnectX-7 / Quantum-2);
-    # achieved about 45 GB/s per port in nccl-tests between nodes. A ring bottlenecked by one
-    # 400 Gb/s port per rank (a GPU per NIC, rail-optimized); alpha 5 us per step (switch hop,
-    # NCCL's network proxy).
-    "ib-400g": Link("ib-400g", latency_seconds=5e-6, busbw_bytes_per_second=45 * GB),
-    # InfiniBand HDR, 200 Gb/s = 25 GB/s per direction; about 22 GB/s achieved.
-    "ib-200g": Link("ib-200g", latency_seconds=5e-6, busbw_bytes_per_second=22 * GB),
+    # achieved about 45 GB/s per port in nccl-tests between nodes. One NIC per GPU (rail-optimized
+    # DGX H100); as the job's only link (no --gpus-per-node) a ring bottlenecked by one port per
+    # rank. alpha 5 us per step (switch hop, NCCL's network proxy).
+    "ib-400g": Link("ib-400g", latency_seconds=5e-6, busbw_bytes_per_second=45 * GB, port_per_gpu=True),
+    # InfiniBand HDR, 200 Gb/s = 25 GB/s per direction; about 22 GB/s achieved; one NIC per GPU.
+    "ib-200g": Link("ib-200g", latency_seconds=5e-6, busbw_bytes_per_second=22 * GB, port_per_gpu=True),
+    # DGX-1: four 100 Gb/s EDR InfiniBand NICs per node of eight GPUs, 50 GB/s per direction a node.
+    # NCCL's all-reduce between DGX-1s reaches busbw ~40 GB/s (NVIDIA's GTC 2017 NCCL talk, S7155,
+    # as cited in NVIDIA/nccl-tests#29: "the bandwidth in DGX-1 can reach 40 GB/s").
+    "ib-4x100g": Link("ib-4x100g", latency_seconds=5e-6, busbw_bytes_per_second=40 * GB),
     # 100 Gb/s Ethernet with TCP sockets (no RDMA): 12.5 GB/s wire, about 10 GB/s achieved, and a
     # kernel network stack per step.
     "ethernet-100g": Link("ethernet-100g", latency_seconds=20e-6, busbw_bytes_per_second=10 * GB),
 }
+
+
+def parse_link(text: str, name: str = "given") -> Link:
+    """A preset's name, or ``BUSBW_GB_PER_S,LATENCY_US`` (bus bandwidth as nccl-tests reports it,
+    and the latency per algorithm step); ``ValueError`` saying which."""
+    if text in LINKS:
+        return LINKS[text]
+    parts = text.split(",")
+    try:
+        busbw, latency = (float(part) for part in parts)
+    except ValueError:
+        raise ValueError(f"expected a preset ({', '.join(sorted(LINKS))}) or BUSBW_GB_PER_S,LATENCY_US, got {text!r}") from None
+    if not (busbw > 0 and latency >= 0 and math.isfinite(busbw) and math.isfinite(latency)):
+        raise ValueError(f"expected a bus bandwidth above 0 and a latency of 0 or more, got {text!r}")
+    return Link(f"{name} ({busbw:g} GB/s, {latency:g} us)", latency * 1e-6, busbw * GB)
+
+
+TREE_BANDWIDTH_EFFICIENCY = 0.9
+"""A tree's bus bandwidth over the ring's (NCCL's tuning model, ``busBw*.9`` for trees)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Nodes of ``gpus_per_node`` GPUs on ``intra`` (NVLink), joined by ``inter`` (the NICs); a
+    collective's time as NCCL's tuning model states it (``src/graph/tuning.cc``, NCCL 2.7,
+    commit 01afd20): a ring crosses the node boundary on 2(nodes-1) of an all-reduce's 2(n-1) steps
+    (nodes-1 of a reduce-scatter's n-1), each at the inter-node latency, the others at the
+    intra-node one, and moves its bus bytes at the slower of the two fabrics; a tree (all-reduce
+    only) chains the GPUs of a node and joins nodes by a binary tree, 2((gpus per node - 1)
+    intra + log2(nodes) inter) step latencies, at 0.9 of the bus bandwidth with half of it
+    counted (NCCL's algbw ratio 0.5 for trees). ``auto`` takes the faster per collective. Without
+    ``gpus_per_node`` the job is one fabric, ``intra`` (``Link``'s own formulas)."""
+
+    intra: Link
+    inter: Link | None = None
+    gpus_per_node: int | None = None
+    algorithm: str = "auto"
+
+    @property
+    def name(self) -> str:
+        if self.gpus_per_node is None or self.inter is None:
+            return self.intra.name
+        return f"{self.gpus_per_node} GPUs a node on {self.intra.name}, nodes on {self.inter.name}"
+
+    def describe(self) -> str:
+        if self.gpus_per_node is None or self.inter is None:
+            return f"{self.intra.describe()} ({self.algorithm})"
+        return f"{self.gpus_per_node} GPUs a node; inside {self.intra.describe()}; across {self.inter.describe()} ({self.algorithm})"
+
+    def _layout(self, world_size: int) -> tuple[int, int]:
+        """(nodes, GPUs a node) of a job of ``world_size`` ranks, nodes filled first."""
+        per_node = min(world_size, self.gpus_per_node)
+        return math.ceil(world_size / per_node), per_node
+
+    def collective_seconds(self, collective: str, size_bytes: float, world_size: int) -> float:
+        if self.gpus_per_node is None or self.inter is None:
+            return replace(self.intra, algorithm=self.algorithm).collective_seconds(collective, size_bytes, world_size)
+        if collective not in ("all_reduce", *HALF_ALL_REDUCE):
+            raise ValueError(f"no cost of collective {collective!r}: use all_reduce, {', '.join(HALF_ALL_REDUCE)}")
+        if world_size <= 1:
+            return 0.0
+        nodes, per_node = self._layout(world_size)
+        busbw = self.intra.busbw_at(per_node)
+        if nodes > 1:
+            across = self.inter.busbw_at(nodes) * (per_node if self.inter.port_per_gpu else 1)
+            busbw = min(busbw, across)
+        whole = collective == "all_reduce"
+        steps, inter_steps = (2 * (world_size - 1), 2 * (nodes - 1)) if whole else (world_size - 1, nodes - 1)
+        ring = ((steps - inter_steps) * self.intra.latency_seconds + inter_steps * self.inter.latency_seconds
+                + size_bytes * steps / world_size / busbw)
+        if not whole or self.algorithm == "ring":
+            return ring
+        tree = (2 * ((per_node - 1) * self.intra.latency_seconds + math.ceil(math.log2(nodes)) * self.inter.latency_seconds)
+                + 2 * size_bytes / (TREE_BANDWIDTH_EFFICIENCY * busbw))
+        return tree if self.algorithm == "tree" else min(ring, tree)
+
+    def small_message_seconds(self, world_size: int) -> float:
+        """One all-reduce of no bytes: NCCL's small-message latency as this machine's step
+        latencies give it (the fixed cost a collective adds to a step, unless one is given)."""
+        return self.collective_seconds("all_reduce", 0, world_size)
 
 
 def fit_link(samples: list[tuple[int, int, float]], algorithm: str = "ring", name: str = "fitted") -> Link:
@@ -148,6 +279,9 @@ class Gradient:
     block's first-ready q/k/v weight, attention's products)."""
     element_size: int = 4
     """Bytes per element (float32): buckets never mix element sizes."""
+    ready_fraction: float | None = None
+    """Share of backward done when it is ready, where a count of the model's FLOPs says
+    (``gradients_by_flops``); None: from ``backward_flops_per_token`` in list order."""
 
 
 def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]:
@@ -186,6 +320,72 @@ def gradients_of_module(module, seq_len: int) -> list[Gradient]:
     ]
 
 
+def gradients_by_flops(module: nn.Module, inputs) -> list[Gradient]:
+    """A model's gradients in reverse registration order, each ready when backward has redone the
+    forward FLOPs counted after its module was first entered (``FlopCounterMode`` over one forward
+    of ``inputs``, all on the meta device: nothing is allocated). Backward runs forward's operations
+    in reverse at a constant multiple of their FLOPs (two matmuls per forward matmul), so the share
+    of backward done when a weight's gradient is ready is the share of forward FLOPs from its
+    module's entry to the end: a convolution early in a ResNet, few parameters over a large image,
+    is ready near the end, as it is. ``backward_flops_per_token`` is each gradient's own share
+    (the FLOPs between its readiness and the previous one's, relative), for ``units_of``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    entered: dict[int, float] = {}  # id(parameter) -> forward FLOPs counted when its module first ran
+
+    def on_entry(submodule, _args):
+        for param in submodule.parameters(recurse=False):
+            entered.setdefault(id(param), float(counter.get_total_flops()))
+
+    handles = [m.register_forward_pre_hook(on_entry) for m in module.modules()]
+    try:
+        with counter:
+            module(*inputs) if isinstance(inputs, tuple | list) else module(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    total = float(counter.get_total_flops()) or 1.0
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    fractions = {name: 1.0 - entered.get(id(p), 0.0) / total for name, p in named}  # never ran: ready at the end
+    by_readiness = sorted(fractions.values())
+    previous = {f: (by_readiness[i - 1] if i else 0.0) for i, f in reversed(list(enumerate(by_readiness)))}
+    return [
+        Gradient(name, p.numel() * p.element_size(), (fractions[name] - previous[fractions[name]]) * total,
+                 p.element_size(), fractions[name])
+        for name, p in reversed(named)
+    ]
+
+
+def workload_on_meta(name: str, batch_size: int, seq_len: int) -> tuple[nn.Module, list[Gradient]]:
+    """A named workload or ``package.module:build`` built on the meta device (an 8B model in no
+    memory), with its gradients by FLOPs (``gradients_by_flops``) over one batch of its own, whose
+    shapes its ``batch`` gives on the CPU."""
+    import torch
+
+    from ddp.bench.config.workloads import NAMED_WORKLOADS, _import_build
+
+    build = NAMED_WORKLOADS[name].build if name in NAMED_WORKLOADS else _import_build(name)
+    with torch.device("meta"):
+        module, batch, _ = build(batch_size, seq_len)
+    module = module.to("meta")
+    inputs, _ = batch(torch.Generator().manual_seed(0))
+    inputs = tuple(x.to("meta") for x in inputs) if isinstance(inputs, tuple | list) else inputs.to("meta")
+    with torch.no_grad():
+        return module, gradients_by_flops(module, inputs)
+
+
+def subject_of(model, batch_size: int, seq_len: int) -> tuple[nn.Module, list[Gradient]]:
+    """The module and its gradients in backward order: a built-in LM size (its FLOPs by formula,
+    ``gradients_in_backward_order``), any other workload by name (``workload_on_meta``), or a module
+    (``gradients_of_module``)."""
+    if isinstance(model, str) and model in MODEL_SIZES:
+        return module_of(model), gradients_in_backward_order(model, seq_len)
+    if isinstance(model, str):
+        return workload_on_meta(model, batch_size, seq_len)
+    return model, gradients_of_module(model, seq_len)
+
+
 def gradients_of(model, seq_len: int) -> list[Gradient]:
     """A built-in LM size by name (``gradients_in_backward_order``), or a module."""
     return gradients_in_backward_order(model, seq_len) if isinstance(model, str) else gradients_of_module(model, seq_len)
@@ -198,6 +398,8 @@ def module_of(model) -> nn.Module:
 
 def ready_times(gradients: list[Gradient], backward_seconds: float) -> list[float]:
     """Seconds after backward starts at which each gradient is ready (backward uniform in FLOPs)."""
+    if gradients and all(g.ready_fraction is not None for g in gradients):
+        return [backward_seconds * g.ready_fraction for g in gradients]
     total = sum(g.backward_flops_per_token for g in gradients)
     done, times = 0.0, []
     for gradient in gradients:
@@ -265,6 +467,69 @@ class Compute:
         return self.micro_batch_seconds * (1.0 - self.backward_share)
 
 
+@dataclass(frozen=True)
+class Overheads:
+    """What an implementation costs besides the bytes it moves (docs/torchrun-and-simulate.md,
+    "Fixed costs"), and what waiting for the other ranks costs."""
+
+    fixed_step_seconds: float = 0.0
+    """Seconds a communicating step adds whatever the world size (hooks, bucket copies), calibrated
+    on measured steps (``--measured-step-ms``, or a run's local/strategy pairs)."""
+    collective_seconds: float | None = 0.0
+    """Seconds each collective adds to the step beyond the link's schedule (launch, its bucket's
+    copies); None: the machine's small-message all-reduce time at the world size
+    (``small_message_seconds``), what ``ddp simulate`` charges unless told. Charged at more than one rank."""
+    rank_variation: float = 0.0
+    """Coefficient of variation of one rank's compute between ranks: a synchronous step waits for
+    the slowest of n, ``rank_variation`` x compute x E[max of n standard normals] more (0 on one rank)."""
+    collective_source: str = "none"
+    """Where ``collective_seconds`` came from, as the output says it."""
+
+    def per_collective(self, link, world_size: int) -> float:
+        if world_size <= 1:
+            return 0.0
+        return self.collective_seconds if self.collective_seconds is not None else link.small_message_seconds(world_size)
+
+
+NO_OVERHEADS = Overheads()
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n = 1; 0.564 for 2, 1.424 for 8, 2.594 for
+    128), by the integral of x n phi(x) Phi(x)^(n-1) on a fine grid."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48001)
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
+
+
+class StepTerms(NamedTuple):
+    """One predicted step and the terms it adds up from: ``step_seconds`` = ``compute_seconds`` +
+    ``fixed_step_seconds`` + ``fixed_collective_seconds`` + ``rank_wait_seconds`` +
+    ``exposed_comm_seconds`` + ``overlap_slowdown_seconds``. (A tuple whose first four are
+    step, exposed, comm and collectives, as ``predict_step`` returned before it named them.)"""
+
+    step_seconds: float
+    exposed_comm_seconds: float
+    """What communication adds after compute ends: the channel's last collective's end minus the
+    end of backward (docs/profiling.md's exposed communication: collectives with no compute beside them)."""
+    comm_seconds: float
+    """Every collective's time on the channel, hidden or not."""
+    collectives_per_step: int
+    compute_seconds: float
+    """The step without communication (``Compute.step_seconds``)."""
+    fixed_step_seconds: float = 0.0
+    fixed_collective_seconds: float = 0.0
+    """``collectives_per_step`` x the fixed cost of one (``Overheads.per_collective``)."""
+    rank_wait_seconds: float = 0.0
+    """Waiting for the slowest rank (``Overheads.rank_variation``)."""
+    overlap_slowdown_seconds: float = 0.0
+    """Compute lost to communication overlapped with it (``overlap_slowdown`` x hidden)."""
+
+
 def predict_step(
     strategy: str,
     bucket_size_mb: float | None,
@@ -274,14 +539,20 @@ def predict_step(
     world_size: int,
     overlap_slowdown: float = 0.0,
     module: nn.Module | None = None,
-) -> tuple[float, float, float, int]:
-    """``(step_seconds, exposed_comm_seconds, comm_seconds, collectives_per_step)`` of one step;
-    ``module``: the model the gradients are of, for a strategy that shards it into units."""
+    overheads: Overheads = NO_OVERHEADS,
+    gather_scale: float = 1.0,
+) -> StepTerms:
+    """One step's ``StepTerms``; ``link``: a ``Link`` or a ``Machine``; ``module``: the model the
+    gradients are of, for a strategy that shards it into units; ``gather_scale``: bytes of an
+    all-gathered parameter element over a gradient element (0.5: bf16 weights over fp32 shards)."""
     backward = compute.backward_seconds
     ready = ready_times(gradients, backward)
     described = traits(strategy)
-    if not described.communicates or world_size <= 1:
-        return compute.step_seconds, 0.0, 0.0, 0
+    if not described.communicates:
+        return StepTerms(compute.step_seconds, 0.0, 0.0, 0, compute.step_seconds)
+    if world_size <= 1:  # nothing crosses a link, but the implementation's hooks and copies still run
+        fixed = overheads.fixed_step_seconds
+        return StepTerms(compute.step_seconds + fixed, 0.0, 0.0, 0, compute.step_seconds, fixed)
     sharding = sharding_of(resolve_strategy(strategy))
     if sharding is not None and sharding.parameters:
         if compute.micro_batches > 1:  # every micro-batch gathers and reduce-scatters: not this schedule
@@ -290,12 +561,20 @@ def predict_step(
         if units is None:
             raise NotModelled(f"strategy {strategy!r} shards parameters but says no units (Traits.units) for this model")
         sizes = units_of(gradients, [name for name, _ in units])
-        return fully_sharded_step(compute, sizes, link, world_size, described.prefetches_next_unit, overlap_slowdown)
-    launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
-    comm = sum(duration for _, duration in launches)
-    exposed = max(0.0, channel_end(launches) - backward)
-    hidden = comm - exposed
-    return compute.step_seconds + exposed + overlap_slowdown * hidden, exposed, comm, len(launches)
+        end, exposed, comm, calls, hidden = fully_sharded_step(
+            compute, sizes, link, world_size, described.prefetches_next_unit, gather_scale
+        )
+    else:
+        launches = strategy_launches(strategy, gradients, ready, backward, bucket_size_mb, link, world_size)
+        comm = sum(duration for _, duration in launches)
+        exposed = max(0.0, channel_end(launches) - backward)
+        hidden, calls = comm - exposed, len(launches)
+    per_collective = overheads.per_collective(link, world_size) * calls
+    wait = overheads.rank_variation * compute.step_seconds * expected_max_of_normals(world_size)
+    slowdown = overlap_slowdown * hidden
+    step = compute.step_seconds + overheads.fixed_step_seconds + per_collective + wait + exposed + slowdown
+    return StepTerms(step, exposed, comm, calls, compute.step_seconds, overheads.fixed_step_seconds, per_collective, wait,
+                     slowdown)
 
 
 def units_of(gradients: list[Gradient], unit_names: list[str]) -> list[tuple[float, float]]:
@@ -312,18 +591,24 @@ def units_of(gradients: list[Gradient], unit_names: list[str]) -> list[tuple[flo
 
 
 def fully_sharded_step(
-    compute: Compute, units: list[tuple[float, float]], link: Link, world_size: int, prefetch: bool, overlap_slowdown: float
-) -> tuple[float, float, float, int]:
+    compute: Compute, units: list[tuple[float, float]], link: Link, world_size: int, prefetch: bool, gather_scale: float = 1.0,
+) -> tuple[float, float, float, int, float]:
     """One full-sharding step on one serial channel (docs/torchrun-and-simulate.md): an all-gather before each
     unit's forward and backward, a reduce-scatter after each unit's backward; ``prefetch`` issues
-    the next unit's all-gather when the current unit starts computing. ``units``: ``units_of``, the root first."""
+    the next unit's all-gather when the current unit starts computing. ``units``: ``units_of``, the
+    root first; ``gather_scale``: the all-gathers' bytes over the gradients' (0.5 for bf16 weights
+    gathered over fp32 shards, whose gradients are reduce-scattered in fp32).
+    Returns ``(end, exposed, comm, collectives, hidden)``: when the last unit's compute or
+    collective ends, what communication added to compute, the channel's busy time, the
+    collectives, and the channel time spent beside compute."""
     total_flops = sum(flops for _, flops in units) or 1.0
     forward_seconds = compute.forward_seconds
     channel_free = comm = 0.0
 
     def transfer(ready: float, collective: str, size_bytes: float) -> float:
         nonlocal channel_free, comm
-        duration = link.collective_seconds(collective, size_bytes, world_size)
+        duration = link.collective_seconds(collective, size_bytes * (gather_scale if collective == "all_gather" else 1.0),
+                                           world_size)
         channel_free = max(channel_free, ready) + duration
         comm += duration
         return channel_free
@@ -351,9 +636,7 @@ def fully_sharded_step(
     compute_seconds = forward_seconds + compute.backward_seconds
     end = max(backward_end, channel_free)
     exposed = end - compute_seconds
-    hidden = max(0.0, comm - exposed)
-    step = end + (compute.step_seconds - compute_seconds) + overlap_slowdown * hidden
-    return step, exposed, comm, 3 * len(units)
+    return end, exposed, comm, 3 * len(units), max(0.0, comm - exposed)
 
 
 @dataclass(frozen=True)
@@ -419,6 +702,17 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     return Calibration(first.config.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic)
 
 
+def prediction(strategy: str, bucket_size_mb: float | None, batch_size: int, seq_len: int, world_size: int,
+               terms: StepTerms) -> Prediction:
+    """The saved record of one predicted step, every term in it."""
+    return Prediction(
+        strategy, bucket_size_mb, batch_size, seq_len, world_size, terms.step_seconds, terms.exposed_comm_seconds,
+        terms.comm_seconds, terms.collectives_per_step, compute_seconds=terms.compute_seconds,
+        fixed_step_seconds=terms.fixed_step_seconds, fixed_collective_seconds=terms.fixed_collective_seconds,
+        rank_wait_seconds=terms.rank_wait_seconds, overlap_slowdown_seconds=terms.overlap_slowdown_seconds,
+    )
+
+
 def predict_grid(
     model_size,
     computes: dict[tuple[int, int], Compute],
@@ -426,24 +720,107 @@ def predict_grid(
     world_sizes: list[int],
     link: Link,
     overlap_slowdown: float,
+    overheads: Overheads | dict[tuple[str, float | None], Overheads] = NO_OVERHEADS,
+    sent: Sent | None = None,
 ) -> list[Prediction]:
-    """Every strategy at every world size and shape; a strategy with no cost schedule is left out."""
+    """Every strategy at every world size and shape; a strategy with no cost schedule is left out.
+    ``model_size``: anything ``subject_of`` takes; ``overheads``: one for all, or one per
+    (strategy, bucket cap); ``sent``: what is communicated (default fp32 all through)."""
     predictions = []
-    module = module_of(model_size)
+    sent = sent or Sent()
     for (batch_size, seq_len), compute in sorted(computes.items()):
-        gradients = gradients_of(model_size, seq_len)
+        module, gradients = subject_of(model_size, batch_size, seq_len)
         for world_size in world_sizes:
             for strategy, bucket_size_mb in strategies:
+                costs = overheads.get((strategy, bucket_size_mb), NO_OVERHEADS) if isinstance(overheads, dict) else overheads
                 try:
-                    step, exposed, comm, calls = predict_step(
-                        strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown, module
-                    )
+                    terms = predict_step(strategy, bucket_size_mb, compute, sent.gradients(strategy, gradients), link,
+                                         world_size, overlap_slowdown, module, costs, sent.gather_scale(strategy))
                 except NotModelled:
                     continue  # the caller names the strategies absent from the predictions
-                predictions.append(
-                    Prediction(strategy, bucket_size_mb, batch_size, seq_len, world_size, step, exposed, comm, calls)
-                )
+                predictions.append(prediction(strategy, bucket_size_mb, batch_size, seq_len, world_size, terms))
     return predictions
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a step communicates, one meaning per value: ``grad_comm`` is what a strategy that takes
+    ``comm_dtype`` (bucketed, torch) all-reduces its gradients in; ``precision`` ``bf16`` makes the
+    sharded strategies (``fsdp``, ``torch_fsdp``) train with FSDP's compute dtype: bf16 weights
+    all-gathered, gradients reduce-scattered in fp32 onto fp32 master shards."""
+
+    precision: str = "fp32"
+    grad_comm: str = "fp32"
+
+    def _shards_parameters(self, strategy: str) -> bool:
+        sharding = sharding_of(resolve_strategy(strategy))
+        return sharding is not None and bool(sharding.parameters)
+
+    def gradients(self, strategy: str, gradients: list[Gradient]) -> list[Gradient]:
+        if self.grad_comm != "bf16" or not takes_comm_dtype(strategy):
+            return gradients
+        return [dataclasses.replace(g, size_bytes=g.size_bytes // g.element_size * 2, element_size=2) for g in gradients]
+
+    def gather_scale(self, strategy: str) -> float:
+        return 0.5 if self.precision == "bf16" and self._shards_parameters(strategy) else 1.0
+
+
+RANK_VARIATION = 0.02
+"""Default ``Overheads.rank_variation``: one rank's compute varies by 2% (its standard deviation
+over its mean) between the ranks of a job. The one figure of the model calibrated on the published
+rows (../shared/published, PyTorch's DDP benchmark on DGX-1s): DDP there costs 3 ms a step on one
+GPU and 6-7 ms on 2 to 16, flat, while its 1 MB buckets cost 10-40 us a collective more than its
+25 MB ones (the A/B of its diff.py): the 3-4 ms that communicating adds does not follow the bytes
+on the link or the bucket count, but the ranks' synchronization, which 2% x 97 ms x E[max of n
+normals] (1.1 ms on 2 GPUs, 2.8 ms on 8, 3.4 ms on 16) gives within the published
+resolution of 1 ms. docs/torchrun-and-simulate.md, "Fixed costs"."""
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What measured steps of one configuration (``--measured-step-ms``) settle."""
+
+    compute: Compute
+    overheads: Overheads
+    residuals_seconds: dict[int, float]
+    """world size -> measured minus predicted step after calibration."""
+    solved: str
+    """``fixed step`` (a local step was given) or ``compute`` (none was: the fixed step is 0)."""
+
+
+def calibrate_on_measured(
+    model, shape: StepShape, strategy: str, bucket_size_mb: float | None, link, measured_seconds: dict[int, float],
+    local_seconds: float | None, overheads: Overheads, overlap_slowdown: float = 0.0, sent: Sent | None = None,
+) -> Calibrated:
+    """Given a local step, the fixed cost per step that makes the predictions of ``strategy`` meet
+    its measured steps (their mean residual); without one, the compute that does (bisected per
+    measured step, then averaged), the fixed step 0: one measured step cannot tell the two apart."""
+    sent = sent or Sent()
+    module, gradients = subject_of(model, shape.micro_batch_size, shape.seq_len)
+    gradients = sent.gradients(strategy, gradients)
+
+    def step(compute: Compute, costs: Overheads, world_size: int) -> float:
+        return predict_step(strategy, bucket_size_mb, compute, gradients, link, world_size, overlap_slowdown, module, costs,
+                            sent.gather_scale(strategy)).step_seconds
+
+    if local_seconds is not None:
+        compute = Compute.of(local_seconds, shape)
+        gaps = [seconds - step(compute, overheads, n) for n, seconds in measured_seconds.items()]
+        costs = replace(overheads, fixed_step_seconds=float(np.mean(gaps)))
+        solved = "fixed step"
+    else:
+        costs = replace(overheads, fixed_step_seconds=0.0)
+        solutions = []
+        for n, seconds in measured_seconds.items():
+            low, high = 0.0, seconds
+            for _ in range(60):
+                middle = (low + high) / 2
+                low, high = (middle, high) if step(Compute.of(middle, shape), costs, n) < seconds else (low, middle)
+            solutions.append((low + high) / 2)
+        compute = Compute.of(float(np.mean(solutions)), shape)
+        solved = "compute"
+    residuals = {n: seconds - step(compute, costs, n) for n, seconds in measured_seconds.items()}
+    return Calibrated(compute, costs, residuals, solved)
 
 
 def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[ValidationRecord]:
@@ -485,12 +862,13 @@ class Recommendation:
 
 def recommend_bucket_sizes(
     model_size, computes: dict[tuple[int, int], Compute], world_sizes: list[int], link: Link, overlap_slowdown: float,
-    strategy: str = "bucketed",
+    strategy: str = "bucketed", overheads: Overheads = NO_OVERHEADS, sent: Sent | None = None,
 ) -> list[Recommendation]:
     """Per batch, sequence length and world size: ``strategy``'s best bucket size among
-    ``CANDIDATE_BUCKET_SIZES_MB``. ``model_size`` is an LM size or any module (see ``gradients_of``)."""
+    ``CANDIDATE_BUCKET_SIZES_MB``. ``model_size``: anything ``subject_of`` takes."""
     grid = predict_grid(
-        model_size, computes, [(strategy, mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown
+        model_size, computes, [(strategy, mb) for mb in CANDIDATE_BUCKET_SIZES_MB], world_sizes, link, overlap_slowdown,
+        overheads, sent,
     )
     groups = defaultdict(list)
     for p in grid:
@@ -590,7 +968,7 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
 
     def modelled(cap: float, grads=gradients) -> float:
         return predict_step(config.strategy, cap, Compute.of(local_seconds, config.step_shape), grads, link,
-                            step.world_size, slowdown)[0]
+                            step.world_size, slowdown).step_seconds
 
     measured_cap = config.bucket_size_mb
     at_cap = {cap: modelled(cap) for cap in sorted({*CANDIDATE_BUCKET_SIZES_MB, measured_cap})}

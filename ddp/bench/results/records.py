@@ -640,6 +640,17 @@ class PredictionRecord:
     comm_seconds: float
     """Collective time of the step on the channel, hidden or not."""
     collectives_per_step: int
+    compute_seconds: float = 0.0
+    """The step without communication; ``step_seconds`` adds the terms below and ``exposed_comm_seconds``
+    (``ddp.analysis.costmodel.StepTerms``)."""
+    fixed_step_seconds: float = 0.0
+    """What the implementation adds once a step (hooks, bucket copies), calibrated on measured steps."""
+    fixed_collective_seconds: float = 0.0
+    """What its collectives add beyond the link's schedule (launches), all of them together."""
+    rank_wait_seconds: float = 0.0
+    """Waiting for the slowest rank."""
+    overlap_slowdown_seconds: float = 0.0
+    """Compute lost to communication overlapped with it."""
     kind: str = "prediction"
     schema_version: int = SCHEMA_VERSION
 
