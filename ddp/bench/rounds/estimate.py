@@ -58,15 +58,18 @@ class PartCosts:
 # Measured with this suite's time by part (``ddp.bench.rounds.ledger``), each from the run named.
 MEASURED: dict[str, PartCosts] = {
     "cpu": PartCosts(
-        source="2-core CPU, torch 2.13.0+cpu, gloo, mini b4,8 x s64,128 (docs/perf-suite.md, the run's length)",
-        startup_seconds=4.0, build_seconds=0.05, build_seconds_per_gparam=20.0, step_seconds=0.02,
-        flops_per_second=40e9, memory_count_steps=4.0, traced_step_steps=1.3, benchmark_seconds=0.6,
+        source="this project's 2-core CPU, torch 2.13.0+cpu, gloo, 2 ranks: mini at batch 4 x 64, local, bucketed and "
+        "torch with their twins, 2026-11-27 (docs/perf-suite.md, what a benchmark costs besides its rounds)",
+        startup_seconds=2.5, build_seconds=1.0, build_seconds_per_gparam=0.0, step_seconds=0.02,
+        flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, benchmark_seconds=2.0,
         prediction_seconds=0.3,
     ),
     "cuda": PartCosts(
-        source="one H200 (torch 2.11.0+cu130), gpu-check of 2026-11-27 and its xl profile (docs/gpu.md)",
-        startup_seconds=12.0, build_seconds=1.0, build_seconds_per_gparam=2.0, step_seconds=0.10,
-        flops_per_second=300e12, memory_count_steps=3.0, traced_step_steps=4.0, benchmark_seconds=2.0,
+        source="one H200, torch 2.11.0+cu130: xl's bf16 step at 4,096 tokens 225.2 ms (gpu-check, 2026-11-27); a group's "
+        "start-up about 10 s; a build, a memory count and a traced step of xl not yet timed apart on a GPU (assumed: "
+        "3 s, 1.5 steps, 4 steps)",
+        startup_seconds=10.0, build_seconds=1.0, build_seconds_per_gparam=1.0, step_seconds=0.02,
+        flops_per_second=256e12, memory_count_steps=1.5, traced_step_steps=4.0, benchmark_seconds=2.0,
         prediction_seconds=1.0,
     ),
 }
