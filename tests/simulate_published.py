@@ -1,5 +1,5 @@
-"""``ddp simulate`` against published measurements of other people's clusters (only the rows in
-../shared/published/README.md): run the simulator as a user would, and render the table of
+"""``ddp simulate`` against published measurements of other people's clusters (only the rows the project was
+given: PyTorch's DDP benchmark table, kept outside the repository): run the simulator as a user would, and render the table of
 docs/torchrun-and-simulate.md ("Validation on published rows") from its JSON.
 
     python -m tests.simulate_published --doc docs/torchrun-and-simulate.md

@@ -768,7 +768,7 @@ class Sent:
 RANK_VARIATION = 0.02
 """Default ``Overheads.rank_variation``: one rank's compute varies by 2% (its standard deviation
 over its mean) between the ranks of a job. The one figure of the model calibrated on the published
-rows (../shared/published, PyTorch's DDP benchmark on DGX-1s): DDP there costs 3 ms a step on one
+rows (docs/torchrun-and-simulate.md, PyTorch's DDP benchmark on DGX-1s): DDP there costs 3 ms a step on one
 GPU and 6-7 ms on 2 to 16, flat, while its 1 MB buckets cost 10-40 us a collective more than its
 25 MB ones (the A/B of its diff.py): the 3-4 ms that communicating adds does not follow the bytes
 on the link or the bucket count, but the ranks' synchronization, which 2% x 97 ms x E[max of n

@@ -1,0 +1,39 @@
+"""The length a benchmark run prints before it starts (``estimated length: ...``,
+``ddp.bench.rounds.estimate``) against the length it then takes, printed at its end with its time
+by part (``ddp.bench.rounds.ledger``): within 20% on this CPU, for a run laid out as the default
+one is (two timing groups, each strategy with its ``local`` twin, traced where timed)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+SECONDS = r"(?:(\d+) min )?(\d+) s"
+
+
+def _seconds(match: re.Match) -> float:
+    minutes, seconds = match.groups()
+    return 60 * int(minutes or 0) + int(seconds)
+
+
+@pytest.mark.slow
+def test_the_estimate_printed_before_a_run_is_within_20_percent_of_its_length(tmp_path):
+    command = [sys.executable, "-m", "pytest", "perf_tests/test_step.py", "-q", "-p", "no:cacheprovider",
+               "--model", "mini", "--strategies", "local,bucketed,torch", "--batch-sizes", "4", "--seq-lens", "64",
+               "--bucket-sizes", "1,10", "--rounds", "6", "--max-rounds", "6",
+               "--benchmark-storage", f"file://{tmp_path}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    estimated = re.search(rf"estimated length: {SECONDS} for 4 step benchmarks", done.stdout)
+    ran = re.search(rf"run {SECONDS}: start-up", done.stdout)
+    assert estimated and ran, done.stdout[-3000:]
+    # every part of the run is named in its time by part
+    parts = done.stdout[ran.start():].splitlines()[0]
+    for part in ("start-up", "builds", "warm-up", "memory counts", "rounds", "traced steps", "predictions", "other"):
+        assert part in parts, parts
+    assert abs(_seconds(estimated) - _seconds(ran)) <= 0.2 * _seconds(ran), (estimated.group(0), parts)
