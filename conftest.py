@@ -57,7 +57,7 @@ WORLD_SIZE, DEVICE = (next(o.flag for o in LAUNCH_OPTIONS if o.dest == dest) for
 MARKERS = (
     f"ranks(n, why): needs n ranks or more in the rank group; with fewer it is skipped, saying why and to run with {WORLD_SIZE} n",
     f"cuda: needs the ranks on CUDA ({DEVICE} cuda on a machine with a GPU); skipped elsewhere",
-    "slow: takes a minute or more on 2 CPU cores; -m 'not slow' leaves it out",
+    "slow: takes a minute or more on 2 CPU cores; left out of the default run (pyproject's addopts), run with -m slow",
 )
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -42,6 +44,7 @@ def test_a_class_that_cannot_be_loaded_is_one_usage_error_before_any_rank_starts
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
     out = tmp_path / "run.json"
     done = pytest_run(
@@ -62,6 +65,7 @@ def test_a_user_model_and_class_through_the_perf_suite(tmp_path):
     assert mine["bucket_sizes_bytes"] is None and len(mine["round_seconds"]) == 2
 
 
+@pytest.mark.slow
 def test_a_per_parameter_ddp_without_unused_handling_fails_only_the_unused_cases(tmp_path):
     """The textbook per-parameter DDP (``wrong_ddps.PerParameterDDP``) through the suite as a user
     runs it: exactly the cases on the model whose ranks use different parameters fail, each naming

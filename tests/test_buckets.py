@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddp.bench.rounds.buckets import Sweep
 from tests import synthetic
 
 
+@pytest.mark.slow
 def test_the_sweep_names_the_best_measured_cap_and_the_advice():
     done = subprocess.run(
         [sys.executable, "-m", "ddp", "buckets", "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--strategies",

@@ -16,6 +16,8 @@ from ddp.launcher import Rank, on_rank
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size
 
+pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow
+
 STEPS = 3
 
 

@@ -141,7 +141,7 @@ def test_a_per_parameter_ddp_that_skips_unused_parameters_is_named_and_the_group
         rank_group.run(train_against_reference, WRONG + "PerParameterDDP", None, "routed_mlp", "sgd", micro_batches)
     assert time.monotonic() - began < 20
     message = str(raised.value)
-    assert f"{rank_group.world_size} of {rank_group.world_size} ranks failed" in message
+    assert f"{rank_group.world_size} of {rank_group.world_size} ranks of " in message
     assert message.count("step 0: the ranks issued different collectives") == rank_group.world_size, message
     assert re.search(r"rank 0: collective \d+: all_reduce\(float32\[3(, 8)?\], op=SUM\) of 'experts\.0\.(weight|bias)' gradient", message), message
     last = rank_group.world_size - 1  # its rows all go to expert 1 (models.RoutedMLP)

@@ -49,6 +49,8 @@ from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.summary import collective_trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 
+pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow
+
 NETWORK_DELAY_SECONDS = 0.020
 TOLERANCE_OF_LOCAL = 0.5
 TOLERANCE_SECONDS = 0.020

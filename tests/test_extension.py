@@ -82,6 +82,7 @@ def test_it_races_against_bucketed_and_ends_with_the_same_weights(rank_group):
     assert set(record.overhead_over_local_seconds) == {NAME, "bucketed"}
 
 
+@pytest.mark.slow
 def test_it_runs_through_the_perf_grid_the_report_the_plots_and_the_simulator(tmp_path):
     run = tmp_path / "run.json"
     done = subprocess.run(

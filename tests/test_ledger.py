@@ -35,6 +35,7 @@ def second_group(rank_group):
     group.close()
 
 
+@pytest.mark.slow
 def test_each_record_counts_what_its_configuration_cost_over_both_groups(rank_group, second_group):
     """Two timing groups, the default layout on CPU (each strategy with its local twin, traced
     where it was timed): every configuration built once a group (the second strategy of the

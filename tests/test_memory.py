@@ -49,6 +49,7 @@ XL_PARAMETERS = 1_998_235_200
 H100_BYTES = 81_559 * 2**20  # what an H100 80GB HBM3 reports
 
 
+@pytest.mark.slow
 def test_xl_on_one_h100_fits_alone_but_not_three_together():
     """Between steps local keeps 12 bytes a parameter (fp32 weights, AdamW's two moments; its
     gradients are freed by zero_grad), bucketed and torch 16 (their buckets, which bucketed's
@@ -83,6 +84,7 @@ def test_ranks_sharing_a_gpu_are_each_given_their_share_of_it(monkeypatch, backe
     assert device_memory_bytes(rank) == H100_BYTES // shares
 
 
+@pytest.mark.slow
 def test_a_default_gpu_run_pairs_its_xl_steps_with_their_twin_where_the_pairs_fit_one_h100():
     """The headline figures (overhead over local, local's MFU, the points of MFU lost) need the twin
     in the same rounds: the GPU grid interleaves it. Counting the three processes of the default
@@ -190,6 +192,7 @@ def test_blocks_pair_rounds_of_configurations_built_one_at_a_time(rank_group):
     assert set(parameters) == set(configs) and len(parameters[configs[1]]) == rank_group.world_size
 
 
+@pytest.mark.slow
 def test_the_race_runs_in_blocks_when_the_contenders_do_not_fit_together(rank_group, monkeypatch):
     def not_together(ranks, configs):
         return Fit(False, dict.fromkeys(configs, True), 50 * GIB, dict.fromkeys(configs, 20 * GIB), 40 * GIB)
@@ -209,6 +212,7 @@ def test_the_race_tells_a_contender_that_trains_differently_from_a_sample_of_its
     assert result.weights_differ is not None and result.weights_differ.startswith("tests.wrong_ddps:NeverSynchronizes against bucketed")
 
 
+@pytest.mark.slow
 def test_versus_refuses_a_model_too_large_before_building_it():
     done = subprocess.run(
         [sys.executable, "-m", "ddp", "versus", "--model", "2.7b", "--batch-size", "1", "--seq-len", "8", "--world-size", "2",
@@ -235,6 +239,7 @@ def run_memory_command(*arguments: str) -> tuple[subprocess.CompletedProcess, in
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, "\n".join(stderr)), int(peak_kib)
 
 
+@pytest.mark.slow
 def test_the_memory_command_predicts_xl_on_8_ranks_without_building_it():
     """The issue's command: the table and the largest batch per strategy, xl never built (its fp32
     weights alone are 7.4 GiB; the command's whole process stays under 2 GiB)."""

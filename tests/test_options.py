@@ -76,8 +76,8 @@ def grid_with(**axes):
 
 def test_a_small_grid_gets_a_larger_share_of_the_session_budget():
     default = grid_defaults("gloo", "cpu")
-    assert default.num_step_benchmarks == 2 * 1 * (4 + 2 * 3)  # batch 4 and 8, seq len 64
-    assert default.round_budget_seconds() == pytest.approx(100.0 / 20)
+    assert default.num_step_benchmarks == 2 * 2 * (4 + 2 * 3)  # batch 4 and 8, seq len 64 and 128
+    assert default.round_budget_seconds() == pytest.approx(3.0)  # 100 s / 40, raised to the least a benchmark gets
     small = grid_with(strategy=("local", "bucketed"), bucket_size_mb=(25.0,), batch_size=(4,), seq_len=(64,))
     assert small.round_budget_seconds() == pytest.approx(50.0)  # 100 s shared by 2
     alone = dataclasses.replace(small, axes={**small.axes, "strategy": ("local",)}, session_budget_seconds=300.0)
@@ -139,7 +139,7 @@ def test_every_command_binds_the_shared_options_from_their_one_definition():
         "buckets": {*LAUNCH_OPTIONS, *ROUND_OPTIONS, *trains_one, lists["bucket_size_mb"], lists["strategy"]},
         "profile": {*LAUNCH_OPTIONS, *trains_one, one["bucket_size_mb"], lists["strategy"]},
         "simulate": {one["model"], one["batch_size"], one["seq_len"], one["grad_accum"], one["activation_checkpointing"],
-                     lists["strategy"], lists["bucket_size_mb"]},
+                     one["precision"], one["grad_comm"], lists["strategy"], lists["bucket_size_mb"]},
         "run": {option("--backend"), *(o for o in GRID_OPTIONS if o.flag not in ("--allreduce-world-sizes", "--rank-groups"))},
         "memory": {option("--world-size"), option("--device-memory"), one["model"], *(lists[name] for name in AXES if name != "model")},
         "compare": set(), "report": set(), "gpu-check": set(), "trace": set(),
@@ -189,12 +189,14 @@ def test_numerics_are_axes_of_the_grid_and_bf16_communication_applies_where_it_c
 
 
 def test_the_default_grid_keeps_every_option_at_its_default():
-    """fp32, foreach AdamW, fp32 communication, ...: a default run keeps the names it always had."""
+    """fp32, foreach AdamW, fp32 communication, ...: a default run keeps the names it always had;
+    on a GPU but its precision, bf16 (what GPU users train in), named in its ids."""
     for backend, device in (("gloo", "cpu"), ("nccl", "cuda")):
         grid = grid_defaults(backend, device)
         for name, axis in AXES.items():
             if axis.role == "option" or name == "grad_comm":
-                assert grid.values(name) == (axis.default,), (backend, name)
+                expected = ("bf16",) if (name, device) == ("precision", "cuda") else (axis.default,)
+                assert grid.values(name) == expected, (backend, name)
 
 
 def test_every_axis_reaches_the_options_the_ids_and_the_groups_from_its_declaration():

@@ -99,6 +99,7 @@ def process_id(rank: Rank) -> int:
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_the_rounds_of_a_grid_come_from_two_groups_of_processes(rank_group):
     other = RankGroup(rank_group.world_size, rank_group.backend, rank_group.device, rank_group.timeout_seconds)
     try:

@@ -102,6 +102,7 @@ def test_a_rank_killed_between_calls_is_named_by_the_next_call(rank_group):
     assert rank_group.run(sum_of_ranks) == [sum(range(rank_group.world_size))] * rank_group.world_size
 
 
+@pytest.mark.slow
 @pytest.mark.ranks(2, why="with one rank, there is no rank 1 to kill")
 def test_a_benchmark_whose_rank_is_killed_is_skipped_by_name_and_the_next_one_runs(rank_group):
     killed = StepConfig("tests.test_rank_killed:KilledOnRankOne", "tiny", 2, 16)

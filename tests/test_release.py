@@ -134,6 +134,7 @@ def test_a_released_configuration_leaves_nothing_alive(rank_group, config) -> No
         assert not alive, f"rank {rank} still holds, after release: {'; '.join(alive[:8])}"
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_across_a_grid_of_configurations(rank_group) -> None:
     rank_group.run(release)
     before = rank_group.run(live_tensor_bytes)

@@ -23,6 +23,8 @@ from ddp.bench.results.records import load_run
 from ddp.strategies.registry import FLOOR, STRATEGIES, takes_bucket_size, traits
 from tests import synthetic
 
+pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow
+
 USER_CLASS = "examples.toy:AveragingDDP"
 GPU = "NVIDIA H100 80GB HBM3"  # in ddp.bench.results.flops.PEAK_TFLOPS: MFU is given
 

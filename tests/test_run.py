@@ -121,6 +121,7 @@ BAD_OPTION_LINE = "ddp-bench run: error: argument --strategies/--strategy: unkno
 REPEATS = 8  # the line went missing about once in eight runs when only rank 0 printed it
 
 
+@pytest.mark.slow
 def test_bad_option_under_torchrun_is_one_line_printed_once_whichever_rank_exits_first() -> None:
     """Every run prints the line exactly once: never lost when rank 1 exits first (torchrun then
     ends rank 0), never repeated by each rank. Two runs at a time, so that the ranks race harder."""

@@ -6,6 +6,7 @@ see: that is why traced steps run on ranks that time nothing afterwards (``ddp.b
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ddp.bench.collectives import recording
@@ -77,6 +78,7 @@ def traced_so_far(rank: Rank) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_grid_traces_on_its_tracer_and_never_on_the_ranks_it_times(rank_group):
     """The grid's traced steps run on the tracer's ranks, the timed rounds on the timing ranks, and
     the benchmark that communicates still gets its collectives, and ``local`` its partition."""
