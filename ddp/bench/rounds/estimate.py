@@ -5,7 +5,8 @@ it (per configuration: builds, warm-up steps, memory counts, rounds and traced s
 of ranks; groups started), and prices each part with costs measured on a machine of the same
 kind (``MEASURED``): a group's start-up, a build (a fixed part and one per parameter), and a
 step, modelled as a fixed part (the host's launches and the harness) plus the step's model FLOPs
-at the rate the machine sustained. A memory count and a traced step are priced in steps. The
+at the rate the machine sustained; on CPU that rate is timed here, before the run, on the grid's
+smallest step (``host_flops_per_second``). A memory count and a traced step are priced in steps. The
 rounds take their budget (``GridOptions.round_budget_seconds``), or their minimum where that is
 longer.
 
@@ -16,11 +17,17 @@ is what to hold it to.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ddp.bench.config.options import GridOptions, ResolvedLaunch
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.workloads import build_workload
 from ddp.bench.memory.predict import parameter_count
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
@@ -79,6 +86,31 @@ def costs_for(device: str) -> PartCosts:
     return MEASURED["cuda" if device == "cuda" else "cpu"]
 
 
+def host_flops_per_second(config: StepConfig, world_size: int) -> float:
+    """The model FLOPs per second one rank's share of this host sustains now, from one timed
+    training step of ``config``'s workload here, in the parent, on the threads a rank gets
+    (``ddp.launcher.share_cores``): a CPU's speed moves from day to day and with what else runs
+    (mini's step at batch 4 x 64 took 190 ms on one day, 480 on another), which a table cannot
+    know. The step after a first untimed one is timed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
+    try:
+        torch.manual_seed(config.seed)
+        workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
+        optimizer = torch.optim.AdamW(workload.module.parameters(), lr=1e-4)
+        inputs, targets = workload.batch(torch.Generator().manual_seed(config.seed))
+        seconds = []
+        for _ in range(2):
+            start = time.perf_counter()
+            workload.loss(workload.module(inputs), targets).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            seconds.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return step_flops(config) / max(seconds[-1], 1e-6)
+
+
 def step_flops(config: StepConfig) -> float:
     """Model FLOPs of one rank's step: the built-in sizes' count, else 6 per parameter per token."""
     tokens = config.step_shape.tokens_per_step
@@ -117,6 +149,10 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     its group) under ``--interleave local``, every strategy of a group in the same rounds under
     ``group``; traced on a third group on CUDA, where it was timed on CPU."""
     costs = costs_for(launch.device)
+    if launch.device != "cuda" and configs:  # the host's speed now, from its smallest step
+        smallest = min(configs, key=step_flops)
+        costs = dataclasses.replace(costs, flops_per_second=host_flops_per_second(smallest, launch.world_size),
+                                    source=costs.source + "; the step's rate timed here now")
     policy = grid.round_options()
     groups = grid.rank_groups
     cuda = launch.device == "cuda"
