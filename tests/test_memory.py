@@ -64,6 +64,21 @@ def test_xl_on_one_h100_fits_alone_but_not_three_together():
     assert memory.explain().startswith("together they need about 96.") and "71.7 GiB usable of 79.6 GiB" in memory.explain()
 
 
+def test_each_group_of_ranks_stepping_a_configuration_holds_its_own_peak():
+    """Two groups of ranks on the same devices each keep what their own step held at its peak (on
+    CUDA the caching allocator, on CPU glibc's heap): the same configuration built by two groups
+    needs twice its predicted peak, not twice its kept state and one step. On this project's
+    machine `small` at 2 x 64 with PyTorch's DDP and its twin in two groups was predicted to fit
+    with one step counted, and the host's out-of-memory killer ended a rank."""
+    config = StepConfig("torch", "small", 2, 64, 1.0)
+    peak = predict(config, 2).total_bytes
+    assert fit([config], H100_BYTES, 2).needed_together_bytes == peak
+    assert fit([config, config], H100_BYTES, 2).needed_together_bytes == 2 * peak
+    twin = config.local_twin()
+    pair = fit([config, twin], H100_BYTES, 2).needed_together_bytes
+    assert fit([config, twin, config, twin], H100_BYTES, 2).needed_together_bytes == 2 * pair
+
+
 @pytest.mark.parametrize(
     ("backend", "world_size", "gpus", "local_rank", "shares"),
     [

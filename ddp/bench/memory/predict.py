@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -369,7 +370,7 @@ class Fit:
 def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int, processes: int = 0,
         device: str = "cpu", copies: Sequence[StepConfig] = ()) -> Fit:
     """Whether ``configs`` on ``world_size`` ranks fit together (every kept state, plus the largest
-    step's own needs) and alone (each one's predicted peak). A configuration listed twice counts
+    step's own needs once per process stepping them) and alone (each one's predicted peak). A configuration listed twice counts
     twice (built by two groups of ranks on the same devices). ``processes``: rank processes
     sharing ``memory_bytes`` (one per group of ranks), each holding ``PROCESS_BYTES`` of
     ``device``; ``copies``: configurations whose model a rank keeps a copy of
@@ -384,7 +385,13 @@ def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int, proce
         return Fit(True, dict.fromkeys(configs, True), 0, dict.fromkeys(configs, 0), memory_bytes, outside)
     alone = {c: p.total_bytes for c, p in predictions.items()}
     kept = {c: kept_bytes(c, world_size) for c in configs}
-    together = sum(kept[c] for c in configs) + max(alone[c] - kept[c] for c in configs) + outside
+    # Each process that steps them keeps its own step's transient (the largest): on CUDA its
+    # caching allocator holds the peak reserved, on CPU glibc's heap keeps it resident
+    # (``ddp.bench.rounds.rank_state.hand_back_free_memory``). A configuration listed k times is
+    # built by k groups of ranks: k processes on each device.
+    processes_stepping = max(Counter(configs).values())
+    transient = max(alone[c] - kept[c] for c in configs)
+    together = sum(kept[c] for c in configs) + processes_stepping * transient + outside
     return Fit(together <= usable, {c: need <= usable for c, need in alone.items()}, together, alone, memory_bytes,
                outside)
 

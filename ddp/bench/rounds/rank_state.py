@@ -19,6 +19,8 @@ a ``RankLost`` marker of the launcher's ``RankKilled`` instead.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +224,9 @@ class RankBench:
                     traces.append(traced_steps(self.trainers[config], steps))
             if not keep_built:
                 self.release(info)
+            # What the profiler's records held, freed, would stay with this process (above): on
+            # CPU, where it traced in a group that goes on timing, 0.6 GiB a configuration of small.
+            hand_back_free_memory(info.device)
             return traces
 
         return self._withdrawing(info, run)
@@ -358,10 +363,27 @@ def release(rank: Rank) -> None:
 
 @on_rank
 def return_cached_memory(rank: Rank) -> None:
-    """Hand the CUDA caching allocator's free blocks back to the device (a step's transient peak
-    stays cached otherwise), so that another process on the same GPU may use them; nothing on CPU."""
-    if rank.info.device.type == "cuda":
+    """``hand_back_free_memory`` on a rank."""
+    hand_back_free_memory(rank.info.device)
+
+
+def hand_back_free_memory(device: torch.device) -> None:
+    """Give the memory this process has freed but still holds back to the device, so that another
+    process on the same GPU or host may use it. On CUDA the caching allocator keeps a step's
+    transient peak reserved (``torch.cuda.empty_cache`` returns its free blocks). On CPU glibc's
+    heap keeps freed blocks resident unless they lie at its top, so a process keeps the most its
+    steps and the profiler's records ever held: six profiled steps of ``small`` left 1.2 GiB more
+    resident here, which ``malloc_trim(0)`` gave back in 0.09 s (the CPU's ``empty_cache``;
+    nothing where the C library has none, as musl's or macOS's)."""
+    if device.type == "cuda":
         torch.cuda.empty_cache()
+    elif (trim := getattr(_c_library(), "malloc_trim", None)) is not None:
+        trim(0)
+
+
+@functools.cache
+def _c_library() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # the C library the process already has loaded
 
 
 @on_rank
