@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 
+from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload, rank_batches
 from ddp.bench.rounds.trainer import LEARNING_RATE, Trainer
@@ -51,6 +52,21 @@ def _round_bf16(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to(torch.bfloat16).to(tensor.dtype)
 
 
+def _loss(workload, inputs, targets, config: StepConfig, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The loss of a forward in ``config``'s precision, and the tensors its gradients are taken
+    of: the parameters themselves, or, for a strategy that computes in a dtype of its own
+    (``sharded_compute_dtype``: FSDP's mixed precision), a copy of them in that dtype, whose
+    gradients become the fp32 parameters' (the recipe written out here with ``functional_call``)."""
+    model = workload.module
+    compute = sharded_compute_dtype(config.precision, config.strategy)
+    with _numerics(config.precision, device):
+        if compute is None:
+            return workload.loss(model(inputs), targets), list(model.parameters())
+        copies = {name: p.detach().to(compute).requires_grad_() for name, p in model.named_parameters()}
+        logits = torch.func.functional_call(model, copies, (inputs,))
+        return workload.loss(logits.float(), targets), list(copies.values())
+
+
 def reference_parameters(config: StepConfig, world_size: int, device: torch.device, split: bool) -> list[torch.Tensor]:
     """One process training ``config``'s whole global batch, every rank's micro-batches at once,
     without checkpointing (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
@@ -70,9 +86,8 @@ def reference_parameters(config: StepConfig, world_size: int, device: torch.devi
                 for micro_batches in shards:
                     rank_grads = None
                     for inputs, targets in micro_batches:
-                        with _numerics(config.precision, device):
-                            loss = workload.loss(model(inputs), targets)
-                        grads = [g.float() / pieces for g in torch.autograd.grad(loss, list(model.parameters()))]
+                        loss, taken = _loss(workload, inputs, targets, config, device)
+                        grads = [g.float() / pieces for g in torch.autograd.grad(loss, taken)]
                         rank_grads = grads if rank_grads is None else [a + g for a, g in zip(rank_grads, grads)]
                     shard_grads.append(rank_grads)
                 for param, *per_shard in zip(model.parameters(), *shard_grads):
@@ -83,9 +98,9 @@ def reference_parameters(config: StepConfig, world_size: int, device: torch.devi
             else:
                 inputs = torch.cat([inputs for micro_batches in shards for inputs, _ in micro_batches])
                 targets = torch.cat([targets for micro_batches in shards for _, targets in micro_batches])
-                with _numerics(config.precision, device):
-                    loss = workload.loss(model(inputs), targets)
-                loss.backward()
+                loss, taken = _loss(workload, inputs, targets, config, device)
+                for param, grad in zip(model.parameters(), torch.autograd.grad(loss, taken)):
+                    param.grad = grad.float()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         return [p.detach().cpu() for _, p in sorted(model.named_parameters())]  # by name, as the strategy's

@@ -1,6 +1,7 @@
 """The memory prediction (``ddp.bench.memory.predict``) against an independent measurement: PyTorch's
 ``MemTracker`` over one real step of every registered strategy and a user's class, on ``tiny`` and
-``mini``, fp32 and bf16 (and fused AdamW on mini), and in fp32 with the step's two shapes
+``mini``, fp32 and bf16 (the sharding strategies in bf16 with FSDP's compute dtype, as the step
+trains them; and fused AdamW on mini), and in fp32 with the step's two shapes
 (``ddp.bench.config.shape``): two micro-batches accumulated, and checkpointed blocks; at world size 2
 (the rank group's). A strategy that cannot run a shape is skipped with the reason.
 

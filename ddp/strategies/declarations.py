@@ -120,6 +120,18 @@ class MemoryPlan(NamedTuple):
     """Bytes an element of the gradients (4: fp32)."""
     comm_itemsize: int | None
     """Bytes an element a strategy that takes ``comm_dtype`` communicates in; None: the gradients' own."""
+    compute_itemsize: int | None = None
+    """Bytes an element a strategy that takes ``compute_dtype`` gathers its parameters and computes
+    their gradients in (2 under bf16, ``ddp.bench.config.precision.sharded_compute_dtype``); None:
+    the gradients' own."""
+
+    def gathered(self, size_bytes: int) -> int:
+        """``size_bytes`` of parameters (in the gradients' dtype) as gathered: in the compute dtype."""
+        return size_bytes * (self.compute_itemsize or self.gradient_itemsize) // self.gradient_itemsize
+
+    @property
+    def computes_in_another_dtype(self) -> bool:
+        return self.compute_itemsize is not None and self.compute_itemsize != self.gradient_itemsize
 
 
 class StepBuffers(NamedTuple):
@@ -162,12 +174,18 @@ def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepB
     prefetches, the last unit too; the units gathered later in backward, and their whole
     gradients, are held once the activations they consumed have been freed (``MemTracker`` on
     tiny and mini with PyTorch's ``fully_shard``: the peak at backward's start, the root alone
-    gathered at forward's end)."""
+    gathered at forward's end). Gathered in ``plan.compute_itemsize`` where there is one."""
     if not plan.unit_bytes:
         return StepBuffers()
     root, largest = plan.unit_bytes[-1], max(plan.unit_bytes[:-1], default=0)
-    return StepBuffers(forward_bytes=root, backward_bytes=root + (largest if prefetches_next_unit else 0),
-                       unit_backward_bytes=largest + largest // plan.world_size)
+    gathered_root, gathered_largest = plan.gathered(root), plan.gathered(largest)
+    # A unit's whole gradient reduce-scattered in the gradients' dtype (fp32), and the shard that
+    # yields; in another compute dtype the gradient autograd made in it is copied first (both held
+    # for a moment, the shard after the first is freed).
+    made = gathered_largest if plan.computes_in_another_dtype else 0
+    return StepBuffers(forward_bytes=gathered_root,
+                       backward_bytes=gathered_root + (gathered_largest if prefetches_next_unit else 0),
+                       unit_backward_bytes=largest + max(made, largest // plan.world_size))
 
 
 @dataclass(frozen=True)

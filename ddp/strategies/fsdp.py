@@ -270,7 +270,10 @@ def units_and_root_copies(plan: MemoryPlan) -> StepBuffers:
     MiB root: embedding and lm_head), so 4 roots in all."""
     buffers = gathered_unit_buffers(plan, prefetches_next_unit=False)
     root = plan.unit_bytes[-1] if plan.unit_bytes else 0
-    return buffers._replace(synchronization_bytes=ROOT_COPIES_AT_BACKWARD_END * root)
+    # In a compute dtype the copies are in it, and then, the gathered root and its gradient still
+    # held, the gradient is copied to fp32 to be reduced (``_reduce_scatter``).
+    gathered, copied = plan.gathered(root), root if plan.computes_in_another_dtype else 0
+    return buffers._replace(synchronization_bytes=max(ROOT_COPIES_AT_BACKWARD_END * gathered, 2 * gathered + copied))
 
 
 # What the memory prediction and the cost model read of it (ddp.strategies.declarations).

@@ -93,7 +93,10 @@ def prefetched_units_and_root(plan: MemoryPlan) -> StepBuffers:
     2.5 of its 19.5 MiB roots at N = 2)."""
     root = plan.unit_bytes[-1] if plan.unit_bytes else 0
     buffers = gathered_unit_buffers(plan, prefetches_next_unit=True)
-    return buffers._replace(synchronization_bytes=2 * root + root // plan.world_size)
+    # With a compute dtype (param_dtype) the gathered root and its gradient are in it, and the
+    # gradient is copied to reduce_dtype (fp32) for the reduce-scatter.
+    copied = root if plan.computes_in_another_dtype else 0
+    return buffers._replace(synchronization_bytes=2 * plan.gathered(root) + copied + root // plan.world_size)
 
 
 # What the memory prediction and the cost model read of it (ddp.strategies.declarations).

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ddp.strategies.registry import takes_option
+
 # What each of ``ddp.bench.config.step_config.PRECISIONS`` sets: torch's float32 matmul precision, cudnn's TF32
 # switch, the autocast dtype (``ddp.bench.rounds.trainer``).
 _NUMERICS = {
@@ -38,3 +40,14 @@ def forward_autocast(precision: str, device: torch.device) -> contextlib.Abstrac
     """What wraps forward and loss: ``torch.autocast`` for ``bf16``, nothing otherwise."""
     dtype = _NUMERICS[precision][2]
     return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def sharded_compute_dtype(precision: str, strategy: str) -> torch.dtype | None:
+    """The dtype a strategy that takes ``compute_dtype`` (``fsdp``, ``torch_fsdp``, a user's FSDP
+    class) gathers its parameters and computes in: bf16 under ``bf16``, as FSDP's mixed precision
+    trains (bf16 all-gathers and compute, fp32 master shards and reduce-scatters:
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``, what the
+    course's FSDP asks for), so that the step and its all-gathers are what such a job runs; None
+    for every other precision and strategy (the parameters compute in their own dtype)."""
+    dtype = _NUMERICS[precision][2]
+    return dtype if dtype is not None and takes_option(strategy, "compute_dtype") else None

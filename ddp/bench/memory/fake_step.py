@@ -149,11 +149,14 @@ def _key(tensor: torch.Tensor) -> int:
     return torch.multiprocessing.reductions.StorageWeakRef(tensor.untyped_storage()).cdata
 
 
-def run_fake_step(model: str, batch_size: int, seq_len: int, precision: str, activation_checkpointing: str = "none") -> FakeStep:
+def run_fake_step(model: str, batch_size: int, seq_len: int, precision: str, activation_checkpointing: str = "none",
+                  parameter_dtype: torch.dtype | None = None) -> FakeStep:
     """Run one forward, loss and backward of ``model`` at ``batch_size`` x ``seq_len`` in
     ``precision`` (``fp32``/``tf32`` or ``bf16`` autocast), on fake tensors, its blocks
     checkpointed where ``activation_checkpointing`` is ``blocks`` (``ddp.bench.config.shape``): the
-    recomputed forward's tensors are made in backward, so they count as its temporaries."""
+    recomputed forward's tensors are made in backward, so they count as its temporaries.
+    ``parameter_dtype``: the floating parameters in that dtype, as an FSDP strategy with a compute
+    dtype gathers them (autocast then casts none of them, and their gradients are in it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with torch.device("meta"):  # shapes only: no weights, no initialisation
@@ -162,6 +165,10 @@ def run_fake_step(model: str, batch_size: int, seq_len: int, precision: str, act
     fake = FakeTensorMode(allow_non_fake_inputs=True)  # the meta module is only read for shapes
     with fake:
         module = workload.module.to_empty(device="cpu")  # fake CPU tensors: the CPU's autocast applies
+        if parameter_dtype is not None:
+            for param in module.parameters():
+                if param.is_floating_point():
+                    param.data = param.data.to(parameter_dtype)
     StepShape(batch_size, seq_len, activation_checkpointing=activation_checkpointing).prepare(module)
     inputs, targets = fake.from_tensor(inputs), fake.from_tensor(targets)
     params = [p for p in module.parameters() if p.requires_grad]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import meta_module
 from ddp.bench.memory.fake_step import FakeStep, run_fake_step
@@ -116,10 +117,12 @@ def model_shape(config: StepConfig) -> ModelShape:
 
 
 @functools.lru_cache(maxsize=16)
-def _fake_steps(model: str, seq_len: int, precision: str, activation_checkpointing: str) -> tuple[FakeStep, FakeStep] | str:
+def _fake_steps(model: str, seq_len: int, precision: str, activation_checkpointing: str,
+                parameter_dtype: torch.dtype | None) -> tuple[FakeStep, FakeStep] | str:
     """Batch 1 and 2 traced, or why not (kept, so that a model that cannot be traced is tried once)."""
     try:
-        one, two = (run_fake_step(model, batch, seq_len, precision, activation_checkpointing) for batch in (1, 2))
+        one, two = (run_fake_step(model, batch, seq_len, precision, activation_checkpointing, parameter_dtype)
+                    for batch in (1, 2))
         two.at_batch(one, 1)  # the two ran the same operators
     except Exception as error:  # the trace runs the user's own code: any error it raises means no trace
         return f"its step could not be traced on fake tensors ({type(error).__name__}: {str(error).strip()[:200]})"
@@ -128,16 +131,20 @@ def _fake_steps(model: str, seq_len: int, precision: str, activation_checkpointi
 
 def fake_step_of(config: StepConfig) -> FakeStep:
     """The traced forward and backward of one of ``config``'s micro-batches (``ddp.bench.memory.fake_step``),
-    its blocks checkpointed as the step's are; ``NoPrediction`` where the model's step cannot be traced."""
+    its blocks checkpointed as the step's are, its parameters in the dtype its strategy computes
+    in (``sharded_compute_dtype``: autocast then keeps no copy of them); ``NoPrediction`` where the
+    model's step cannot be traced."""
     # TF32 changes how matmuls compute, not what a step allocates: traced once with fp32 (a trace
     # of xl takes about 10 s of CPU).
     precision = "fp32" if config.precision == "tf32" else config.precision
-    return _fake_step_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size)
+    return _fake_step_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size,
+                         sharded_compute_dtype(config.precision, config.strategy))
 
 
 @functools.lru_cache(maxsize=256)
-def _fake_step_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int) -> FakeStep:
-    traces = _fake_steps(model, seq_len, precision, activation_checkpointing)
+def _fake_step_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int,
+                  parameter_dtype: torch.dtype | None = None) -> FakeStep:
+    traces = _fake_steps(model, seq_len, precision, activation_checkpointing, parameter_dtype)
     if isinstance(traces, str):
         raise NoPrediction(f"model {model}: {traces}")
     one, two = traces
@@ -161,6 +168,7 @@ def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> Step
         world_size=world_size,
         gradient_itemsize=shape.gradient_itemsize,
         comm_itemsize=torch.bfloat16.itemsize if config.grad_comm == "bf16" else None,
+        compute_itemsize=getattr(sharded_compute_dtype(config.precision, config.strategy), "itemsize", None),
     )
     return traits(config.strategy).step_buffers(plan)
 
@@ -197,10 +205,18 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     def backward_buffers(sample) -> int:  # a unit's whole gradient once backward has made gradients
         return buffers.kept_bytes + buffers.backward_bytes + (buffers.unit_backward_bytes if sample.gradients > 0 else 0)
 
+    # Traced with the parameters in the strategy's compute dtype, the gradients so far are in it
+    # too; they become the masters' (fp32) once reduced.
+    compute = sharded_compute_dtype(config.precision, config.strategy)
+    to_masters = shape.gradient_itemsize / compute.itemsize if compute is not None else 1.0
+
+    def gradients_so_far(sample) -> int:
+        return share(sample.gradients * to_masters, sharding.gradients)
+
     held = max(trace.backward, key=lambda s: s.activations + s.temporaries
-               + (kept_gradients or share(s.gradients, sharding.gradients)) + backward_buffers(s))
+               + (kept_gradients or gradients_so_far(s)) + backward_buffers(s))
     backward = MemoryPrediction(
-        **common, gradients_bytes=kept_gradients or share(held.gradients, sharding.gradients),
+        **common, gradients_bytes=kept_gradients or gradients_so_far(held),
         activations_bytes=held.activations, temporaries_bytes=held.temporaries,
         communication_bytes=backward_buffers(held), moment="backward",
     )

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ddp.bench.config.precision import forward_autocast, numerics
+from ddp.bench.config.precision import forward_autocast, numerics, sharded_compute_dtype
 from ddp.bench.config.shape import ACCUMULATE, NO_OBSERVER, StepObserver, cannot_run, repeated_blocks
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import Workload, build_workload, rank_batches
@@ -203,6 +203,8 @@ class Trainer:
         options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
         if config.grad_comm == "bf16":
             options["comm_dtype"] = torch.bfloat16
+        if (compute_dtype := sharded_compute_dtype(config.precision, config.strategy)) is not None:
+            options["compute_dtype"] = compute_dtype  # FSDP's mixed precision: bf16 gathered, fp32 masters
         self.optimizer = self.batches = None
         self.model = make_ddp(config.strategy, module, **options)
         try:
