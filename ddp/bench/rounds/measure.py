@@ -265,8 +265,9 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
         if not last:
             if not keep_built:
                 free(ranks)
-            # On CUDA the block's transient peak stays in the caching allocator otherwise, out of
-            # the next group's reach (another process); nothing on CPU.
+            # The block's transient peak stays with this process otherwise (CUDA's caching
+            # allocator, glibc's heap on CPU), out of the next group's reach; the group's next
+            # block is prepared with warm-up steps, which take the first touch of that memory.
             ranks.run(return_cached_memory)
     merged = Measurement(configs, blocks[0].setups, [round_ for block in blocks for round_ in block.rounds],
                          float("inf"), policy.target_precision, round_groups=[g for block in blocks for g in block.round_groups])
