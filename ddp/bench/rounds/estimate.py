@@ -31,6 +31,7 @@ from ddp.bench.config.workloads import build_workload
 from ddp.bench.memory.predict import parameter_count
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
+from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
 from ddp.strategies.registry import FLOOR, steps_to_settle
 
 
@@ -97,7 +98,8 @@ def host_flops_per_second(config: StepConfig, world_size: int) -> float:
     try:
         torch.manual_seed(config.seed)
         workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
-        optimizer = torch.optim.AdamW(workload.module.parameters(), lr=1e-4)
+        optimizer = torch.optim.AdamW(workload.module.parameters(), lr=LEARNING_RATE,
+                                      **adamw_implementation(config.optimizer))  # the step's own AdamW
         inputs, targets = workload.batch(torch.Generator().manual_seed(config.seed))
         seconds = []
         for _ in range(2):

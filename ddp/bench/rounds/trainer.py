@@ -166,6 +166,12 @@ def drop_parameter_hooks(module: nn.Module) -> None:
                 hooks.clear()
 
 
+def adamw_implementation(optimizer: str) -> dict[str, bool]:
+    """AdamW's keyword for ``StepConfig.optimizer``: ``fused`` or ``foreach``, asked for explicitly
+    (torch's default is foreach on CUDA but its per-tensor loop on CPU)."""
+    return {"fused": True} if optimizer == "fused" else {"foreach": True}
+
+
 class Trainer:
     """One configuration on one rank: the workload wrapped in its strategy, AdamW, this rank's batch."""
 
@@ -215,8 +221,8 @@ class Trainer:
                 )
             if before_first_step is not None:
                 before_first_step(self.model)
-            implementation = {"fused": True} if config.optimizer == "fused" else {"foreach": True}
-            self.optimizer = make_optimizer(self.model, torch.optim.AdamW, lr=LEARNING_RATE, **implementation)
+            self.optimizer = make_optimizer(self.model, torch.optim.AdamW, lr=LEARNING_RATE,
+                                            **adamw_implementation(config.optimizer))
             self.batches = rank_batches(workload, config.seed, info.rank, info.world_size, info.device,
                                         self.shape.micro_batches)
         except BaseException:
