@@ -386,8 +386,8 @@ class Fit:
 def fit(configs: Sequence[StepConfig], memory_bytes: int, world_size: int, processes: int = 0,
         device: str = "cpu", copies: Sequence[StepConfig] = ()) -> Fit:
     """Whether ``configs`` on ``world_size`` ranks fit together (every kept state, plus the largest
-    step's own needs once per process stepping them) and alone (each one's predicted peak). A configuration listed twice counts
-    twice (built by two groups of ranks on the same devices). ``processes``: rank processes
+    step's own needs once per process stepping them) and alone (each one's predicted peak). A
+    configuration listed twice counts twice (built by two groups of ranks on the same devices). ``processes``: rank processes
     sharing ``memory_bytes`` (one per group of ranks), each holding ``PROCESS_BYTES`` of
     ``device``; ``copies``: configurations whose model a rank keeps a copy of
     (``ddp.bench.rounds.reuse``: its parameters and buffers), each counted. Without a prediction
