@@ -165,10 +165,10 @@ def test_no_communication_on_one_rank_or_for_local() -> None:
         assert (step, exposed) == (0.1, 0.0)
 
 
-def step_bench(strategy, bucket, rounds, comm_wait):
-    """A step benchmark of a two-rank nccl run of the tiny model at batch 2, seq len 32."""
-    record = synthetic.step(synthetic.config(strategy, bucket_size_mb=bucket), rounds, exposed=comm_wait, backend="nccl",
-                            device="NVIDIA H100", num_parameters=259_392)
+def step_bench(strategy, bucket, rounds, comm_wait, batch_size=2, **values):
+    """A step benchmark of a two-rank nccl run of the tiny model at ``batch_size`` (2), seq len 32."""
+    record = synthetic.step(synthetic.config(strategy, bucket_size_mb=bucket, batch_size=batch_size, **values), rounds,
+                            exposed=comm_wait, backend="nccl", device="NVIDIA H100", num_parameters=259_392)
     return synthetic.step_benchmark(record)
 
 
@@ -232,21 +232,61 @@ def test_command_line_refuses_to_fit_a_link_on_one_all_reduce_size(tmp_path, cap
 def test_command_line_predicts_from_a_saved_run(tmp_path, capsys) -> None:
     # a link of 10 us and 1 GB/s: 1 MiB in 2 x 10 us + 1.049 ms, 10 MiB in 20 us + 10.49 ms on 2 ranks
     link = Link("truth", 10e-6, 1e9)
+    flat_comm = 20e-6 + 259_392 * 4 / 1e9  # flat's one buffer of tiny's 1,037,568 gradient bytes
+    # flat costs 2 ms besides its bytes at batch 2 and 4 ms at batch 4: the fixed step is their mean,
+    # 3 ms, and each row is validated with the other row's
     path = write_run(
         tmp_path / "run.json",
-        [step_bench("local", None, [0.010] * 3, 0.0), step_bench("flat", None, [0.012] * 3, 0.002),
+        [step_bench("local", None, [0.010] * 3, 0.0), step_bench("flat", None, [0.010 + flat_comm + 0.002] * 3, 0.002),
+         step_bench("local", None, [0.020] * 3, 0.0, batch_size=4),
+         step_bench("flat", None, [0.020 + flat_comm + 0.004] * 3, 0.002, batch_size=4),
          allreduce_bench(MB, link.allreduce_seconds(MB, 2)), allreduce_bench(10 * MB, link.allreduce_seconds(10 * MB, 2))],
     )  # fmt: skip
     predictions, validation = tmp_path / "predictions.json", tmp_path / "validation.json"
-    argv = ["simulate", "--from", str(path), "--world-sizes", "2,8", "--json", str(predictions), "--validation-json", str(validation)]
+    argv = ["simulate", "--from", str(path), "--world-sizes", "2,8", "--rank-variation", "0", "--algorithm", "ring",
+            "--json", str(predictions), "--validation-json", str(validation)]
     assert ddp_main(argv) == 0
-    assert "busbw 1.000 GB/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "busbw 1.000 GB/s" in out and "  flat 3.00 [2.00, 4.00]" in out
+    assert "fixed cost per collective: none beyond the link fitted on run.json's all-reduces" in out
+    rows = {(r.strategy, r.batch_size): r for r in load_records(validation, ValidationRecord)}
+    assert rows["flat", 2].predicted_step_seconds == pytest.approx(0.010 + flat_comm + 0.004)
+    assert rows["flat", 4].predicted_step_seconds == pytest.approx(0.020 + flat_comm + 0.002)
+    assert {r.fixed_step_from for r in rows.values()} == {"other shapes", "none"}
+    predicted = {(p.strategy, p.batch_size, p.world_size): p for p in load_records(predictions, PredictionRecord)}
+    assert set(predicted) == {(s, b, n) for s in ("local", "flat") for b in (2, 4) for n in (2, 8)}
+    assert predicted["flat", 2, 8].fixed_step_seconds == pytest.approx(0.003)
+    assert predicted["flat", 2, 8].step_seconds == pytest.approx(0.010 + 0.003 + link.allreduce_seconds(259_392 * 4, 8))
+
+
+def test_a_run_measured_at_one_shape_is_validated_on_the_row_it_was_fitted_on_saying_so(tmp_path) -> None:
+    path = write_run(tmp_path / "run.json", [step_bench("local", None, [0.010] * 3, 0.0),
+                                             step_bench("flat", None, [0.013] * 3, 0.002),
+                                             allreduce_bench(MB, 1e-3), allreduce_bench(10 * MB, 1e-2)])
+    validation = tmp_path / "validation.json"
+    assert ddp_main(["simulate", "--from", str(path), "--validation-json", str(validation)]) == 0
     flat = next(r for r in load_records(validation, ValidationRecord) if r.strategy == "flat")
-    # the fitted link all-reduces flat's one buffer of tiny's 1,037,568 gradient bytes in 20 us + 1.04 ms
-    assert flat.predicted_step_seconds == pytest.approx(0.010 + 20e-6 + 259_392 * 4 / 1e9)
-    assert {(p.strategy, p.world_size, p.kind) for p in load_records(predictions, PredictionRecord)} == {
-        ("local", 2, "prediction"), ("local", 8, "prediction"), ("flat", 2, "prediction"), ("flat", 8, "prediction")
-    }  # fmt: skip
+    assert flat.fixed_step_from == "this row" and flat.error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_run_that_all_reduces_bf16_gradients_is_predicted_with_half_the_bytes(tmp_path) -> None:
+    def run(grad_comm):
+        return calibrate(load_run(write_run(tmp_path / f"{grad_comm}.json", [
+            step_bench("local", None, [0.010] * 3, 0.0),
+            step_bench("torch", 25.0, [0.012] * 3, 0.001, grad_comm=grad_comm)])))
+
+    fp32, bf16 = run("fp32"), run("bf16")
+    assert (fp32.sent, bf16.sent) == (Sent("fp32", "fp32"), Sent("fp32", "bf16"))
+    link, computes = Link("l", 0.0, 1e9), fp32.computes()
+    comm = {r.sent.grad_comm: predict_grid("tiny", computes, [("torch", 25.0)], [2], link, 0.0, sent=r.sent)[0].comm_seconds
+            for r in (fp32, bf16)}
+    assert comm["bf16"] == pytest.approx(comm["fp32"] / 2)
+
+
+def test_what_a_run_measured_is_not_described_again_by_hand(tmp_path, capsys) -> None:
+    path = write_run(tmp_path / "run.json", [step_bench("local", None, [0.010] * 3, 0.0)])
+    err = _simulate_error(capsys, ["--from", str(path), "--precision", "bf16"])
+    assert "--precision describe a configuration by hand" in err
 
 
 def test_predictions_of_another_schema_are_refused_saying_so(tmp_path) -> None:

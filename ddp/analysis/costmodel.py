@@ -655,6 +655,8 @@ class Calibration:
     allreduce: list[tuple[int, int, float]]
     """(size_bytes, world_size, seconds) of each all-reduce row."""
     statistic: str
+    sent: Sent
+    """What the run's steps communicated: its precision and its gradients' dtype (``--grad-comm``)."""
 
     def seconds(self, record) -> float:
         return _statistic(record.round_seconds, record.step_seconds, self.statistic)
@@ -685,11 +687,12 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
     if len(models) != 1 or len(worlds) != 1:
         raise RunFileError(f"{run.path} mixes models {sorted(models)} or world sizes {sorted(worlds)}; give one run of one model")
     variants = {s.config.variant for s in steps}
-    if len(variants) != 1 or any(s.config.grad_comm != AXES["grad_comm"].default for s in steps):
+    grad_comms = {s.config.grad_comm for s in steps if takes_comm_dtype(s.strategy)}
+    if len(variants) != 1 or len(grad_comms) > 1:
         raise RunFileError(
-            f"{run.path} mixes options {sorted(variants)} or communicates gradients in bf16; the cost model takes one "
-            "set of options (--precision, --grad-accum, --activation-checkpointing, ...) and fp32 gradient "
-            "all-reduces: give a run of one value of each, without --grad-comm bf16"
+            f"{run.path} mixes options {sorted(variants)} or gradient dtypes {sorted(grad_comms)}; the cost model takes one "
+            "set of options (--precision, --grad-accum, --activation-checkpointing, ...) and one --grad-comm: give a run "
+            "of one value of each"
         )
     local = {(s.config.batch_size, s.config.seq_len): _statistic(s.round_seconds, s.step_seconds, statistic)
              for s in steps if s.strategy == FLOOR}
@@ -699,7 +702,9 @@ def calibrate(run: Run, statistic: str = "median") -> Calibration:
         )
     allreduce = [(a.size_bytes, a.world_size, _statistic(a.round_seconds, a.seconds, statistic)) for a in run.allreduces]
     first = steps[0]
-    return Calibration(first.config.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic)
+    sent = Sent(first.config.precision, next(iter(grad_comms), AXES["grad_comm"].default))
+    return Calibration(first.config.model, first.world_size, first.backend, first.device, steps, local, allreduce, statistic,
+                       sent)
 
 
 def prediction(strategy: str, bucket_size_mb: float | None, batch_size: int, seq_len: int, world_size: int,
@@ -823,8 +828,57 @@ def calibrate_on_measured(
     return Calibrated(compute, costs, residuals, solved)
 
 
-def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[ValidationRecord]:
-    """Measured median against prediction for every step row of the run, at its world size."""
+@dataclass(frozen=True)
+class PairedFixedSteps:
+    """The fixed cost per step of each configuration of a saved run, from its ``local``/strategy
+    pairs: at the run's world size, each measured step minus its prediction without a fixed step
+    (``gaps``). A configuration's fixed step is the mean over the shapes it was measured at; its
+    validation at one shape takes the mean over the others (held out), so that no row is checked
+    against the figure fitted on it."""
+
+    gaps: dict[tuple[str, float | None], dict[tuple[int, int], float]]
+    """(strategy, bucket cap) -> (batch, seq len) -> measured minus predicted seconds."""
+
+    def overheads(self, base: Overheads, leave_out: tuple[int, int] | None = None) -> dict[tuple[str, float | None], Overheads]:
+        """``base`` with each configuration's fixed step: the mean of its gaps, without the one at
+        ``leave_out`` where it has others (``held_out`` says where it has none)."""
+        fitted = {}
+        for key, by_shape in self.gaps.items():
+            kept = [gap for shape, gap in by_shape.items() if shape != leave_out] or list(by_shape.values())
+            fitted[key] = replace(base, fixed_step_seconds=float(np.mean(kept)))
+        return fitted
+
+    def held_out(self, key: tuple[str, float | None], shape: tuple[int, int]) -> bool:
+        """Whether the fixed step validated at ``shape`` was fitted on other shapes only."""
+        return any(other != shape for other in self.gaps.get(key, {}))
+
+
+def fixed_steps_from_pairs(
+    run: Calibration, computes: dict[tuple[int, int], Compute], machine, overlap_slowdown: float, overheads: Overheads,
+    sent: Sent | None = None,
+) -> PairedFixedSteps:
+    """``PairedFixedSteps`` of every communicating configuration of ``run`` measured at a shape
+    that has a ``local`` row (``computes``), predicted with ``overheads`` but no fixed step. The
+    fixed step enters a prediction as a sum (``predict_step``), so each gap is exactly the
+    fixed step that meets its row, as ``calibrate_on_measured`` would solve it."""
+    configurations = sorted({(s.strategy, s.config.bucket_size_mb) for s in run.steps if traits(s.strategy).communicates},
+                            key=lambda c: (c[0], c[1] or 0.0))
+    base = replace(overheads, fixed_step_seconds=0.0)
+    predicted = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len): p.step_seconds
+                 for p in predict_grid(run.model, computes, configurations, [run.world_size], machine, overlap_slowdown, base, sent)}
+    gaps: dict[tuple[str, float | None], dict[tuple[int, int], float]] = {}
+    for step in run.steps:
+        config = step.config
+        key = (config.strategy, config.bucket_size_mb, config.batch_size, config.seq_len)
+        if key in predicted:
+            gaps.setdefault(key[:2], {})[key[2:]] = run.seconds(step) - predicted[key]
+    return PairedFixedSteps(gaps)
+
+
+def validation_rows(run: Calibration, predictions: list[Prediction],
+                    paired: PairedFixedSteps | None = None) -> list[ValidationRecord]:
+    """Measured median against prediction for every step row of the run, at its world size;
+    ``paired``: where the predictions' fixed steps came from (``ValidationRecord.fixed_step_from``)."""
     by_key = {(p.strategy, p.bucket_size_mb, p.batch_size, p.seq_len, p.world_size): p for p in predictions}
     rows = []
     for step in run.steps:
@@ -839,8 +893,16 @@ def validation_rows(run: Calibration, predictions: list[Prediction]) -> list[Val
             measured_step_seconds=measured, predicted_step_seconds=predicted.step_seconds,
             error=predicted.step_seconds / measured - 1.0, measured_exposed_comm_seconds=step.waited_seconds,
             predicted_exposed_comm_seconds=predicted.exposed_comm_seconds,
+            fixed_step_from=_fixed_step_from(paired, config),
         ))
     return rows
+
+
+def _fixed_step_from(paired: PairedFixedSteps | None, config) -> str:
+    key = (config.strategy, config.bucket_size_mb)
+    if paired is None or key not in paired.gaps:
+        return "none"
+    return "other shapes" if paired.held_out(key, (config.batch_size, config.seq_len)) else "this row"
 
 
 CANDIDATE_BUCKET_SIZES_MB = (0.1, 0.25, 1, 5, 10, 25, 50, 100, 250, 1000)

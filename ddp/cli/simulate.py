@@ -20,7 +20,6 @@ from ddp.analysis.costmodel import (
     ALGORITHMS,
     CANDIDATE_BUCKET_SIZES_MB,
     LINKS,
-    NO_OVERHEADS,
     RANK_VARIATION,
     Compute,
     Machine,
@@ -30,6 +29,7 @@ from ddp.analysis.costmodel import (
     calibrate_on_measured,
     default_overlap_slowdown,
     fit_link,
+    fixed_steps_from_pairs,
     parse_link,
     predict_grid,
     recommend_bucket_sizes,
@@ -40,7 +40,7 @@ from ddp.bench.config.options import add_config_options
 from ddp.bench.config.parsing import OptionError, argument_type, parse_list, positive_float, positive_ints
 from ddp.bench.config.shape import StepShape
 from ddp.bench.config.workloads import check_workload
-from ddp.bench.results.records import load_run, write_records
+from ddp.bench.results.records import load_run, strategy_label, write_records
 from ddp.cli import UsageError
 from ddp.strategies.registry import DDP_STRATEGIES, takes_bucket_size, traits
 
@@ -90,17 +90,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     by_hand = parser.add_argument_group("without --from: a configuration described by hand (needs --link)")
     add_config_options(by_hand.add_argument, {"model": None, "batch_size": None, "seq_len": None, "strategy": DDP_STRATEGIES,
                                               "bucket_size_mb": (1.0, 10.0, 100.0, 1000.0), "grad_accum": 1,
-                                              "activation_checkpointing": "none", "precision": "fp32", "grad_comm": "fp32"},
+                                              "activation_checkpointing": "none", "precision": None, "grad_comm": None},
                        lists=("strategy", "bucket_size_mb"), only_given=True)
     by_hand.add_argument("--local-step-ms", type=argument_type(positive_float, "local_step_ms"), default=None,
                          help="one step without communication, in ms (optional with --measured-step-ms)")
     by_hand.add_argument("--measured-step-ms", type=argument_type(measured_steps, "measured_step_ms"), default=None,
                          help="WS:MS[,WS:MS...]: the first strategy's step (at its first bucket size) as measured at these "
                          "world sizes, in ms: calibrates the fixed cost per step (with --local-step-ms) or the compute")
-    by_hand.add_argument("--collective-overhead-us", type=float, default=None,
-                         help="what each collective adds to the step beyond the link, in us (default: the machine's "
-                         "small-message all-reduce time at each world size, NCCL's latency)")
-    by_hand.add_argument("--rank-variation", type=float, default=RANK_VARIATION,
+    parser.add_argument("--collective-overhead-us", type=float, default=None,
+                        help="what each collective adds to the step beyond the link, in us (default: the machine's "
+                        "small-message all-reduce time at each world size, NCCL's latency; with --from and no "
+                        "--link, none: the run's all-reduces already hold it)")
+    parser.add_argument("--rank-variation", type=float, default=RANK_VARIATION,
                          help=f"one rank's compute's coefficient of variation between ranks; the step waits for the slowest "
                          f"(default: {RANK_VARIATION:g})")
 
@@ -109,6 +110,16 @@ def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
     """In the order given: each strategy at each bucket size it takes."""
     return [(s, float(mb)) if takes_bucket_size(s) else (s, None) for s in strategies
             for mb in (bucket_sizes if takes_bucket_size(s) else (None,))]
+
+
+def _overlap_slowdown(args, cpu_gloo: bool) -> float:
+    return args.overlap_slowdown if args.overlap_slowdown is not None else default_overlap_slowdown(cpu_gloo)
+
+
+def _collective_source(collective: float | None) -> str:
+    if collective is not None:
+        return "given (--collective-overhead-us)"
+    return "the machine's small-message all-reduce time at each world size (NCCL's latency, per-step latencies of the links)"
 
 
 def _link(text: str, flag: str):
@@ -143,11 +154,13 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UsageError(f"--model: {error}") from None
     by_hand = {"--model": args.model, "--local-step-ms": args.local_step_ms, "--batch-size": args.batch_size,
-               "--seq-len": args.seq_len, "--measured-step-ms": args.measured_step_ms}
+               "--seq-len": args.seq_len, "--measured-step-ms": args.measured_step_ms, "--precision": args.precision,
+               "--grad-comm": args.grad_comm}
     if args.run is not None and any(value is not None for value in by_hand.values()):
         given = ", ".join(flag for flag, value in by_hand.items() if value is not None)
         raise UsageError(f"{given} describe a configuration by hand: give them without --from, or drop them")
-    sent, calibrated = Sent(args.precision, args.grad_comm), None
+    calibrated = paired = None
+    collective = None if args.collective_overhead_us is None else args.collective_overhead_us * 1e-6
     if args.run is not None:
         run = calibrate(load_run(args.run), args.statistic)
         try:
@@ -165,23 +178,27 @@ def main(args: argparse.Namespace) -> int:
                 fitted = fit_link(samples, "ring", name=f"fitted on {args.run.name}")
             except ValueError as error:
                 raise UsageError(f"{args.run}: {error}") from None
-        machine = _machine(args, fitted)
-        overheads = NO_OVERHEADS  # a run's own rows: what it measured, as before (docs: "Validation")
+        machine, sent = _machine(args, fitted), run.sent
+        if collective is None and fitted is not None:
+            collective, source = 0.0, f"none beyond the link fitted on {args.run.name}'s all-reduces, which hold their launches"
+        else:
+            source = _collective_source(collective)
+        slowdown = _overlap_slowdown(args, cpu_gloo)
+        base = Overheads(0.0, collective, args.rank_variation, source)
+        paired = fixed_steps_from_pairs(run, computes, machine, slowdown, base, sent)
+        overheads = paired.overheads(base)
     else:
         if args.link is None or None in (args.model, args.batch_size, args.seq_len) or (
                 args.local_step_ms is None and args.measured_step_ms is None):
             raise UsageError("without --from, give --link, --model, --batch-size, --seq-len and --local-step-ms or "
                              "--measured-step-ms")
-        run, model, cpu_gloo = None, args.model, False
-        machine = _machine(args)
+        run, model, slowdown = None, args.model, _overlap_slowdown(args, cpu_gloo=False)
+        machine, sent = _machine(args), Sent(args.precision or "fp32", args.grad_comm or "fp32")
         shape = StepShape(args.batch_size, args.seq_len, args.grad_accum, args.activation_checkpointing)
         strategies = _strategy_grid([s for s in args.strategy if traits(s).communicates], args.bucket_size_mb)
         if not strategies:
             raise UsageError("--strategies: none of them communicates; name one that does (torch, bucketed, ...)")
-        collective = None if args.collective_overhead_us is None else args.collective_overhead_us * 1e-6
-        source = ("given (--collective-overhead-us)" if collective is not None else
-                  "the machine's small-message all-reduce time at each world size (NCCL's latency, per-step latencies of the links)")
-        overheads = Overheads(0.0, collective, args.rank_variation, source)
+        overheads = Overheads(0.0, collective, args.rank_variation, _collective_source(collective))
         if args.measured_step_ms is not None:
             reference = strategies[0]
             calibrated = calibrate_on_measured(
@@ -192,10 +209,16 @@ def main(args: argparse.Namespace) -> int:
         else:
             computes = {(args.batch_size, args.seq_len): Compute.of(args.local_step_ms / 1e3, shape, args.optimizer_fraction)}
 
-    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else default_overlap_slowdown(cpu_gloo)
     print(f"machine: {machine.describe()}; overlap slowdown {slowdown:g}; model {model}")
-    if run is None:
-        print(f"fixed cost per collective: {overheads.collective_source}; rank variation {overheads.rank_variation:g}")
+    some = next(iter(overheads.values()), None) if isinstance(overheads, dict) else overheads
+    if some is not None:
+        print(f"fixed cost per collective: {some.collective_source}; rank variation {some.rank_variation:g}")
+    if paired is not None:
+        print(f"fixed cost per step, ms, from the run's local/strategy pairs at {run.world_size} ranks: the mean over the "
+              "shapes (each shape's in brackets); each validation row is predicted from the other shapes")
+        for key, costs in overheads.items():
+            gaps = paired.gaps[key].values()
+            print(f"  {strategy_label(*key)} {ms(costs.fixed_step_seconds, 2)} [{', '.join(ms(gap, 2) for gap in gaps)}]")
     if calibrated is not None:
         label = " ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in strategies[0] if x is not None)
         residuals = ", ".join(f"{n}: {ms(r, 2)}" for n, r in calibrated.residuals_seconds.items())
@@ -227,7 +250,10 @@ def main(args: argparse.Namespace) -> int:
         ))
 
     if run is not None:
-        rows = validation_rows(run, predictions)
+        held_out = [p for shape, compute in computes.items()
+                    for p in predict_grid(model, {shape: compute}, strategies, [run.world_size], machine, slowdown,
+                                          paired.overheads(base, leave_out=shape), sent)]
+        rows = validation_rows(run, held_out, paired)
         print(f"\nvalidation at the run's {run.world_size} ranks: measured {args.statistic} against predicted")
         print(validation_table(rows))
         errors = [abs(r.error) for r in rows if traits(r.strategy).communicates]
@@ -249,6 +275,7 @@ def main(args: argparse.Namespace) -> int:
 def validation_table(rows) -> str:
     return tabulate(
         [[r.batch_size, r.seq_len, r.label, ms(r.measured_step_seconds, 1), ms(r.predicted_step_seconds, 1), f"{r.error:+.1%}",
-          ms(r.measured_exposed_comm_seconds, 1), ms(r.predicted_exposed_comm_seconds, 1)] for r in rows],
-        headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured exposed comm ms", "predicted exposed ms"],
+          ms(r.measured_exposed_comm_seconds, 1), ms(r.predicted_exposed_comm_seconds, 1), r.fixed_step_from] for r in rows],
+        headers=["batch", "seq len", "strategy", "measured ms", "predicted ms", "error", "measured exposed comm ms", "predicted exposed ms",
+                 "fixed step from"],
     )

@@ -673,6 +673,10 @@ class ValidationRecord:
     """predicted / measured - 1."""
     measured_exposed_comm_seconds: float
     predicted_exposed_comm_seconds: float
+    fixed_step_from: str = "none"
+    """Where the prediction's fixed cost per step was fitted (``ddp.analysis.costmodel.PairedFixedSteps``):
+    ``other shapes`` of the same configuration (held out), ``this row`` (measured at no other
+    shape: its error is 0 by construction), or ``none`` (no fixed step: ``local``)."""
     kind: str = "validation"
     schema_version: int = SCHEMA_VERSION
 
