@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
+from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_run
 from ddp.bench.results.stats import Verdict, groups_to_decide
 from ddp.cli import main as ddp_main
 from tests.synthetic import run_json as run
+from tests.synthetic import step as synthetic_step
+from tests.synthetic import step_benchmark
 from tests.synthetic import strategy_benchmark as step
 
 
@@ -346,3 +349,29 @@ def test_runs_whose_groups_disagree_are_not_called_slower_and_the_line_asks_for_
     old = files("old2.json", run([step("naive", noisy(0.30, 60, 1, 0.02), groups=2)]))
     new = files("new2.json", run([step("naive", noisy(0.345, 60, 3, 0.02), groups=2)]))
     assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 1
+
+
+def test_a_bf16_fsdp_baseline_saved_before_fsdp_computed_in_bf16_is_a_different_step_not_a_regression(files, capsys):
+    """Schema 8's fsdp under bf16 gathered fp32 weights: against today's bf16 gathers the ratio
+    measures the suite's change, so the gate names it and fails nothing."""
+    config = StepConfig.from_dict({"strategy": "fsdp", "model": "mini", "batch_size": 4, "seq_len": 64, "precision": "bf16"})
+
+    def saved(rounds, schema):
+        bench = step_benchmark(synthetic_step(config, rounds, groups=2))
+        info = bench["extra_info"]
+        if schema == 8:
+            info.pop("compute_dtype")
+            info["schema_version"] = 8
+        else:
+            info["compute_dtype"] = "bfloat16"
+        return bench
+
+    old = files("old.json", run([saved(noisy(0.20, 20, 1), schema=8)]))
+    new = files("new.json", run([saved(noisy(0.23, 20, 2), schema=9)]))
+    (old_step,) = load_run(old).steps
+    assert old_step.compute_dtype is None and old_step.migrated_from == 8
+    assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
+    out = capsys.readouterr().out
+    assert "different step: computes in its parameters' dtype vs computes in bfloat16" in out and "FAIL" not in out
+    (row,) = compare(load_run(old), load_run(new), 0.10)
+    assert row.ratio is None and not failed([row])

@@ -67,6 +67,16 @@ def test_record_takes_the_slowest_rank_of_each_round_and_pairs_local() -> None:
     assert record.tokens_per_second == pytest.approx(2 * 2 * 8 / 3.0)
 
 
+@pytest.mark.parametrize("strategy, precision, dtype", [("fsdp", "bf16", "bfloat16"), ("torch_fsdp", "bf16", "bfloat16"),
+                                                      ("fsdp", "fp32", None), ("naive", "bf16", None)])
+def test_the_record_names_the_dtype_a_sharded_strategy_computed_in(strategy, precision, dtype) -> None:
+    config = StepConfig(strategy, "tiny", batch_size=2, seq_len=8, precision=precision)
+    setup = StepSetup(0, 10, 2, None, 3, 40)
+    rounds = [[[StepTiming(0, 1.0, 0.0, None), StepTiming(1, 1.0, 0.0, None)]]] * 3
+    record = step_record(Measurement([config], [[setup, setup]], rounds, 0.5, 0.02), "gloo", "cpu", 0, None)
+    assert record.compute_dtype == dtype
+
+
 def test_busbw_is_algbw_times_2_n_minus_1_over_n() -> None:
     assert busbw_gbps(10**9, 1.0, 2) == pytest.approx(1.0)
     assert busbw_gbps(10**9, 1.0, 4) == pytest.approx(1.5)

@@ -133,7 +133,7 @@ def test_benchmarks_are_told_apart_by_extra_info_not_by_name(tmp_path):
     assert [o.name for o in run.others] == ["test_step[versus]"]
 
 
-@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (9, "upgrade ddp-bench")])
+@pytest.mark.parametrize("version, what", [(5, "rerun the perf tests to save it again"), (10, "upgrade ddp-bench")])
 def test_a_run_of_another_schema_is_refused_in_one_line_naming_its_version(tmp_path, version, what):
     bench = step_bench("naive", 200.0, 80.0)
     bench["extra_info"]["schema_version"] = version

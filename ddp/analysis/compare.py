@@ -348,6 +348,13 @@ def compare(old: Run, new: Run, threshold: float) -> list[BenchmarkComparison]:
                                             f"different configuration: {config.describe()} vs "
                                             f"{other.describe() if other is not None else 'none'}"))
             continue
+        dtypes = getattr(a.record, "compute_dtype", None), getattr(b.record, "compute_dtype", None)
+        if dtypes[0] != dtypes[1]:
+            described = [f"computes in {d}" if d else "computes in its parameters' dtype" for d in dtypes]
+            rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, None, None,
+                                            f"different step: {described[0]} vs {described[1]} (FSDP's compute dtype, "
+                                            "saved since schema 9)"))
+            continue
         if not a.round_seconds or not b.round_seconds:
             rows.append(BenchmarkComparison(name, a.median_seconds, b.median_seconds, b.median_seconds / a.median_seconds,
                                             None, "no rounds saved"))

@@ -33,15 +33,17 @@ from typing import Any
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.strategies.declarations import Sharding
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Schema 7 read what bounds a step from its traced steps' timeline (``ddp.bench.collectives.timeline``):
 # ``exposed_comm_seconds`` became communication running alone, and the timed rounds' event-based
 # figure, which schema 6 saved under that name, is ``sync_wait_seconds``. Schema 8 added what a
 # step benchmark cost besides its rounds (``builds``, ``restored_builds``, ``warmup_rounds``,
 # ``memory_counts``, ``traced_steps``), why a pair ran without its twin (``unpaired_reason``) and the exact coverage
-# of the step's interval (``step_seconds_ci_coverage``). Records of schemas 6 and 7 are migrated on
-# reading (``_migrate``); nothing is carried under a name whose meaning changed.
-MIGRATES_FROM = (6, 7)
+# of the step's interval (``step_seconds_ci_coverage``). Schema 9 says the dtype a sharded strategy
+# gathered and computed in (``compute_dtype``): before it, fsdp and torch_fsdp under bf16 gathered
+# fp32 weights, which a record of schema 8 or before reads as (None). Records of schemas 6 to 8 are
+# migrated on reading (``_migrate``); nothing is carried under a name whose meaning changed.
+MIGRATES_FROM = (6, 7, 8)
 EXPOSED_CHANGED_IN = 7
 """Records saved before this schema had no traced exposed communication (``ddp compare`` says so)."""
 
@@ -320,6 +322,11 @@ class StepRecord:
     """Steps of this configuration whose training state was counted (``Trainer.count_setup``)."""
     traced_steps: int | None = None
     """Traced steps of this configuration (``collectives``)."""
+    compute_dtype: str | None = None
+    """The dtype a sharded strategy gathered its parameters and computed in, FSDP's compute dtype
+    (``bfloat16`` under ``--precision bf16``: ``ddp.bench.config.precision.sharded_compute_dtype``);
+    None where the parameters computed in their own dtype (every other strategy and precision, and
+    every record saved before schema 9)."""
     unpaired_reason: str | None = None
     """Why this step ran without its ``local`` twin in its rounds where the grid pairs them (no
     overhead figure then); None where paired or where the grid does not pair."""
@@ -531,7 +538,7 @@ def _migrate(info: dict, version: int) -> dict:
     wait, saved as ``exposed_comm_*``, is ``sync_wait_*``; its traced collectives, whose exposed
     figures were the window from backward's end to the optimizer's start, are dropped: such a
     record has no exposed communication nor ``bound_by``. From 7: schema 8's fields are None (not
-    counted). Other records are unchanged."""
+    counted). From 8: ``compute_dtype`` is None, what those steps ran. Other records are unchanged."""
     if info.get("kind") == "step":
         if version < EXPOSED_CHANGED_IN:
             info = {_RENAMED_IN_7.get(key, key): value for key, value in info.items()

@@ -13,6 +13,7 @@ import numpy as np
 from ddp.bench.collectives.reading import comm_source
 from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE, usual_tail
 from ddp.bench.collectives.timeline import medians as timeline_medians
+from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.shape import step_span
 from ddp.bench.memory.predict import predict_or_none
 from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
@@ -156,8 +157,14 @@ def step_record(measurement, backend: str, device: str, index: int = 0, local_in
         predicted_memory=predict_or_none(config, world_size),
         collectives=traced, exposed_comm_seconds=None if traced is None else traced.exposed_comm_seconds,
         bound_by=None if traced is None else traced.bound_by,
+        compute_dtype=_dtype_name(sharded_compute_dtype(config.precision, config.strategy)),
         **paired, **counted,
     )
+
+
+def _dtype_name(dtype) -> str | None:
+    """``bfloat16`` for ``torch.bfloat16``; None for None."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def race_record(measurement, backend: str, reference: str) -> RaceRecord:
