@@ -59,8 +59,9 @@ def tracked(rank, config: StepConfig) -> dict[str, int]:
     """The tracker's peak over a step of ``config``, after the warm-up steps it needs to settle."""
     trainer = Trainer(config, rank.info)
     try:
-        for _ in range(3):  # PyTorch's DDP settles its buckets in three
-            trainer.step()
+        # One step settles every strategy: AdamW's state is made in it, FSDP initialises in it, and
+        # PyTorch's reducer rebuilds its buckets at the next forward, within the tracked steps.
+        trainer.step()
         return tracked_peak(trainer)
     finally:
         trainer.close()
