@@ -68,7 +68,9 @@ MEASURED: dict[str, PartCosts] = {
     "cpu": PartCosts(
         source="this project's 2-core CPU, torch 2.13.0+cpu, gloo, 2 ranks: mini at batch 4 x 64, local, bucketed and "
         "torch with their twins, 2026-11-27 (docs/perf-suite.md, what a benchmark costs besides its rounds)",
-        startup_seconds=2.5, build_seconds=1.0, build_seconds_per_gparam=0.0, step_seconds=0.02,
+        # A build: 0.55 s besides the model, whose making takes about 45 s per billion parameters on
+        # a rank's core (tiny 0.02 s, mini 0.47, small 5.7: build_workload and AdamW, one thread).
+        startup_seconds=2.5, build_seconds=0.55, build_seconds_per_gparam=45.0, step_seconds=0.02,
         flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, benchmark_seconds=2.0,
         prediction_seconds=0.3,
     ),
