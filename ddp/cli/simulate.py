@@ -102,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "small-message all-reduce time at each world size, NCCL's latency; with --from and no "
                         "--link, none: the run's all-reduces already hold it)")
     parser.add_argument("--rank-variation", type=float, default=RANK_VARIATION,
-                         help=f"one rank's compute's coefficient of variation between ranks; the step waits for the slowest "
-                         f"(default: {RANK_VARIATION:g})")
+                        help=f"one rank's compute's coefficient of variation between ranks; the step waits for the slowest "
+                        f"(default: {RANK_VARIATION:g})")
 
 
 def _strategy_grid(strategies, bucket_sizes) -> list[tuple[str, float | None]]:
@@ -198,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
         strategies = _strategy_grid([s for s in args.strategy if traits(s).communicates], args.bucket_size_mb)
         if not strategies:
             raise UsageError("--strategies: none of them communicates; name one that does (torch, bucketed, ...)")
-        overheads = Overheads(0.0, collective, args.rank_variation, _collective_source(collective))
+        base = overheads = Overheads(0.0, collective, args.rank_variation, _collective_source(collective))
         if args.measured_step_ms is not None:
             reference = strategies[0]
             calibrated = calibrate_on_measured(
@@ -210,9 +210,7 @@ def main(args: argparse.Namespace) -> int:
             computes = {(args.batch_size, args.seq_len): Compute.of(args.local_step_ms / 1e3, shape, args.optimizer_fraction)}
 
     print(f"machine: {machine.describe()}; overlap slowdown {slowdown:g}; model {model}")
-    some = next(iter(overheads.values()), None) if isinstance(overheads, dict) else overheads
-    if some is not None:
-        print(f"fixed cost per collective: {some.collective_source}; rank variation {some.rank_variation:g}")
+    print(f"fixed cost per collective: {base.collective_source}; rank variation {base.rank_variation:g}")
     if paired is not None:
         print(f"fixed cost per step, ms, from the run's local/strategy pairs at {run.world_size} ranks: the mean over the "
               "shapes (each shape's in brackets); each validation row is predicted from the other shapes")
