@@ -133,9 +133,14 @@ class _StorageTracker(TorchDispatchMode):
         if func is torch.ops.aten._fused_sdp_choice.default:
             return _FLASH  # what a CPU or GPU picks; meta would pick math (module docstring)
         out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                self._track(tensor)
+        made = [tensor for tensor in tree_flatten(out)[0] if isinstance(tensor, torch.Tensor)]
+        if not made:
+            # A query (autograd asks each tensor's device, two thirds of the operators seen): it
+            # allocates nothing, and what was freed since the last sample is no peak; the next
+            # operator's sample holds it, and the sequence stays the same at every batch.
+            return out
+        for tensor in made:
+            self._track(tensor)
         now = self.sample()
         if self.phase == "activations":
             if now.total > self.forward_peak.total:
