@@ -454,3 +454,21 @@ def test_the_terms_add_up_and_the_fixed_step_is_calibrated_on_a_measured_step() 
     solved = calibrate_on_measured("tiny", shape, "bucketed", 1.0, link, {8: terms.step_seconds}, None, costs)
     assert solved.compute.step_seconds + 0.003 == pytest.approx(0.100 + 0.003, rel=0.05)
     assert solved.residuals_seconds[8] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_one_gpu_run_gives_each_strategy_its_fixed_step_as_the_published_one_gpu_row_does(tmp_path, capsys) -> None:
+    """PyTorch's DDP on one GPU costs its hooks and copies and nothing on a link: a run at one rank
+    calibrates that, which every world size is then charged."""
+    def bench(strategy, bucket, seconds):
+        record = synthetic.step(synthetic.config(strategy, bucket_size_mb=bucket), [seconds] * 3, backend="nccl",
+                                device="NVIDIA H100", world_size=1, num_parameters=259_392)
+        return synthetic.step_benchmark(record)
+
+    path = write_run(tmp_path / "one_gpu.json", [bench("local", None, 0.097), bench("torch", 25.0, 0.100)])
+    predictions = tmp_path / "predictions.json"
+    argv = ["simulate", "--from", str(path), "--link", "nvlink-h100", "--world-sizes", "1,8", "--json", str(predictions)]
+    assert ddp_main(argv) == 0
+    assert "  torch 25 MiB 3.00 [3.00]" in capsys.readouterr().out
+    torch_rows = {p.world_size: p for p in load_records(predictions, PredictionRecord) if p.strategy == "torch"}
+    assert torch_rows[1].step_seconds == pytest.approx(0.100)
+    assert torch_rows[8].fixed_step_seconds == pytest.approx(0.003) and torch_rows[8].step_seconds > 0.100
