@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ddp.bench.config.options import ResolvedLaunch, grid_defaults
+from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds import estimate
+
 ROOT = Path(__file__).parents[1]
 SECONDS = r"(?:(\d+) min )?(\d+) s"
 
@@ -37,3 +41,23 @@ def test_the_estimate_printed_before_a_run_is_within_20_percent_of_its_length(tm
     for part in ("start-up", "builds", "warm-up", "memory counts", "rounds", "traced steps", "predictions", "other"):
         assert part in parts, parts
     assert abs(_seconds(estimated) - _seconds(ran)) <= 0.2 * _seconds(ran), (estimated.group(0), parts)
+
+
+def test_what_is_predicted_not_to_fit_the_host_is_neither_timed_in_the_parent_nor_counted(monkeypatch):
+    """The host's speed is timed on the grid's smallest step in pytest's own process, and the grid
+    skips unbuilt what is predicted not to fit a rank's share of the host: xl on a 24 GB machine
+    needs 37 GiB a rank, and building it in the parent would end the run before any rank started.
+    Such a configuration is neither built for the timing nor priced, and the line says so."""
+    monkeypatch.setattr(estimate, "host_memory_bytes", lambda ranks: 2**20)  # a host of 1 MiB
+
+    def built(*_):
+        raise AssertionError("the estimate built a model predicted not to fit")
+
+    monkeypatch.setattr(estimate, "host_flops_per_second", built)
+    configs = [StepConfig("local", "mini", 1, 32), StepConfig("torch", "mini", 1, 32, 25.0)]
+    launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
+    run = estimate.estimate_run(configs, grid_defaults("gloo", "cpu"), launch)
+    assert run.line().endswith("; 2 predicted not to fit, skipped unbuilt") and run.total_seconds <= 10
+    assert not estimate.fits_one_process(configs[0])
+    monkeypatch.undo()
+    assert estimate.fits_one_process(configs[0])

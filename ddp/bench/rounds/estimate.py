@@ -28,7 +28,7 @@ import torch
 from ddp.bench.config.options import GridOptions, ResolvedLaunch
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload
-from ddp.bench.memory.predict import parameter_count
+from ddp.bench.memory.predict import host_memory_bytes, parameter_count, predict_or_none, usable_bytes
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
 from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
@@ -115,6 +115,15 @@ def host_flops_per_second(config: StepConfig, world_size: int) -> float:
     return step_flops(config) / max(seconds[-1], 1e-6)
 
 
+def fits_one_process(config: StepConfig) -> bool:
+    """Whether a step of ``config``'s workload without communication, as ``host_flops_per_second``
+    times it in the run's parent, is predicted to fit the host's available memory (a model that
+    cannot be predicted is tried): xl's needs 32 GB, which would end the parent before any rank
+    started."""
+    needed = predict_or_none(config.local_twin(), 1)
+    return needed is None or needed.total_bytes <= usable_bytes(host_memory_bytes(1))
+
+
 def step_flops(config: StepConfig) -> float:
     """Model FLOPs of one rank's step: the built-in sizes' count, else 6 per parameter per token."""
     tokens = config.step_shape.tokens_per_step
@@ -135,6 +144,8 @@ class Estimate:
     seconds: dict[str, float]
     benchmarks: int
     costs: PartCosts
+    skipped: int = 0
+    """Of ``benchmarks``, those predicted not to fit, which the grid skips unbuilt (counted on CPU)."""
 
     @property
     def total_seconds(self) -> float:
@@ -142,8 +153,9 @@ class Estimate:
 
     def line(self) -> str:
         parts = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in self.seconds.items() if seconds >= 0.5)
+        skipped = f"; {self.skipped} predicted not to fit, skipped unbuilt" if self.skipped else ""
         return (f"estimated length: {minutes_text(self.total_seconds)} for {self.benchmarks} step benchmark"
-                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source})")
+                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source}){skipped}")
 
 
 def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch) -> Estimate:
@@ -153,10 +165,22 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     its group) under ``--interleave local``, every strategy of a group in the same rounds under
     ``group``; traced on a third group on CUDA, where it was timed on CPU."""
     costs = costs_for(launch.device)
+    selected = len(configs)
+    if launch.device != "cuda":
+        # What the grid will skip unbuilt (``fit_on``, each rank's share of the host). On CUDA the
+        # ranks read their GPU's memory; asking here would hold a CUDA context in this process
+        # through the run, so nothing is taken off there.
+        share = host_memory_bytes(launch.world_size)
+        configs = [c for c in configs if (need := predict_or_none(c, launch.world_size)) is None
+                   or need.total_bytes <= usable_bytes(share)]
     if launch.device != "cuda" and configs:  # the host's speed now, from its smallest step
         smallest = min(configs, key=step_flops)
-        costs = dataclasses.replace(costs, flops_per_second=host_flops_per_second(smallest, launch.world_size),
-                                    source=costs.source + "; the step's rate timed here now")
+        if fits_one_process(smallest):
+            costs = dataclasses.replace(costs, flops_per_second=host_flops_per_second(smallest, launch.world_size),
+                                        source=costs.source + "; the step's rate timed here now")
+        else:
+            costs = dataclasses.replace(costs, source=costs.source + f"; the step's rate not timed here: {smallest.model} "
+                                        "at its smallest step is predicted not to fit this host's memory")
     policy = grid.round_options()
     groups = grid.rank_groups
     cuda = launch.device == "cuda"
@@ -206,4 +230,4 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
                 seconds[BUILDS] += costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9
                 seconds[WARMUP] += max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
         seconds["other"] += costs.benchmark_seconds * len(members)
-    return Estimate(seconds, len(configs), costs)
+    return Estimate(seconds, selected, costs, selected - len(configs))
