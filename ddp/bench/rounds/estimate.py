@@ -28,7 +28,7 @@ import torch
 from ddp.bench.config.options import GridOptions, ResolvedLaunch
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload
-from ddp.bench.memory.predict import host_memory_bytes, parameter_count, predict_or_none, usable_bytes
+from ddp.bench.memory.predict import host_memory_bytes, parameter_count, too_large
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
 from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
@@ -120,8 +120,7 @@ def fits_one_process(config: StepConfig) -> bool:
     times it in the run's parent, is predicted to fit the host's available memory (a model that
     cannot be predicted is tried): xl's needs 32 GB, which would end the parent before any rank
     started."""
-    needed = predict_or_none(config.local_twin(), 1)
-    return needed is None or needed.total_bytes <= usable_bytes(host_memory_bytes(1))
+    return too_large(config.local_twin(), 1, host_memory_bytes(1)) is None
 
 
 def step_flops(config: StepConfig) -> float:
@@ -167,12 +166,11 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     costs = costs_for(launch.device)
     selected = len(configs)
     if launch.device != "cuda":
-        # What the grid will skip unbuilt (``fit_on``, each rank's share of the host). On CUDA the
-        # ranks read their GPU's memory; asking here would hold a CUDA context in this process
+        # What the grid will skip unbuilt (``too_large`` on each rank's share of the host). On CUDA
+        # the ranks read their GPU's memory; asking here would hold a CUDA context in this process
         # through the run, so nothing is taken off there.
         share = host_memory_bytes(launch.world_size)
-        configs = [c for c in configs if (need := predict_or_none(c, launch.world_size)) is None
-                   or need.total_bytes <= usable_bytes(share)]
+        configs = [c for c in configs if too_large(c, launch.world_size, share) is None]
     if launch.device != "cuda" and configs:  # the host's speed now, from its smallest step
         smallest = min(configs, key=step_flops)
         if fits_one_process(smallest):
