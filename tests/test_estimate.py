@@ -61,3 +61,20 @@ def test_what_is_predicted_not_to_fit_the_host_is_neither_timed_in_the_parent_no
     assert not estimate.fits_one_process(configs[0])
     monkeypatch.undo()
     assert estimate.fits_one_process(configs[0])
+
+
+def test_what_the_strategy_cannot_run_is_neither_counted_nor_priced(monkeypatch):
+    """The grid skips unbuilt a shape its strategy cannot run (``cannot_run``: here fsdp, whose
+    backward always reduce-scatters, asked to accumulate two micro-batches): the estimate prices
+    only what will run, whatever the device, and its line says how many it left out."""
+    monkeypatch.setattr(estimate, "host_flops_per_second", lambda *_: 1e10)
+    launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
+    grid = grid_defaults("gloo", "cpu")
+    runs = [StepConfig("local", "tiny", 2, 32, grad_accum=2), StepConfig("torch", "tiny", 2, 32, 25.0, grad_accum=2)]
+    refused = StepConfig("fsdp", "tiny", 2, 32, grad_accum=2)
+    assert estimate.cannot_run(refused) and not any(estimate.cannot_run(c) for c in runs)
+    alone = estimate.estimate_run(runs, grid, launch)
+    asked = estimate.estimate_run([*runs, refused], grid, launch)
+    assert asked.benchmarks == 3 and asked.refused == 1 and asked.skipped == 0
+    assert asked.seconds == alone.seconds
+    assert asked.line().endswith("; 1 cannot run as asked, skipped unbuilt")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ddp.bench.config.options import GridOptions, ResolvedLaunch
+from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload
 from ddp.bench.memory.predict import host_memory_bytes, parameter_count, too_large
@@ -145,6 +146,8 @@ class Estimate:
     costs: PartCosts
     skipped: int = 0
     """Of ``benchmarks``, those predicted not to fit, which the grid skips unbuilt (counted on CPU)."""
+    refused: int = 0
+    """Of ``benchmarks``, those whose strategy cannot run the shape asked (``cannot_run``), skipped unbuilt."""
 
     @property
     def total_seconds(self) -> float:
@@ -153,6 +156,8 @@ class Estimate:
     def line(self) -> str:
         parts = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in self.seconds.items() if seconds >= 0.5)
         skipped = f"; {self.skipped} predicted not to fit, skipped unbuilt" if self.skipped else ""
+        if self.refused:
+            skipped += f"; {self.refused} cannot run as asked, skipped unbuilt"
         return (f"estimated length: {minutes_text(self.total_seconds)} for {self.benchmarks} step benchmark"
                 f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source}){skipped}")
 
@@ -165,8 +170,12 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     ``group``; traced on a third group on CUDA, where it was timed on CPU."""
     costs = costs_for(launch.device)
     selected = len(configs)
+    # What the grid will skip unbuilt on every device: a shape the strategy cannot run (decided on
+    # the meta device, nothing allocated) ...
+    configs = [c for c in configs if cannot_run(c) is None]
+    runnable = len(configs)
     if launch.device != "cuda":
-        # What the grid will skip unbuilt (``too_large`` on each rank's share of the host). On CUDA
+        # ... and what does not fit (``too_large`` on each rank's share of the host). On CUDA
         # the ranks read their GPU's memory; asking here would hold a CUDA context in this process
         # through the run, so nothing is taken off there.
         share = host_memory_bytes(launch.world_size)
@@ -228,4 +237,4 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
                 seconds[BUILDS] += costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9
                 seconds[WARMUP] += max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
         seconds["other"] += costs.benchmark_seconds * len(members)
-    return Estimate(seconds, selected, costs, selected - len(configs))
+    return Estimate(seconds, selected, costs, runnable - len(configs), selected - runnable)
