@@ -67,7 +67,7 @@ from ddp.bench.rounds.measure import HARNESS_RATIO_BAR, GridMeasurer, NotRun, fr
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
 from ddp.bench.rounds.rank_state import allocated_bytes
 from ddp.bench.rounds.summary import collective_trace
-from ddp.launcher import RankGroup
+from ddp.launcher import RANK_PROCESS_NAME, RankGroup
 from ddp.strategies.registry import FLOOR
 
 
@@ -253,13 +253,12 @@ class ProcessMemory:
 
 
 def _is_rank(pid: int) -> bool:
-    """A rank process (the launcher spawns them through multiprocessing), not pytest nor
-    multiprocessing's resource tracker."""
+    """A rank process (named by the launcher: ``RANK_PROCESS_NAME``), not pytest, multiprocessing's
+    fork server nor its resource tracker."""
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return Path(f"/proc/{pid}/comm").read_text().startswith(RANK_PROCESS_NAME)
     except OSError:
         return False
-    return "spawn_main" in command and "resource_tracker" not in command
 
 
 def _process_group(pid: int) -> int | None:
