@@ -43,7 +43,8 @@ class PartCosts:
     source: str
     """The run they were measured in."""
     startup_seconds: float
-    """Starting one group of ranks (spawn, imports, the process group; on CUDA the contexts)."""
+    """Starting one group of ranks (the fork server's imports, paid by a process's first group
+    only; the process group; on CUDA each rank's context)."""
     build_seconds: float
     """A build's fixed part: the strategy, the optimizer, the batches."""
     build_seconds_per_gparam: float
