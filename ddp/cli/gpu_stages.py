@@ -45,7 +45,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -114,12 +113,21 @@ class Target:
 
 
 def _pytest(suite: Path, out: Path, name: str, *args: str) -> tuple[int, Path]:
-    """Run pytest in the suite with ``args``; its output goes to this stage's log (our stdout), its
-    outcomes to ``out/<name>.xml`` (JUnit XML: every skip with its reason)."""
+    """Run pytest in the suite with ``args``, in this stage's process (its own, killed whole past
+    its limit: ``ddp.cli.gpu_check.run_stage``), which has already paid for importing torch and,
+    on a GPU, for CUDA's first touch; a stage runs pytest once. Its output goes to this stage's log
+    (our stdout), its outcomes to ``out/<name>.xml`` (JUnit XML: every skip with its reason)."""
+    import pytest
+
     junit = out / f"{name}.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
-    print("$", " ".join(command), flush=True)
-    return subprocess.run(command, cwd=suite, stdout=sys.stdout, stderr=subprocess.STDOUT).returncode, junit
+    arguments = ["-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
+    print("$ python -m pytest", " ".join(arguments), flush=True)
+    here = Path.cwd()
+    os.chdir(suite)
+    try:
+        return int(pytest.main(arguments)), junit
+    finally:
+        os.chdir(here)
 
 
 def _outcomes(junit: Path) -> dict[str, str]:
