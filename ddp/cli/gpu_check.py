@@ -4,8 +4,8 @@ at ``tiny`` sizes (CI does), ``--dry-run`` prints the stages and their limits.
 
 The stages (``ddp.cli.gpu_stages`` says what each holds the suite to) run one after the other,
 each in a process of its own started in a session of its own (``run_stage``), with a time limit;
-past it the whole process group is killed, the stage's pytest and rank processes with it, and
-the next stage runs. Each stage writes its log, its pytest-benchmark JSON where it runs the
+past it the whole process group is killed (the stage's pytest runs in that process, and its ranks
+go with it), and the next stage runs. Each stage writes its log, its pytest-benchmark JSON where it runs the
 benchmarks, and its outcome; ``DIR/summary.md`` is the table of stage, limit, seconds, outcome and
 figure, with the GPU, torch and CUDA named.
 
