@@ -39,6 +39,27 @@ def own_pid() -> int:
     return os.getpid()
 
 
+def environment_and_name(name: str) -> tuple[str | None, str]:
+    return os.environ.get(name), open("/proc/self/comm").read().strip()
+
+
+def test_a_rank_sees_the_environment_of_its_start_and_goes_by_its_name(monkeypatch):
+    """Ranks are forked from a fork server started with the first group (``rank_process_context``),
+    whose own environment is the parent's at that moment: a variable set afterwards still reaches
+    the ranks of a later group, as a spawned process would have inherited it. Each rank names
+    itself (its command line is the server's), which is how gpu-check tells ranks apart."""
+    first = RankGroup(world_size=2, backend="gloo")
+    first.run(own_pid)  # the fork server is running from here on
+    first.close()
+    monkeypatch.setenv("DDP_BENCH_TEST_SET_LATER", "seen")
+    later = RankGroup(world_size=2, backend="gloo")
+    try:
+        assert later.run(environment_and_name, "DDP_BENCH_TEST_SET_LATER") == [("seen", "ddp-bench-rank0"),
+                                                                                ("seen", "ddp-bench-rank1")]
+    finally:
+        later.close()
+
+
 def test_runs_a_function_on_every_rank(rank_group):
     expected = sum(range(rank_group.world_size))
     assert rank_group.run(sum_of_ranks) == [expected] * rank_group.world_size
