@@ -405,7 +405,7 @@ class RankGroup:
                 target=_worker_main,
                 args=(rank, self.world_size, self.backend, self.device, store_path, self._tmpdir, child_conn,
                       self.timeout_seconds, dict(os.environ)),
-                name=f"ddp-bench-rank{rank}",
+                name=f"{RANK_PROCESS_NAME}{rank}",
                 daemon=True,
             )
             process.start()

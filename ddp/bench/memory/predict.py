@@ -46,7 +46,8 @@ GIB = 2**30
 # decision (``fit``): on CUDA its context (about 0.5 GiB with lazy module loading on an H100,
 # CUDA 12-13) and NCCL's communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, and its
 # proxy's: 0.5-2 GB per process at two to eight ranks); on CPU the interpreter, torch and gloo
-# (230 MB resident for an idle rank here: torch 2.13, measured with /proc/self/status).
+# (230 MB resident for an idle spawned rank here, torch 2.13, /proc/self/status; forked from the
+# launcher's fork server, 158 MB resident of which 55 MB its own, /proc/self/smaps_rollup).
 PROCESS_BYTES = {"cuda": int(1.5 * GIB), "cpu": 256 * 2**20}
 MOMENTS = ("forward", "backward", "synchronization", "optimizer", "gather")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter

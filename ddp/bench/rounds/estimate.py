@@ -43,8 +43,9 @@ class PartCosts:
     source: str
     """The run they were measured in."""
     startup_seconds: float
-    """Starting one group of ranks (the fork server's imports, paid by a process's first group
-    only; the process group; on CUDA each rank's context)."""
+    """Starting a group of ranks, charged for every group: the process group and, on CUDA, each
+    rank's context; the fork server's imports are paid by a process's first group only, so on CPU
+    this is an upper bound for the later groups."""
     build_seconds: float
     """A build's fixed part: the strategy, the optimizer, the batches."""
     build_seconds_per_gparam: float
