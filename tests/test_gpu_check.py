@@ -37,6 +37,20 @@ def test_the_plan_names_every_stage_with_its_limit_and_adds_up_to_at_most_eight_
     assert not (tmp_path / "check").exists()  # a dry run writes nothing
 
 
+def test_stages_run_in_the_order_asked_and_a_wrong_name_is_one_line(tmp_path, capsys):
+    assert ddp_main(["gpu-check", "--out", str(tmp_path / "a"), "--dry-run", "--stages", "layout,harness"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[:-1]] == ["# layout", "# harness"]
+    limits = {stage.name: stage.limit_seconds for stage in gpu_check.STAGES}
+    assert lines[-1].startswith(f"# at most {limits['layout'] + limits['harness']} s in all")
+    for wrong in ("harness,nope", "harness,harness", ","):
+        done = subprocess.run([sys.executable, "-m", "ddp", "gpu-check", "--out", str(tmp_path / "b"), "--stages", wrong],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "choose from harness, precision" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("name", sorted(gpu_stages.CORRECTNESS_SECONDS_PER_TEST))
 def test_the_correctness_stages_select_what_fits_their_limit_and_every_step_shape(name):
     collected = subprocess.run(

@@ -136,7 +136,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run every stage on the CPU at tiny sizes (gloo), to find a broken stage before a GPU is at hand")
     parser.add_argument("--suite", type=Path, default=Path("."),
                         help="a ddp-bench checkout holding correctness_tests/, tests/ and perf_tests/ (default: the current folder)")
+    parser.add_argument("--stages", type=stage_names, default=STAGES,
+                        help="the stages to run, comma-separated, in the order given (default: all, in the order "
+                        "--dry-run lists): to run again the ones that failed, or the ones that matter most first "
+                        "on a machine lent for minutes")
     parser.add_argument("--stage", choices=[stage.name for stage in STAGES], help=argparse.SUPPRESS)  # one stage, in this process
+
+
+def stage_names(text: str) -> tuple[Stage, ...]:
+    by_name = {stage.name: stage for stage in STAGES}
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in by_name]
+    if unknown or not names or len(set(names)) != len(names):
+        problem = f"unknown {', '.join(unknown)}" if unknown else "each stage at most once" if names else "none given"
+        raise argparse.ArgumentTypeError(f"{problem}: choose from {', '.join(by_name)}")
+    return tuple(by_name[name] for name in names)
 
 
 def has_suite(folder: Path) -> bool:
@@ -165,9 +179,9 @@ def stage_main(args: argparse.Namespace) -> int:
 REHEARSAL_LIMIT_SECONDS = 300
 
 
-def plan_text() -> str:
-    lines = [f"# {stage.name}: at most {stage.limit_seconds} s on one H100 ({stage.estimate})" for stage in STAGES]
-    lines.append(f"# at most {sum(stage.limit_seconds for stage in STAGES)} s in all "
+def plan_text(stages: tuple[Stage, ...] = STAGES) -> str:
+    lines = [f"# {stage.name}: at most {stage.limit_seconds} s on one H100 ({stage.estimate})" for stage in stages]
+    lines.append(f"# at most {sum(stage.limit_seconds for stage in stages)} s in all "
                  f"(the budget: {TOTAL_LIMIT_SECONDS} s); left out of the correctness stages: {gpu_stages.LEFT_OUT}")
     return "\n".join(lines)
 
@@ -178,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UsageError(f"--out {args.out} exists and is not an empty folder: give a new one (nothing saved is overwritten)")
     if args.dry_run:
-        print(plan_text())
+        print(plan_text(args.stages))
         return 0
     if not args.rehearse and not torch.cuda.is_available():
         raise UsageError("gpu-check needs a GPU, none found: run it on a machine with one, or --rehearse its stages on the CPU")
@@ -186,8 +200,8 @@ def main(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     rows = []
-    for index, stage in enumerate(STAGES, start=1):
-        folder = out / f"{index:02d}-{stage.name}"
+    for stage in args.stages:
+        folder = out / f"{STAGES.index(stage) + 1:02d}-{stage.name}"
         folder.mkdir()
         limit = REHEARSAL_LIMIT_SECONDS if args.rehearse else stage.limit_seconds
         if stage.needs_suite and suite is None:
