@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ddp.bench.config.options import add_grid_options, add_launch_options, grid_options, launch_options
+from ddp.bench.results.records import RunFileError
 from ddp.cli import gpu_check, gpu_stages
 from ddp.cli import main as ddp_main
 from ddp.cli.gpu_stages import Target
@@ -119,8 +120,28 @@ def test_fit_runs_the_largest_batch_the_prediction_allows_and_the_next(monkeypat
     with pytest.raises(_Ran):
         gpu_stages.fit(Target(rehearse=False), tmp_path, ROOT)
     args = list(asked[0])
-    # xl at seq 1024 on an 80 GB GPU: batch 6 is predicted at 68.9 GiB of the 71.7 usable, 7 at 76.6
-    assert args[args.index("--batch-sizes") + 1] == "6,7" and args[args.index("--seq-lens") + 1] == "1024"
+    # xl in bf16 at seq 1024 on an 80 GB GPU: batch 10 is predicted to fit the 71.7 GiB usable, 11 not
+    assert args[args.index("--batch-sizes") + 1] == "10,11" and args[args.index("--seq-lens") + 1] == "1024"
+
+
+def test_fit_reads_the_outcomes_under_the_ids_the_suite_gives_its_run(monkeypatch, tmp_path):
+    """The stage's run is the suite's grid (its precision named): the ids in its report are the
+    grid's configurations'; read under others, a batch that ran reads as never run (2026-11-27 on
+    an H200, once the GPU's default precision became bf16: "it did not run: None")."""
+
+    def pytest_command(suite, out, name, *args):
+        parsed = suite_parser().parse_args([a for a in args if not a.startswith("--junitxml")])
+        launch = launch_options(vars(parsed).get)
+        ids = [config.test_id for config in grid_options(vars(parsed).get, launch.backend, "cuda").configs()]
+        junit = out / "fit.xml"
+        junit.write_text(f'<testsuites><testsuite><testcase name="test_step[{ids[0]}]"/><testcase name="test_step[{ids[1]}]">'
+                         '<skipped message="predicted not to fit: ..."/></testcase></testsuite></testsuites>')
+        return 0, junit
+
+    monkeypatch.setattr(gpu_stages, "_pytest", pytest_command)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"total_memory": H100_BYTES}))
+    with pytest.raises(RunFileError, match="fit.json: no such file"):  # past both outcome checks, to its saved JSON
+        gpu_stages.fit(Target(rehearse=False), tmp_path, ROOT)
 
 
 def test_a_stage_past_its_limit_is_ended_with_every_process_it_started(tmp_path):

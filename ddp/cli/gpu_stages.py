@@ -58,7 +58,7 @@ from ddp.analysis.profiles import read_traces
 from ddp.bench.collectives.reading import kernel_kind
 from ddp.bench.collectives.timeline import PARTS
 from ddp.bench.config.options import RoundOptions
-from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.bench.memory.predict import HEADROOM, PROCESS_BYTES, largest_batch, predict, size_text
 from ddp.bench.results.records import StepRecord, load_run
 from ddp.bench.results.stats import ratio_of_medians_ci
@@ -325,7 +325,10 @@ def layout(target: Target, out: Path, suite: Path) -> str:
 
 def fit(target: Target, out: Path, suite: Path) -> str:
     seq_len = 32 if target.rehearse else 1024
-    config = StepConfig(FLOOR, target.model, 1, seq_len)
+    # In the GPU grid's precision (bf16), named on the command line, so the run builds what was
+    # predicted in a rehearsal too; the outcomes are read by the configurations' own test ids.
+    precision = AXES["precision"].gpu[0]
+    config = StepConfig(FLOOR, target.model, 1, seq_len, precision=precision)
     if target.rehearse:  # a device of the size in which batch 4 just fits (the host has far more)
         memory_bytes = math.ceil(predict(dataclasses.replace(config, batch_size=4), 1).total_bytes / (1 - HEADROOM))
     else:
@@ -335,10 +338,10 @@ def fit(target: Target, out: Path, suite: Path) -> str:
     json_path = out / "fit.json"
     code, junit = _pytest(suite, out, "fit", "perf_tests/test_step.py", *target.one_rank(), *target.one_group(), "--model", target.model,
                           "--strategies", FLOOR, "--batch-sizes", f"{batch},{batch + 1}", "--seq-lens", str(seq_len),
-                          "--interleave", "off", "--rounds", "2", "--max-rounds", "2", "--warmup-rounds", "1",
+                          "--precision", precision, "--interleave", "off", "--rounds", "2", "--max-rounds", "2", "--warmup-rounds", "1",
                           "--traced-steps", "0", "--device-memory", f"{memory_bytes}B", "--benchmark-json", str(json_path))
     outcomes = _outcomes(junit)
-    fits, next_one = (f"test_step[{FLOOR}-b{b}-s{seq_len}]" for b in (batch, batch + 1))
+    fits, next_one = (f"test_step[{dataclasses.replace(config, batch_size=b).test_id}]" for b in (batch, batch + 1))
     figure = f"largest batch predicted to fit {_gib(memory_bytes)}: {batch} at seq {seq_len}"
     target.check(code == 0 and outcomes.get(fits) == "passed", f"{figure}; it did not run: {outcomes.get(fits)}")
     target.check(str(outcomes.get(next_one)).startswith("skipped: predicted not to fit"),
