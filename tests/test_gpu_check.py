@@ -110,7 +110,7 @@ def test_each_stage_runs_on_a_gpu_a_command_the_suite_accepts(name, monkeypatch,
     assert (launch.backend, launch.device, launch.world_size) in (("nccl", None, 1), ("gloo", "cuda", 2))
     grid = grid_options(vars(parsed).get, launch.backend, launch.device or "cuda")
     if parsed.paths[0].startswith("perf_tests"):  # the layout stage's processes share one GPU: a smaller model
-        assert grid.model == ("small" if name == "layout" else "xl"), name
+        assert grid.model == ("mini" if name == "layout" else "xl"), name
 
 
 def test_fit_runs_the_largest_batch_the_prediction_allows_and_the_next(monkeypatch, tmp_path):

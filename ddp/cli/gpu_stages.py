@@ -278,19 +278,22 @@ def _process_group(pid: int) -> int | None:
 
 def layout(target: Target, out: Path, suite: Path) -> str:
     """The default run's process layout on one GPU: two timing groups of two gloo ranks over CUDA
-    and the tracer's two, six processes with a context each, a model that fits six times, its
-    configurations built from kept copies after the first (``ddp.bench.rounds.reuse``), in bf16
-    with two micro-batches a step (accumulation timed on CUDA). Every step is paired with its
+    and the tracer's two, six processes with a context each, a model that fits six times (``mini``:
+    the layout is checked, not the model's speed), its three configurations built from kept copies
+    after the first (``ddp.bench.rounds.reuse``), in bf16 with two micro-batches a step
+    (accumulation timed on CUDA). Every step is paired with its
     twin, every record counts its builds, warm-up, memory counts and traced steps, and the memory
     each process held is sampled: at most what the fit decisions count per process
     (``PROCESS_BYTES``) before a model is built."""
     json_path = out / "layout.json"
-    model, seq_len = ("tiny", "32") if target.rehearse else ("small", "256")
+    # On an H200 (2026-11-27) small at b2 x 256 with five configurations took 75 s of pytest, past the
+    # stage's limit: builds 19 s, first steps 17 s, rounds 9 s, traced steps 9 s. Now mini, three.
+    model, seq_len = ("tiny", "32") if target.rehearse else ("mini", "128")
     sampler = ProcessMemory(gpu=not target.rehearse)
     with sampler:
         code, junit = _pytest(suite, out, "layout", "perf_tests/test_step.py", *target.two_ranks_on_one_gpu(),
                               "--rank-groups", "2", "--model", model, "--strategies", f"{FLOOR},bucketed,torch",
-                              "--batch-sizes", "2", "--seq-lens", seq_len, "--bucket-sizes", "1,25",
+                              "--batch-sizes", "2", "--seq-lens", seq_len, "--bucket-sizes", "25",
                               "--precision", "fp32" if target.rehearse else "bf16", "--grad-accum", "2",
                               "--rounds", "6", "--max-rounds", "6",
                               "--warmup-rounds", "1", "--traced-steps", "2", "--benchmark-json", str(json_path))
