@@ -135,11 +135,17 @@ def fake_step_of(config: StepConfig) -> FakeStep:
     its blocks checkpointed as the step's are, its parameters in the dtype its strategy computes
     in (``sharded_compute_dtype``: autocast then keeps no copy of them); ``NoPrediction`` where the
     model's step cannot be traced."""
-    # TF32 changes how matmuls compute, not what a step allocates: traced once with fp32 (a trace
-    # of xl takes about 10 s of CPU).
+    model, seq_len, precision, activation_checkpointing, parameter_dtype = fake_step_key(config)
+    return _fake_step_at(model, seq_len, precision, activation_checkpointing, config.batch_size, parameter_dtype)
+
+
+def fake_step_key(config: StepConfig) -> tuple:
+    """What a configuration's traced step depends on: configurations of one key share one pair of
+    traces (batch 1 and 2, about 5 s of an H200 host's CPU for xl, 20 s of this project's 2 cores).
+    TF32 changes how matmuls compute, not what a step allocates: traced with fp32."""
     precision = "fp32" if config.precision == "tf32" else config.precision
-    return _fake_step_at(config.model, config.seq_len, precision, config.activation_checkpointing, config.batch_size,
-                         sharded_compute_dtype(config.precision, config.strategy))
+    return (config.model, config.seq_len, precision, config.activation_checkpointing,
+            sharded_compute_dtype(config.precision, config.strategy))
 
 
 @functools.lru_cache(maxsize=256)

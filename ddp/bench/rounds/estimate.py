@@ -29,7 +29,7 @@ from ddp.bench.config.options import GridOptions, ResolvedLaunch
 from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload
-from ddp.bench.memory.predict import host_memory_bytes, parameter_count, too_large
+from ddp.bench.memory.predict import fake_step_key, host_memory_bytes, parameter_count, too_large
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
 from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
@@ -43,9 +43,10 @@ class PartCosts:
     source: str
     """The run they were measured in."""
     startup_seconds: float
-    """Starting a group of ranks, charged for every group: the process group and, on CUDA, each
-    rank's context; the fork server's imports are paid by a process's first group only, so on CPU
-    this is an upper bound for the later groups."""
+    """Starting a process's first group of ranks: the fork server and its imports, the process
+    group (on CUDA each rank's context comes with its first build)."""
+    later_startup_seconds: float
+    """Starting each later group: forked from the fork server already there."""
     build_seconds: float
     """A build's fixed part: the strategy, the optimizer, the batches."""
     build_seconds_per_gparam: float
@@ -61,9 +62,11 @@ class PartCosts:
     """A traced step (the recorder, on CUDA the profiler and the trace's reading), in steps."""
     benchmark_seconds: float
     """A step benchmark's own part besides those: calls to the ranks, freeing, the record."""
-    prediction_seconds: float
-    """Predicting a configuration's memory (a fake step, made once per model, sequence length and
-    precision, and the arithmetic)."""
+    trace_seconds: float
+    """Predicting memory: the fixed part of tracing a step on fake tensors, once per
+    ``fake_step_key`` (the arithmetic per configuration takes milliseconds)."""
+    trace_seconds_per_gparam: float
+    """The trace's part per billion parameters (its operators grow with the model)."""
 
 
 # Measured with this suite's time by part (``ddp.bench.rounds.ledger``), each from the run named.
@@ -73,17 +76,23 @@ MEASURED: dict[str, PartCosts] = {
         "torch with their twins, 2026-11-27 (docs/perf-suite.md, what a benchmark costs besides its rounds)",
         # A build: 0.55 s besides the model, whose making takes about 45 s per billion parameters on
         # a rank's core (tiny 0.02 s, mini 0.47, small 5.7: build_workload and AdamW, one thread).
-        startup_seconds=2.5, build_seconds=0.55, build_seconds_per_gparam=45.0, step_seconds=0.02,
-        flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, benchmark_seconds=2.0,
-        prediction_seconds=0.3,
+        # Start-up: the first group 2.3 s, each later one 0.03 s (ranks forked from the fork
+        # server). A trace pair: mini 1.5 s, small 3.5, medium 7.3 (2026-11-27).
+        startup_seconds=2.5, later_startup_seconds=0.1, build_seconds=0.55, build_seconds_per_gparam=45.0,
+        step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, benchmark_seconds=2.0,
+        trace_seconds=1.4, trace_seconds_per_gparam=14.0,
     ),
     "cuda": PartCosts(
-        source="one H200, torch 2.11.0+cu130: xl's bf16 step at 4,096 tokens 225.2 ms (gpu-check, 2026-11-27); a group's "
-        "start-up about 10 s; a build, a memory count and a traced step of xl not yet timed apart on a GPU (assumed: "
-        "3 s, 1.5 steps, 4 steps)",
-        startup_seconds=10.0, build_seconds=1.0, build_seconds_per_gparam=1.0, step_seconds=0.02,
-        flops_per_second=256e12, memory_count_steps=1.5, traced_step_steps=4.0, benchmark_seconds=2.0,
-        prediction_seconds=1.0,
+        source="one H200, torch 2.11.0+cu130 (gpu-check, 2026-11-27): xl's bf16 step at 4,096 tokens 207-225 ms; the "
+        "first group's start-up 4-5 s, later ones under 1 s; a fresh build of xl 3 s, a memory count 1-1.5 steps, a "
+        "trace pair of xl 5 s; a traced step of xl not yet timed apart on a GPU (assumed 4 steps)",
+        # From the time by part of gpu-check's stages on an H200 (docs/gpu-runs/2026-11-27-h200-c):
+        # fit (xl b13, b14 x 1024, 1 group): start-up 5 s, builds 6 s for two fresh, memory counts
+        # 1 s for two at 0.5 s a step, predictions 6 s for one trace pair; precision (tf32, bf16):
+        # start-up 4 s, predictions 10 s for two pairs; layout (3 groups): start-up 4 s.
+        startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, build_seconds_per_gparam=1.0,
+        step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5, traced_step_steps=4.0, benchmark_seconds=2.0,
+        trace_seconds=1.0, trace_seconds_per_gparam=2.0,
     ),
 }
 
@@ -194,7 +203,10 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     groups = grid.rank_groups
     cuda = launch.device == "cuda"
     seconds = dict.fromkeys([*PARTS, "other"], 0.0)
-    seconds[STARTUP] = (groups + (1 if cuda and policy.traced_steps else 0)) * costs.startup_seconds
+    started = groups + (1 if cuda and policy.traced_steps else 0)
+    seconds[STARTUP] = costs.startup_seconds + (started - 1) * costs.later_startup_seconds
+    traces = {fake_step_key(config): parameters(config) for config in configs}
+    seconds[PREDICTIONS] = sum(costs.trace_seconds + costs.trace_seconds_per_gparam * n / 1e9 for n in traces.values())
 
     def step(config: StepConfig) -> float:
         return costs.step_seconds + step_flops(config) / costs.flops_per_second
@@ -216,7 +228,6 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     for members in by_group.values():
         local = next((c for c in members if c.strategy == FLOOR), None) or members[0].local_twin()
         others = [c for c in members if c.strategy != FLOOR]
-        seconds[PREDICTIONS] += costs.prediction_seconds * (1 + len(others))
         traced = [local, *others] if policy.traced_steps else []
         if grid.interleave == "group":
             for config in [local, *others]:
