@@ -31,6 +31,8 @@ LEDGER = pytest.StashKey[Ledger]()
 STARTED = pytest.StashKey[tuple[float, float]]()
 """The session's start: ``time.perf_counter()`` and ``started_seconds()`` then."""
 COMPARED = pytest.StashKey[list]()
+PROGRESS = pytest.StashKey[dict]()
+"""The step benchmarks selected, those done, the estimated length and the run's parts when the last ended."""
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
 
 
@@ -43,15 +45,49 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Print the run's estimated length before anything runs (``ddp.bench.rounds.estimate``): the
     step benchmarks selected, from the grid, the model, the device and measured per-part costs."""
-    selected = [item.callspec.params["step_config"] for item in session.items
-                if hasattr(item, "callspec") and "step_config" in item.callspec.params]
+    selected = [item.callspec.params["step_config"] for item in session.items if is_step_benchmark(item)]
     if not selected:
         return
     grid = benchmark_grid(session.config)
     estimate = estimate_run(selected, grid, launch(session.config))
+    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.total_seconds,
+                                      "parts": dict.fromkeys(PARTS, 0.0), "wall": 0.0}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line())
+
+
+def is_step_benchmark(item: pytest.Item) -> bool:
+    return hasattr(item, "callspec") and "step_config" in item.callspec.params
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    done = yield
+    progress_line(item)  # here, outside the test's output capture
+    return done
+
+
+def progress_line(item: pytest.Item) -> None:
+    """After each step benchmark, a line of progress: how many of the run's are done, in how long
+    against the estimate, and what this one cost by part (on a GPU a benchmark takes minutes, and
+    a run cut short still says where its time went). A benchmark measured with others of its
+    group carries their parts: the first of a group costs what the group does."""
+    progress = item.config.stash.get(PROGRESS, None)
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if progress is None or reporter is None or not is_step_benchmark(item):
+        return
+    wall, parts = run_parts(item.config)
+    spent = {part: parts[part] - progress["parts"][part] for part in PARTS}
+    progress.update(done=progress["done"] + 1, parts=parts)
+    shown = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in spent.items() if seconds >= 0.5)
+    if reporter._tw.width_of_current_line:  # after -q's dots (ensure_newline knows only a file's path)
+        reporter.write("\n")
+    reporter.write_line(
+        f"ddp-bench: {progress['done']} of {progress['selected']} step benchmarks in {minutes_text(wall)} (estimated "
+        f"{minutes_text(progress['estimated'])} for all); {item.name} {minutes_text(wall - progress['wall'])}"
+        + (f": {shown}" if shown else ""))
+    progress["wall"] = wall
 
 
 @pytest.fixture(scope="session")
@@ -265,14 +301,19 @@ def time_by_part(terminalreporter, config: pytest.Config) -> None:
     ledger = config.stash.get(LEDGER, None)
     if ledger is None or not ledger.seconds:
         return
-    started, starts_before = config.stash[STARTED]
-    wall = time.perf_counter() - started
-    parts = ledger.by_part()
-    parts[STARTUP] += started_seconds() - starts_before
+    wall, parts = run_parts(config)
     terminalreporter.section("ddp-bench time by part")
     shown = ", ".join(f"{part} {minutes_text(parts[part])}" for part in PARTS)
     rest = wall - sum(parts.values())
     terminalreporter.write_line(f"run {minutes_text(wall)}: {shown}, other {minutes_text(max(0.0, rest))}")
+
+
+def run_parts(config: pytest.Config) -> tuple[float, dict[str, float]]:
+    """The session's seconds so far, and by part: the ledger's, with the groups' start-up."""
+    started, starts_before = config.stash[STARTED]
+    parts = config.stash[LEDGER].by_part()
+    parts[STARTUP] += started_seconds() - starts_before
+    return time.perf_counter() - started, parts
 
 
 def unpaired_summary(terminalreporter, config: pytest.Config) -> None:

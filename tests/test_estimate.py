@@ -41,6 +41,16 @@ def test_the_estimate_printed_before_a_run_is_within_20_percent_of_its_length(tm
     for part in ("start-up", "builds", "warm-up", "memory counts", "rounds", "traced steps", "predictions", "other"):
         assert part in parts, parts
     assert abs(_seconds(estimated) - _seconds(ran)) <= 0.2 * _seconds(ran), (estimated.group(0), parts)
+    # a line after each benchmark: how many are done in how long, and what this one took
+    progress = [re.match(rf"ddp-bench: (\d) of 3 step benchmarks in {SECONDS} \(estimated {SECONDS} for all\); "
+                         rf"test_step\[(\S+)\] {SECONDS}", line) for line in done.stdout.splitlines()
+                if line.startswith("ddp-bench: ")]
+    assert all(progress) and [int(m.group(1)) for m in progress] == [1, 2, 3], done.stdout[-3000:]
+    assert [m.group(6) for m in progress] == ["local-b4-s64", "bucketed-b4-s64-bucket10mb", "torch-b4-s64-bucket10mb"]
+    assert all(m.group(4, 5) == estimated.groups() for m in progress)
+    so_far = [_seconds(re.match(SECONDS, m.group(0).split(" in ")[1])) for m in progress]
+    each = [60 * int(m.group(7) or 0) + int(m.group(8)) for m in progress]
+    assert so_far == sorted(so_far) and so_far[-1] <= _seconds(ran) and abs(sum(each) - so_far[-1]) <= 3, progress
 
 
 def test_what_is_predicted_not_to_fit_the_host_is_neither_timed_in_the_parent_nor_counted(monkeypatch):
