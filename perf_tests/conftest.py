@@ -31,9 +31,9 @@ LEDGER = pytest.StashKey[Ledger]()
 STARTED = pytest.StashKey[tuple[float, float]]()
 """The session's start: ``time.perf_counter()`` and ``started_seconds()`` then."""
 COMPARED = pytest.StashKey[list]()
-PROGRESS = pytest.StashKey[dict]()
-"""The step benchmarks selected, those done, the estimated length and the run's parts when the last ended."""
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
+PROGRESS = pytest.StashKey[dict]()
+"""The step benchmarks selected, those done, the estimated length and when the first began."""
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -50,8 +50,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     grid = benchmark_grid(session.config)
     estimate = estimate_run(selected, grid, launch(session.config))
-    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.total_seconds,
-                                      "parts": dict.fromkeys(PARTS, 0.0), "wall": 0.0}
+    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.total_seconds}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line())
@@ -63,31 +62,36 @@ def is_step_benchmark(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    progress = item.config.stash.get(PROGRESS, None)
+    if progress is None or not is_step_benchmark(item):
+        return (yield)
+    before = run_parts(item.config)
+    progress.setdefault("began", before[0])
     done = yield
-    progress_line(item)  # here, outside the test's output capture
+    progress_line(item, progress, before)  # here, outside the test's output capture
     return done
 
 
-def progress_line(item: pytest.Item) -> None:
+def progress_line(item: pytest.Item, progress: dict, before: tuple[float, dict[str, float]]) -> None:
     """After each step benchmark, a line of progress: how many of the run's are done, in how long
-    against the estimate, and what this one cost by part (on a GPU a benchmark takes minutes, and
-    a run cut short still says where its time went). A benchmark measured with others of its
-    group carries their parts: the first of a group costs what the group does."""
-    progress = item.config.stash.get(PROGRESS, None)
+    since the first began, against the estimate, and what this one cost by part (on a GPU a
+    benchmark takes minutes, and a run cut short still says where its time went). A benchmark
+    measured with others of its group carries their parts: the first of a group costs what the
+    group does, the others nothing more."""
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-    if progress is None or reporter is None or not is_step_benchmark(item):
+    if reporter is None:
         return
     wall, parts = run_parts(item.config)
-    spent = {part: parts[part] - progress["parts"][part] for part in PARTS}
-    progress.update(done=progress["done"] + 1, parts=parts)
-    shown = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in spent.items() if seconds >= 0.5)
-    if reporter._tw.width_of_current_line:  # after -q's dots (ensure_newline knows only a file's path)
-        reporter.write("\n")
+    progress["done"] += 1
+    shown = ", ".join(f"{part} {minutes_text(parts[part] - before[1][part])}" for part in PARTS
+                      if parts[part] - before[1][part] >= 0.5)
+    reporter.ensure_newline()
+    if reporter._tw.width_of_current_line:  # after -q's dots, which ensure_newline does not see
+        reporter._tw.line()
     reporter.write_line(
-        f"ddp-bench: {progress['done']} of {progress['selected']} step benchmarks in {minutes_text(wall)} (estimated "
-        f"{minutes_text(progress['estimated'])} for all); {item.name} {minutes_text(wall - progress['wall'])}"
+        f"ddp-bench: {progress['done']} of {progress['selected']} step benchmarks in {minutes_text(wall - progress['began'])} "
+        f"(estimated {minutes_text(progress['estimated'])} for all); {item.name} {minutes_text(wall - before[0])}"
         + (f": {shown}" if shown else ""))
-    progress["wall"] = wall
 
 
 @pytest.fixture(scope="session")

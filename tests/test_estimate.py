@@ -51,6 +51,10 @@ def test_the_estimate_printed_before_a_run_is_within_20_percent_of_its_length(tm
     so_far = [_seconds(re.match(SECONDS, m.group(0).split(" in ")[1])) for m in progress]
     each = [60 * int(m.group(7) or 0) + int(m.group(8)) for m in progress]
     assert so_far == sorted(so_far) and so_far[-1] <= _seconds(ran) and abs(sum(each) - so_far[-1]) <= 3, progress
+    for m, own in zip(progress, each, strict=True):  # a benchmark's parts are within its own time
+        line = m.string
+        spent = sum(int(seconds) for seconds in re.findall(r"(\d+) s(?:,|$)", line.split(f"{m.group(6)}] ")[1]))
+        assert spent <= own + 3, line
 
 
 def test_what_is_predicted_not_to_fit_the_host_is_neither_timed_in_the_parent_nor_counted(monkeypatch):
@@ -88,3 +92,21 @@ def test_what_the_strategy_cannot_run_is_neither_counted_nor_priced(monkeypatch)
     assert asked.benchmarks == 3 and asked.refused == 1 and asked.skipped == 0
     assert asked.seconds == alone.seconds
     assert asked.line().endswith("; 1 cannot run as asked, skipped unbuilt")
+
+
+def test_a_group_start_up_is_charged_once_and_a_trace_pair_once_per_key():
+    """On CUDA (no host timing, no fit decision here): a process's first group pays the fork
+    server's start-up and each later one a little; the memory prediction traces a step once per
+    ``fake_step_key``, which a strategy and its ``local`` twin share, and fsdp in bf16 (its
+    parameters in bf16) does not."""
+    costs = estimate.MEASURED["cuda"]
+    launch = ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for")
+    grid = grid_defaults("nccl", "cuda")  # two timing groups, and the tracer since it traces steps
+    assert grid.rank_groups == 2 and grid.round_options().traced_steps > 0
+    shared = [StepConfig("local", "mini", 2, 64, precision="bf16"), StepConfig("bucketed", "mini", 2, 64, 25.0, precision="bf16")]
+    one = estimate.estimate_run(shared, grid, launch)
+    assert one.seconds["start-up"] == pytest.approx(costs.startup_seconds + 2 * costs.later_startup_seconds)
+    pair = costs.trace_seconds + costs.trace_seconds_per_gparam * estimate.parameters(shared[0]) / 1e9
+    assert one.seconds["predictions"] == pytest.approx(pair)
+    two = estimate.estimate_run([*shared, StepConfig("fsdp", "mini", 2, 64, precision="bf16")], grid, launch)
+    assert two.seconds["predictions"] == pytest.approx(2 * pair)

@@ -12,7 +12,7 @@ figure, with the GPU, torch and CUDA named.
 The limits are for one H100 80GB HBM3 or H200 with torch 2.11 (``STAGES`` gives each one's
 reasoning): what each stage took on an H200 from a freshly started machine (2026-11-27,
 ``docs/gpu-runs/2026-11-27-h200-c/``), with 30% more for an H100's slower host where the budget
-allows. They add up to ``TOTAL_LIMIT_SECONDS``.
+allows. They add up to at most ``TOTAL_LIMIT_SECONDS``.
 
 The stages that run the test suites need a ddp-bench checkout (``--suite``, default the current
 folder); without one they are skipped, saying so.
@@ -56,27 +56,29 @@ class Stage:
 
 # Each limit: what the stage took on an H200 on 2026-11-27 from a freshly started machine
 # (docs/gpu-runs/2026-11-27-h200-c/), times 1.3 for an H100 host 30% slower where the budget
-# allows; compile's does not (62 s at 1.3x). No H100 has run this set.
+# allows: compile's does not (62 s at 1.3x), oom's and correctness-gloo-cuda's by a second. No
+# H100 has run this set.
 STAGES = (
     Stage("harness", gpu_stages.harness, 40,
           "25 s on an H200 as a fresh machine's first stage (2026-11-27; 33 s once, the first imports of torch and "
           "CUDA's first kernels): start-up 10 s, a plain xl loop and the harness's built and warmed, 10 rounds of both "
           "at b4 x 128 (0.25 s a step)"),
     Stage("precision", gpu_stages.precision, 50,
-          "36 s on an H200 (2026-11-27): start-up 10 s, xl predicted at seq 1024 (10 s a precision), local built "
-          "twice, 2 + 6 steps of 0.38 and 0.21 s"),
+          "36 s on an H200 (2026-11-27): start-up 4 s, xl's trace pairs for tf32 (fp32's) and bf16 10 s, local built "
+          "twice (the second from a kept copy), 2 + 6 steps of 0.38 and 0.21 s"),
     Stage("fit", gpu_stages.fit, 65,
-          "45 s on an H200 (2026-11-27) at batch 13 and 14 of seq 1024 in bf16: 2 start-ups, xl predicted at seq 1024 "
-          "twice, the largest batch built, 4 steps of 0.5 s"),
+          "45 s on an H200 (2026-11-27), when it predicted fp32's batch 13 and ran 13 and 14 in bf16; in bf16 it runs "
+          "22 and 23 there, 10 and 11 on an H100, not yet on a GPU: start-up 5 s, one trace pair of xl 5 s, the "
+          "largest batch built, 4 steps of about 1.1 s"),
     Stage("oom", gpu_stages.oom, 40,
-          "31 s on an H200 (2026-11-27): start-up 10 s, xl predicted at seq 128 (10 s), the hog fills the GPU in 1 GiB "
+          "31 s on an H200 (2026-11-27): start-up 5 s, xl predicted at seq 128 (5 s), the hog fills the GPU in 1 GiB "
           "blocks and is freed, xl b2 x 128 built and 5 steps"),
     Stage("traced", gpu_stages.traced, 75,
           "57 s on an H200 (2026-11-27): small on 2 gloo ranks over CUDA, local, bucketed and torch traced, 6 rounds "
           "a check, 3 traced steps; xl at world size 1 with NCCL"),
     Stage("compile", gpu_stages.compile_, 55,
-          "48 s on an H200 (2026-11-27): start-up 10 s, xl predicted (10 s), one xl block compiled forward and "
-          "backward, the torch strategy's from the cache, 2 x 5 steps"),
+          "48 s on an H200 (2026-11-27): start-up 4 s, xl predicted (5 s), one xl block compiled forward and "
+          "backward (warm-up 11 s), the torch strategy's from the cache, 2 x 5 steps"),
     Stage("correctness-gloo-cuda", gpu_stages.correctness(Target.two_ranks_on_one_gpu, "correctness-gloo-cuda",
                                                           gpu_stages.REUSE), 50,
           "39 s on an H200 (2026-11-27) with 46 tests: start-up 10 s, 42 tests (bucketed, torch and fsdp on the LM "

@@ -59,7 +59,10 @@ class PartCosts:
     memory_count_steps: float
     """A memory count (one or two steps under MemTracker), in steps."""
     traced_step_steps: float
-    """A traced step (the recorder, on CUDA the profiler and the trace's reading), in steps."""
+    """A traced step (the recorder; on CUDA the step under the profiler), in steps."""
+    traced_step_seconds_per_gparam: float
+    """A traced step's processing per billion parameters: on CUDA exporting, loading and reading
+    its trace, whose events grow with the model's kernels (about 11 a kernel), not its batch."""
     benchmark_seconds: float
     """A step benchmark's own part besides those: calls to the ranks, freeing, the record."""
     trace_seconds: float
@@ -79,19 +82,26 @@ MEASURED: dict[str, PartCosts] = {
         # Start-up: the first group 2.3 s, each later one 0.03 s (ranks forked from the fork
         # server). A trace pair: mini 1.5 s, small 3.5, medium 7.3 (2026-11-27).
         startup_seconds=2.5, later_startup_seconds=0.1, build_seconds=0.55, build_seconds_per_gparam=45.0,
-        step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, benchmark_seconds=2.0,
+        step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, traced_step_seconds_per_gparam=0.0,
+        benchmark_seconds=2.0,
         trace_seconds=1.4, trace_seconds_per_gparam=14.0,
     ),
     "cuda": PartCosts(
         source="one H200, torch 2.11.0+cu130 (gpu-check, 2026-11-27): xl's bf16 step at 4,096 tokens 207-225 ms; the "
         "first group's start-up 4-5 s, later ones under 1 s; a fresh build of xl 3 s, a memory count 1-1.5 steps, a "
-        "trace pair of xl 5 s; a traced step of xl not yet timed apart on a GPU (assumed 4 steps)",
+        "trace pair of xl 5 s, a step under the profiler 1.7 steps; its trace's export and reading not yet timed on a "
+        "GPU (assumed 1.1 s per billion parameters, half of it reading as timed on a CPU)",
         # From the time by part of gpu-check's stages on an H200 (docs/gpu-runs/2026-11-27-h200-c):
         # fit (xl b13, b14 x 1024, 1 group): start-up 5 s, builds 6 s for two fresh, memory counts
         # 1 s for two at 0.5 s a step, predictions 6 s for one trace pair; precision (tf32, bf16):
         # start-up 4 s, predictions 10 s for two pairs; layout (3 groups): start-up 4 s.
         startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, build_seconds_per_gparam=1.0,
-        step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5, traced_step_steps=4.0, benchmark_seconds=2.0,
+        step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5,
+        # A step under the profiler: 240.7 ms against 143.4 timed (xl bf16 2 x 512, 2026-11-27).
+        # Its trace: read here at 9.5 us an event and loaded at 6 us, xl's 6,100 kernels about
+        # 66,000 events: 1.1 s a traced step, 0.55 s per billion parameters; Kineto's export not
+        # yet timed, taken as much again.
+        traced_step_steps=1.7, traced_step_seconds_per_gparam=1.1, benchmark_seconds=2.0,
         trace_seconds=1.0, trace_seconds_per_gparam=2.0,
     ),
 }
@@ -205,8 +215,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     seconds = dict.fromkeys([*PARTS, "other"], 0.0)
     started = groups + (1 if cuda and policy.traced_steps else 0)
     seconds[STARTUP] = costs.startup_seconds + (started - 1) * costs.later_startup_seconds
-    traces = {fake_step_key(config): parameters(config) for config in configs}
-    seconds[PREDICTIONS] = sum(costs.trace_seconds + costs.trace_seconds_per_gparam * n / 1e9 for n in traces.values())
+    traces: dict[tuple, int] = {}  # the trace pairs the predictions make, by fake_step_key
 
     def step(config: StepConfig) -> float:
         return costs.step_seconds + step_flops(config) / costs.flops_per_second
@@ -228,6 +237,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     for members in by_group.values():
         local = next((c for c in members if c.strategy == FLOOR), None) or members[0].local_twin()
         others = [c for c in members if c.strategy != FLOOR]
+        traces.update((fake_step_key(c), parameters(c)) for c in [local, *others])  # the twin is predicted too
         traced = [local, *others] if policy.traced_steps else []
         if grid.interleave == "group":
             for config in [local, *others]:
@@ -245,9 +255,13 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
             if not others:
                 seconds[ROUNDS] += rounds(step(local))
         for config in traced:
-            seconds[TRACED] += policy.traced_steps * costs.traced_step_steps * step(config)
+            seconds[TRACED] += policy.traced_steps * (costs.traced_step_steps * step(config)
+                                                      + costs.traced_step_seconds_per_gparam * parameters(config) / 1e9)
             if cuda:  # the tracer builds and warms up each configuration on its own ranks
                 seconds[BUILDS] += costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9
                 seconds[WARMUP] += max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
         seconds["other"] += costs.benchmark_seconds * len(members)
+    # On CPU the fit decisions above make them, in this process, before the line is printed: the
+    # run's time by part then counts them in "other", its predictions finding them made.
+    seconds[PREDICTIONS] = sum(costs.trace_seconds + costs.trace_seconds_per_gparam * n / 1e9 for n in traces.values())
     return Estimate(seconds, selected, costs, runnable - len(configs), selected - runnable)
