@@ -135,8 +135,7 @@ def fake_step_of(config: StepConfig) -> FakeStep:
     its blocks checkpointed as the step's are, its parameters in the dtype its strategy computes
     in (``sharded_compute_dtype``: autocast then keeps no copy of them); ``NoPrediction`` where the
     model's step cannot be traced."""
-    model, seq_len, precision, activation_checkpointing, parameter_dtype = fake_step_key(config)
-    return _fake_step_at(model, seq_len, precision, activation_checkpointing, config.batch_size, parameter_dtype)
+    return _fake_step_at(*fake_step_key(config), config.batch_size)
 
 
 def fake_step_key(config: StepConfig) -> tuple:
@@ -149,8 +148,9 @@ def fake_step_key(config: StepConfig) -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _fake_step_at(model: str, seq_len: int, precision: str, activation_checkpointing: str, batch_size: int,
-                  parameter_dtype: torch.dtype | None = None) -> FakeStep:
+def _fake_step_at(model: str, seq_len: int, precision: str, activation_checkpointing: str,
+                  parameter_dtype: torch.dtype | None, batch_size: int) -> FakeStep:
+    """The step of ``batch_size`` from the trace pair of its ``fake_step_key`` (the arguments before it)."""
     traces = _fake_steps(model, seq_len, precision, activation_checkpointing, parameter_dtype)
     if isinstance(traces, str):
         raise NoPrediction(f"model {model}: {traces}")

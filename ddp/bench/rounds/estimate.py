@@ -220,11 +220,13 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     def step(config: StepConfig) -> float:
         return costs.step_seconds + step_flops(config) / costs.flops_per_second
 
-    def build(config: StepConfig, where: int) -> None:
-        """A fresh build on ``where`` groups of ranks, with its warm-up and, in the first, its memory count."""
+    def build(config: StepConfig, where: int, memory_count: bool = True) -> None:
+        """A fresh build on ``where`` groups of ranks with its warm-up and, where it is timed, one
+        memory count (in the first group)."""
         seconds[BUILDS] += where * (costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9)
         seconds[WARMUP] += where * max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
-        seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
+        if memory_count:
+            seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
 
     def rounds(pair_seconds: float) -> float:
         floor = policy.min_rounds * pair_seconds
@@ -258,8 +260,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
             seconds[TRACED] += policy.traced_steps * (costs.traced_step_steps * step(config)
                                                       + costs.traced_step_seconds_per_gparam * parameters(config) / 1e9)
             if cuda:  # the tracer builds and warms up each configuration on its own ranks
-                seconds[BUILDS] += costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9
-                seconds[WARMUP] += max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
+                build(config, 1, memory_count=False)
         seconds["other"] += costs.benchmark_seconds * len(members)
     # On CPU the fit decisions above make them, in this process, before the line is printed: the
     # run's time by part then counts them in "other", its predictions finding them made.
