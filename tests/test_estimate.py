@@ -5,6 +5,7 @@ one is (two timing groups, each strategy with its ``local`` twin, traced where t
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -110,3 +111,35 @@ def test_a_group_start_up_is_charged_once_and_a_trace_pair_once_per_key():
     assert one.seconds["predictions"] == pytest.approx(pair)
     two = estimate.estimate_run([*shared, StepConfig("fsdp", "mini", 2, 64, precision="bf16")], grid, launch)
     assert two.seconds["predictions"] == pytest.approx(2 * pair)
+
+
+def test_steps_that_never_vary_cost_their_minimum_rounds_and_noisy_ones_their_budget():
+    """The rounds are the run's own loop on simulated rounds. Against arithmetic: a step whose time
+    never varies reaches any precision in its minimum rounds (on each group of ranks its share:
+    ``group_share``); one that varies by a third a round never reaches +-1%, and stops the first
+    round its budget is spent, which the ceiling assumes of every step."""
+    grid = grid_defaults("nccl", "cuda")
+    policy = grid.round_options()
+    shares = [estimate.group_share(policy, 2, index) for index in range(2)]
+    steady, noisy = (1.0,), (0.6, 1.0, 1.4)
+    pair = (0.5, 0.6)
+    assert sum(estimate.expected_round_seconds(pair, share, steady) for share in shares) == pytest.approx(
+        policy.min_rounds * sum(pair))
+    for share in shares:  # the first round at or past the budget is the last
+        rounds = math.ceil(share.budget_seconds / sum(pair))
+        assert estimate.expected_round_seconds(pair, share, noisy) == pytest.approx(rounds * sum(pair), rel=0.1)
+    # a group of three strategies timed together has three benchmarks' budget
+    assert estimate.expected_round_seconds(pair, shares[0], noisy, 3) == pytest.approx(
+        3 * estimate.expected_round_seconds(pair, shares[0], noisy), rel=0.1)
+
+
+def test_the_estimate_line_gives_the_ceiling_where_the_budget_could_add_a_tenth():
+    """On the H200's measured rounds the default GPU grid's steps settle in their minimum rounds;
+    had they varied more, each would take its budget: the line says how long that run would be."""
+    launch = ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for")
+    grid = grid_defaults("nccl", "cuda")
+    run = estimate.estimate_run(grid.configs(), grid, launch)
+    budget = grid.round_options().budget_seconds * len(grid.configs())
+    assert run.seconds["rounds"] < 0.5 * budget <= run.rounds_ceiling_seconds
+    assert run.ceiling_seconds == pytest.approx(run.total_seconds - run.seconds["rounds"] + run.rounds_ceiling_seconds)
+    assert f"up to {estimate.minutes_text(run.ceiling_seconds)} if the steps vary more" in run.line()

@@ -412,7 +412,10 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         return GridOptions(
             axes={name: axis.gpu for name, axis in AXES.items()},
             # 10 rounds at least; more only until the median is within +-1%, which a GPU-bound step
-            # (+-0.1% a round in fp32 on an H200) reaches in them: the budget is a ceiling.
+            # (0.3% a round on an H200, fp32 to bf16) reaches in them: the budget is a ceiling.
+            # 300 s for the grid's 24 steps, 12.5 s each, is what +-1% takes at 2% a round (about
+            # 31 rounds of a pair, ``ddp.bench.rounds.estimate.expected_round_seconds``: 14 s for
+            # an xl pair at 4 x 1,024, 7 at 2 x 1,024).
             rounds=RoundOptions(min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2, target_precision=0.01,
                                 budget_seconds=None, traced_steps=TRACED_STEPS),
             # Each strategy with its local twin, as on CPU: the paired overhead, local_mfu and
@@ -421,7 +424,7 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
             # its step's 14.9 more, beside three processes' 4.5: 71.5 of 71.7 usable). At batch 4
             # they do not (backward's 21.5 GiB of activations on top): the twin gives way, the step
             # is measured alone and its row says why (``unpaired_reason``); an H200 pairs both.
-            session_budget_seconds=600.0, interleave=FLOOR,
+            session_budget_seconds=300.0, interleave=FLOOR,
             allreduce_sizes_mb=(1.0, 10.0, 100.0, 1024.0),
             # NCCL needs a GPU per rank; gloo ranks can share one
             allreduce_world_sizes=gpu_world_sizes(gpus) if backend == "nccl" else (2, 4, 6),

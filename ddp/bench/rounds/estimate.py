@@ -18,20 +18,23 @@ is what to hold it to.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ddp.bench.config.options import GridOptions, ResolvedLaunch
+from ddp.bench.config.options import GridOptions, ResolvedLaunch, RoundOptions
 from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload
 from ddp.bench.memory.predict import fake_step_key, host_memory_bytes, parameter_count, too_large
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
+from ddp.bench.rounds.measure import active_groups, group_share, timed_rounds
 from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
 from ddp.strategies.registry import FLOOR, steps_to_settle
 
@@ -70,6 +73,9 @@ class PartCosts:
     ``fake_step_key`` (the arithmetic per configuration takes milliseconds)."""
     trace_seconds_per_gparam: float
     """The trace's part per billion parameters (its operators grow with the model)."""
+    round_spread: tuple[float, ...]
+    """How a step's time varies from round to round: measured rounds, each over its measurement's
+    median, pooled (or their quantiles). The estimate draws simulated rounds from them."""
 
 
 # Measured with this suite's time by part (``ddp.bench.rounds.ledger``), each from the run named.
@@ -85,12 +91,17 @@ MEASURED: dict[str, PartCosts] = {
         step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, traced_step_seconds_per_gparam=0.0,
         benchmark_seconds=2.0,
         trace_seconds=1.4, trace_seconds_per_gparam=14.0,
+        # The 5%-quantiles of 891 rounds over their medians: every test_step of the CPU baseline
+        # saved on 2026-11-24 (.benchmarks/gloo-cpu, 0005), mini at batch 4 and 8 x 64 and 128,
+        # each strategy and its local twin (3.4% a round).
+        round_spread=(0.911, 0.952, 0.966, 0.974, 0.981, 0.985, 0.989, 0.993, 0.996, 0.999, 1.0,
+                      1.002, 1.006, 1.01, 1.015, 1.022, 1.03, 1.038, 1.048, 1.064, 1.174),
     ),
     "cuda": PartCosts(
         source="one H200, torch 2.11.0+cu130 (gpu-check, 2026-11-27): xl's bf16 step at 4,096 tokens 207-225 ms; the "
         "first group's start-up 4-5 s, later ones under 1 s; a fresh build of xl 3 s, a memory count 1-1.5 steps, a "
-        "trace pair of xl 5 s, a step under the profiler 1.7 steps; its trace's export and reading not yet timed on a "
-        "GPU (assumed 1.1 s per billion parameters, half of it reading as timed on a CPU)",
+        "trace pair of xl 5 s, a step under the profiler 1.7 steps; its trace's processing 22 us an event as timed on "
+        "a CPU (0.75 s a traced step per billion parameters), not yet timed on a GPU",
         # From the time by part of gpu-check's stages on an H200 (docs/gpu-runs/2026-11-27-h200-c):
         # fit (xl b13, b14 x 1024, 1 group): start-up 5 s, builds 6 s for two fresh, memory counts
         # 1 s for two at 0.5 s a step, predictions 6 s for one trace pair; precision (tf32, bf16):
@@ -98,11 +109,20 @@ MEASURED: dict[str, PartCosts] = {
         startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, build_seconds_per_gparam=1.0,
         step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5,
         # A step under the profiler: 240.7 ms against 143.4 timed (xl bf16 2 x 512, 2026-11-27).
-        # Its trace: read here at 9.5 us an event and loaded at 6 us, xl's 6,100 kernels about
-        # 66,000 events: 1.1 s a traced step, 0.55 s per billion parameters; Kineto's export not
-        # yet timed, taken as much again.
-        traced_step_steps=1.7, traced_step_seconds_per_gparam=1.1, benchmark_seconds=2.0,
+        # Its trace, per event, timed on this project's CPU (2026-11-28, a CPU profile of mini's
+        # steps, 3,500 events a step): the profiler's stop 3.5 us, the export 3 us, loading 6 us,
+        # and reading the traced stage's real H200 trace 9.5 us: 22 us. xl's 6,100 kernels come
+        # with about 66,000 events a step: 1.45 s a traced step, 0.75 s per billion parameters.
+        traced_step_steps=1.7, traced_step_seconds_per_gparam=0.75, benchmark_seconds=2.0,
         trace_seconds=1.0, trace_seconds_per_gparam=2.0,
+        # Every round of the GPU-bound steps the H200 timed (docs/gpu-runs/2026-11-27-h200-c):
+        # local xl at 4 x 1,024 in tf32 and bf16 (precision), the harness and its plain loop at
+        # 4 x 128 (harness), bf16 at 13 and 14 x 1,024 (fit), each over its run's median. Most
+        # within 0.5%; one round in 36 took 10% longer.
+        round_spread=(0.9956, 0.998, 0.9981, 0.9983, 0.9986, 0.9989, 0.999, 0.9991, 0.9993, 0.9994, 0.9995,
+                      0.9996, 0.9996, 0.9996, 0.9998, 0.9999, 0.9999, 1.0, 1.0, 1.0001, 1.0002, 1.0002,
+                      1.0004, 1.0005, 1.0005, 1.0005, 1.0006, 1.0012, 1.0015, 1.0017, 1.0019, 1.0031,
+                      1.0032, 1.0044, 1.0059, 1.1037),
     ),
 }
 
@@ -169,6 +189,16 @@ class Estimate:
     """Of ``benchmarks``, those predicted not to fit, which the grid skips unbuilt (counted on CPU)."""
     refused: int = 0
     """Of ``benchmarks``, those whose strategy cannot run the shape asked (``cannot_run``), skipped unbuilt."""
+    rounds_ceiling_seconds: float | None = None
+    """The rounds if every measurement took its budget (steps noisier than the machine's measured
+    rounds never reach their precision target): what the run's length may reach."""
+
+    @property
+    def ceiling_seconds(self) -> float:
+        """The length with the rounds at their ceiling."""
+        if self.rounds_ceiling_seconds is None:
+            return self.total_seconds
+        return self.total_seconds - self.seconds[ROUNDS] + max(self.seconds[ROUNDS], self.rounds_ceiling_seconds)
 
     @property
     def total_seconds(self) -> float:
@@ -179,8 +209,12 @@ class Estimate:
         skipped = f"; {self.skipped} predicted not to fit, skipped unbuilt" if self.skipped else ""
         if self.refused:
             skipped += f"; {self.refused} cannot run as asked, skipped unbuilt"
+        # Said where the budget could add a tenth or more: a noisy machine's run takes that long.
+        ceiling = (f", up to {minutes_text(self.ceiling_seconds)} if the steps vary more than the rounds measured there "
+                   "and take their budget" if self.ceiling_seconds > 1.1 * self.total_seconds else "")
         return (f"estimated length: {minutes_text(self.total_seconds)} for {self.benchmarks} step benchmark"
-                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source}){skipped}")
+                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source}"
+                f"{ceiling}){skipped}")
 
 
 def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch) -> Estimate:
@@ -228,10 +262,17 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
         if memory_count:
             seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
 
-    def rounds(pair_seconds: float) -> float:
-        floor = policy.min_rounds * pair_seconds
-        ceiling = policy.max_rounds * pair_seconds
-        return min(ceiling, max(floor, policy.budget_seconds))
+    shares = [group_share(policy, groups, index) for index in range(len(active_groups(range(groups), policy)))]
+    ceiling = 0.0  # the rounds, each measurement taking its budget
+
+    def rounds(step_seconds: Sequence[float], benchmarks: int = 1) -> float:
+        """One measurement's rounds, spread over the groups of ranks as ``measure_in_groups`` spreads them."""
+        nonlocal ceiling
+        each = sum(step_seconds)
+        ceiling += sum(min(share.max_rounds * each, max(share.min_rounds * each, share.budget_seconds * benchmarks))
+                       for share in shares)
+        return sum(expected_round_seconds(tuple(round(s, 4) for s in step_seconds), share, costs.round_spread, benchmarks)
+                   for share in shares)
 
     by_group: dict[StepConfig, list[StepConfig]] = {}
     for config in configs:
@@ -244,7 +285,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
         if grid.interleave == "group":
             for config in [local, *others]:
                 build(config, groups)
-            seconds[ROUNDS] += rounds(sum(step(c) for c in [local, *others])) * max(1, len(others))
+            seconds[ROUNDS] += rounds([step(c) for c in [local, *others]], max(1, len(others)))
         else:
             paired = grid.interleave != "off"
             if paired or any(c.strategy == FLOOR for c in members):
@@ -253,9 +294,9 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
                 build(config, groups)
                 if paired:  # the kept twin's warm-up before each measurement
                     seconds[WARMUP] += groups * policy.warmup_rounds * step(local)
-                seconds[ROUNDS] += rounds(step(config) + (step(local) if paired else 0.0))
+                seconds[ROUNDS] += rounds([step(config), *([step(local)] if paired else [])])
             if not others:
-                seconds[ROUNDS] += rounds(step(local))
+                seconds[ROUNDS] += rounds([step(local)])
         for config in traced:
             seconds[TRACED] += policy.traced_steps * (costs.traced_step_steps * step(config)
                                                       + costs.traced_step_seconds_per_gparam * parameters(config) / 1e9)
@@ -265,4 +306,32 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     # On CPU the fit decisions above make them, in this process, before the line is printed: the
     # run's time by part then counts them in "other", its predictions finding them made.
     seconds[PREDICTIONS] = sum(costs.trace_seconds + costs.trace_seconds_per_gparam * n / 1e9 for n in traces.values())
-    return Estimate(seconds, selected, costs, runnable - len(configs), selected - runnable)
+    return Estimate(seconds, selected, costs, runnable - len(configs), selected - runnable,
+                    rounds_ceiling_seconds=ceiling)
+
+
+# Simulated measurements the expected rounds average: enough that the estimate moves by under a
+# round between seeds, few enough to take well under a second for a grid.
+SIMULATED_MEASUREMENTS = 100
+
+
+@dataclass(frozen=True)
+class _SimulatedStep:
+    seconds: float
+
+
+@functools.cache
+def expected_round_seconds(step_seconds: tuple[float, ...], policy: RoundOptions, spread: tuple[float, ...],
+                           benchmarks: int = 1) -> float:
+    """The expected seconds of one measurement's rounds (on one group of ranks) of configurations
+    whose steps take ``step_seconds``: ``timed_rounds``, the loop the run uses, run on rounds whose
+    every step takes its time times a value drawn from ``spread``, averaged over
+    ``SIMULATED_MEASUREMENTS`` (seeded: the same estimate every time)."""
+    draws = np.random.default_rng(0)
+    values, base = np.asarray(spread), np.asarray(step_seconds)
+    total = 0.0
+    for _ in range(SIMULATED_MEASUREMENTS):
+        outcome = timed_rounds(lambda index: [[_SimulatedStep(float(s)) for s in base * draws.choice(values, base.size)]],
+                               policy, budget_scale=benchmarks)
+        total += sum(step.seconds for round_ in outcome[0] for step in round_[0])
+    return total / SIMULATED_MEASUREMENTS
