@@ -17,9 +17,11 @@ from ddp.bench.config.parsing import percent_type
 from ddp.bench.results import timing
 from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
 from ddp.bench.results.stats import smallest_rounds
-from ddp.bench.rounds.estimate import estimate_run
+from ddp.bench.rounds.estimate import Besides, estimate_run
 from ddp.bench.rounds.ledger import PARTS, STARTUP, Ledger, minutes_text
+from ddp.bench.rounds.race import race_configs
 from ddp.launcher import RankGroup, started_seconds, unavailable_reason
+from ddp.strategies.registry import DEFAULT_CONTENDERS
 
 PRECISION = pytest.StashKey[dict]()
 AIMED = pytest.StashKey[list]()
@@ -44,13 +46,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Print the run's estimated length before anything runs (``ddp.bench.rounds.estimate``): the
-    step benchmarks selected, from the grid, the model, the device and measured per-part costs."""
+    tests selected, from the grid, the model, the device and measured per-part costs."""
     selected = [item.callspec.params["step_config"] for item in session.items if is_step_benchmark(item)]
-    if not selected:
+    besides = besides_selected([item for item in session.items if not is_step_benchmark(item)])
+    if not selected and not besides.tests:
         return
     grid = benchmark_grid(session.config)
-    estimate = estimate_run(selected, grid, launch(session.config))
-    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.total_seconds}
+    estimate = estimate_run(selected, grid, launch(session.config), besides)
+    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.step_benchmark_seconds}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line())
@@ -58,6 +61,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def is_step_benchmark(item: pytest.Item) -> bool:
     return hasattr(item, "callspec") and "step_config" in item.callspec.params
+
+
+def besides_selected(items: list[pytest.Item]) -> Besides:
+    """The all-reduce world sizes and sizes, the races and the other tests of perf_tests/ among ``items``."""
+    here = Path(__file__).parent
+    params = [getattr(item, "callspec", None) and item.callspec.params or {} for item in items]
+    sizes: dict[int, list[float]] = {}
+    for found in params:
+        if "allreduce_world_size" in found:
+            sizes.setdefault(found["allreduce_world_size"], []).append(found["allreduce_size_mb"])
+    races = tuple(tuple(race_configs(DEFAULT_CONTENDERS, found["values"])) for found in params if "values" in found)
+    checks = sum(1 for item, found in zip(items, params) if item.path.is_relative_to(here)
+                 and "allreduce_world_size" not in found and "values" not in found)
+    return Besides(tuple((n, tuple(mb)) for n, mb in sizes.items()), races, checks)
 
 
 @pytest.hookimpl(wrapper=True)

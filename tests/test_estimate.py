@@ -5,6 +5,7 @@ one is (two timing groups, each strategy with its ``local`` twin, traced where t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -116,18 +117,21 @@ def test_a_group_start_up_is_charged_once_and_a_trace_pair_once_per_key():
 def test_steps_that_never_vary_cost_their_minimum_rounds_and_noisy_ones_their_budget():
     """The rounds are the run's own loop on simulated rounds. Against arithmetic: a step whose time
     never varies reaches any precision in its minimum rounds (on each group of ranks its share:
-    ``group_share``); one that varies by a third a round never reaches +-1%, and stops the first
+    ``group_share``); one that varies by up to half a round never reaches +-1%, and stops the first
     round its budget is spent, which the ceiling assumes of every step."""
     grid = grid_defaults("nccl", "cuda")
     policy = grid.round_options()
     shares = [estimate.group_share(policy, 2, index) for index in range(2)]
-    steady, noisy = (1.0,), (0.6, 1.0, 1.4)
+    steady, noisy = (1.0,), tuple(0.5 + 0.05 * i for i in range(21))
     pair = (0.5, 0.6)
     assert sum(estimate.expected_round_seconds(pair, share, steady) for share in shares) == pytest.approx(
         policy.min_rounds * sum(pair))
     for share in shares:  # the first round at or past the budget is the last
         rounds = math.ceil(share.budget_seconds / sum(pair))
         assert estimate.expected_round_seconds(pair, share, noisy) == pytest.approx(rounds * sum(pair), rel=0.1)
+    # past the simulated rounds, rounds that have not settled go on until the budget is spent
+    tiny_steps = (0.005, 0.005)
+    assert estimate.expected_round_seconds(tiny_steps, shares[0], noisy) == pytest.approx(shares[0].budget_seconds, rel=0.02)
     # a group of three strategies timed together has three benchmarks' budget
     assert estimate.expected_round_seconds(pair, shares[0], noisy, 3) == pytest.approx(
         3 * estimate.expected_round_seconds(pair, shares[0], noisy), rel=0.1)
@@ -143,3 +147,67 @@ def test_the_estimate_line_gives_the_ceiling_where_the_budget_could_add_a_tenth(
     assert run.seconds["rounds"] < 0.5 * budget <= run.rounds_ceiling_seconds
     assert run.ceiling_seconds == pytest.approx(run.total_seconds - run.seconds["rounds"] + run.rounds_ceiling_seconds)
     assert f"up to {estimate.minutes_text(run.ceiling_seconds)} if the steps vary more" in run.line()
+
+
+def test_what_a_run_holds_besides_its_step_benchmarks_is_priced_and_counted():
+    """Each all-reduce world size: its fixed part and its rounds on each group (every size in every
+    round, the budget of as many benchmarks as sizes); each race: its contenders built once on the
+    first group, then timed together; every other test at its measured average. Against arithmetic,
+    with rounds that never vary (their minimum)."""
+    costs = dataclasses.replace(estimate.MEASURED["cuda"], round_spread=(1.0,), allreduce_spread=(1.0,))
+    launch = ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for")
+    grid = grid_defaults("nccl", "cuda")
+    policy = grid.round_options()
+    contenders = tuple(StepConfig(s, "tiny", 2, 32, 25.0 if s != "local" else None) for s in ("local", "bucketed", "torch"))
+    besides = estimate.Besides(((2, (1.0, 100.0)), (4, (1.0,))), (contenders,), 3)
+    alone = estimate.estimate_run([], grid, launch)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(estimate.MEASURED, "cuda", costs)
+        run = estimate.estimate_run([], grid, launch, besides)
+    assert run.besides == 2 + 1 + 1 + 3 and run.line().startswith("estimated length: ") and " for 7 tests (" in run.line()
+
+    def allreduce(n: int, mb: float) -> float:
+        return costs.allreduce_latency_seconds + mb * 2**20 * 2 * (n - 1) / n / costs.allreduce_bus_bytes_per_second
+    rounds = policy.min_rounds  # over both groups
+    assert run.seconds["all-reduces"] == pytest.approx(
+        2 * costs.allreduce_seconds + rounds * (allreduce(2, 1.0) + allreduce(2, 100.0) + allreduce(4, 1.0)), rel=1e-3)
+    step = costs.step_seconds + sum(estimate.step_flops(c) for c in contenders) / 3 / costs.flops_per_second
+    assert run.seconds["races"] == pytest.approx(policy.min_rounds * 3 * step + costs.benchmark_seconds, rel=1e-3)
+    built = 3 * (costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(contenders[0]) / 1e9)
+    assert run.seconds["builds"] == pytest.approx(built)
+    assert run.seconds["other tests"] == 3 * costs.check_seconds
+    assert run.step_benchmark_seconds == pytest.approx(alone.total_seconds + built + run.seconds["warm-up"]
+                                                       + run.seconds["memory counts"] + run.seconds["predictions"])
+
+
+def test_the_line_counts_every_test_perf_tests_selected():
+    """The estimate printed before a run covers what it selected: the step benchmarks, and the
+    all-reduces, the race and the harness's checks besides them."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "perf_tests", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "--model", "tiny", "--batch-sizes", "2", "--seq-lens", "32"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if line.startswith("perf_tests/")]
+    steps = sum("::test_step[" in line for line in ids)
+    assert steps and len(ids) > steps
+    assert f"for {steps} step benchmarks and {len(ids) - steps} other tests (" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_build_is_priced_restored_where_the_run_restores_it(monkeypatch):
+    """On CPU each timing group keeps its ``local`` twin built and releases every other strategy
+    before the next build, which then starts from the released module and the kept copy
+    (``ddp.bench.rounds.reuse``): the twin and the first other strategy of a workload are fresh
+    builds, the next restored; a sharding strategy, which the copy cannot serve, is always fresh.
+    On CUDA every build is priced fresh."""
+    monkeypatch.setattr(estimate, "host_flops_per_second", lambda *_: 1e10)
+    grid = grid_defaults("gloo", "cpu")
+    configs = [StepConfig("local", "mini", 2, 32), StepConfig("bucketed", "mini", 2, 32, 10.0),
+               StepConfig("torch", "mini", 2, 32, 10.0), StepConfig("zero", "mini", 2, 32, 10.0)]
+    costs = estimate.MEASURED["cpu"]
+    fresh = costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(configs[0]) / 1e9
+    cpu = estimate.estimate_run(configs, grid, ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for"))
+    assert cpu.seconds["builds"] == pytest.approx(grid.rank_groups * (3 * fresh + costs.restore_seconds))
+    gpu_costs = estimate.MEASURED["cuda"]
+    gpu = estimate.estimate_run(configs, grid_defaults("nccl", "cuda"), ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for"))
+    fresh = gpu_costs.build_seconds + gpu_costs.build_seconds_per_gparam * estimate.parameters(configs[0]) / 1e9
+    assert gpu.seconds["builds"] == pytest.approx((grid.rank_groups + 1) * 4 * fresh)  # and the tracer's

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from ddp.bench.memory.predict import fake_step_key, host_memory_bytes, parameter
 from ddp.bench.results.flops import workload_flops_per_token
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, PARTS, PREDICTIONS, ROUNDS, STARTUP, TRACED, WARMUP, minutes_text
 from ddp.bench.rounds.measure import active_groups, group_share, timed_rounds
+from ddp.bench.rounds.reuse import restorable, workload_key
 from ddp.bench.rounds.trainer import LEARNING_RATE, adamw_implementation
 from ddp.strategies.registry import FLOOR, steps_to_settle
 
@@ -54,6 +56,10 @@ class PartCosts:
     """A build's fixed part: the strategy, the optimizer, the batches."""
     build_seconds_per_gparam: float
     """A build's part per billion parameters: allocating and initializing the model."""
+    restore_seconds: float | None
+    """A build from a kept copy of its workload's model (``ddp.bench.rounds.reuse``), all of it;
+    None: every build priced fresh (on CUDA whether a copy fits beside a pair depends on the GPU's
+    memory, which the parent does not query: an xl pair on an 80 GB GPU keeps none)."""
     step_seconds: float
     """A step's fixed part: launches, hooks, the harness."""
     flops_per_second: float
@@ -76,7 +82,26 @@ class PartCosts:
     round_spread: tuple[float, ...]
     """How a step's time varies from round to round: measured rounds, each over its measurement's
     median, pooled (or their quantiles). The estimate draws simulated rounds from them."""
+    allreduce_seconds: float
+    """A world size's all-reduce benchmark besides its rounds: its groups of ranks, warm-up rounds,
+    the barriers before each all-reduce and the check of every element."""
+    allreduce_latency_seconds: float
+    """An all-reduce's fixed time; with ``allreduce_bus_bytes_per_second`` the time of each size."""
+    allreduce_bus_bytes_per_second: float
+    """The bus bandwidth (nccl-tests' busbw) of a large all-reduce."""
+    allreduce_spread: tuple[float, ...]
+    """As ``round_spread``, for the rounds of all-reduces."""
+    check_seconds: float
+    """Any other perf test (the harness's own checks): each, on average."""
 
+
+# Every round of the GPU-bound steps the H200 timed (docs/gpu-runs/2026-11-27-h200-c): local xl at
+# 4 x 1,024 in tf32 and bf16 (precision), the harness and its plain loop at 4 x 128 (harness), bf16
+# at 13 and 14 x 1,024 (fit), each over its run's median. Most within 0.5%; one in 36 took 10% longer.
+H200_ROUNDS = (0.9956, 0.998, 0.9981, 0.9983, 0.9986, 0.9989, 0.999, 0.9991, 0.9993, 0.9994, 0.9995,
+               0.9996, 0.9996, 0.9996, 0.9998, 0.9999, 0.9999, 1.0, 1.0, 1.0001, 1.0002, 1.0002,
+               1.0004, 1.0005, 1.0005, 1.0005, 1.0006, 1.0012, 1.0015, 1.0017, 1.0019, 1.0031,
+               1.0032, 1.0044, 1.0059, 1.1037)
 
 # Measured with this suite's time by part (``ddp.bench.rounds.ledger``), each from the run named.
 MEASURED: dict[str, PartCosts] = {
@@ -87,7 +112,11 @@ MEASURED: dict[str, PartCosts] = {
         # a rank's core (tiny 0.02 s, mini 0.47, small 5.7: build_workload and AdamW, one thread).
         # Start-up: the first group 2.3 s, each later one 0.03 s (ranks forked from the fork
         # server). A trace pair: mini 1.5 s, small 3.5, medium 7.3 (2026-11-27).
+        # A restored build: the default run's 40 builds of mini took 11 s (2026-11-28), 8 of them
+        # fresh (a twin and the first other strategy of each workload, on each group: a second
+        # each), 32 restored.
         startup_seconds=2.5, later_startup_seconds=0.1, build_seconds=0.55, build_seconds_per_gparam=45.0,
+        restore_seconds=0.1,
         step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, traced_step_seconds_per_gparam=0.0,
         benchmark_seconds=2.0,
         trace_seconds=1.4, trace_seconds_per_gparam=14.0,
@@ -96,6 +125,15 @@ MEASURED: dict[str, PartCosts] = {
         # each strategy and its local twin (3.4% a round).
         round_spread=(0.911, 0.952, 0.966, 0.974, 0.981, 0.985, 0.989, 0.993, 0.996, 0.999, 1.0,
                       1.002, 1.006, 1.01, 1.015, 1.022, 1.03, 1.038, 1.048, 1.064, 1.174),
+        # All-reduces (2026-11-28, perf_tests' default 1, 10 and 100 MiB at 2, 4 and 6 ranks): a
+        # world size 22 s, 15 of them its rounds, which take their budget (a round's time moves
+        # by 0.3 to 4.9 times its median: the 5%-quantiles below, the baseline's 0005 rounds);
+        # 2 ranks: 1.7 ms at 1 MiB, 1.56 GB/s of busbw at 100 MiB. The harness's checks
+        # (test_harness.py, test_harness_cost.py): 32 s for 4.
+        allreduce_seconds=7.0, allreduce_latency_seconds=1.5e-3, allreduce_bus_bytes_per_second=1.56e9,
+        allreduce_spread=(0.29, 0.494, 0.61, 0.726, 0.814, 0.872, 0.905, 0.931, 0.956, 0.979, 1.0, 1.021, 1.045,
+                          1.072, 1.107, 1.169, 1.262, 1.409, 1.727, 2.452, 4.875),
+        check_seconds=8.0,
     ),
     "cuda": PartCosts(
         source="one H200, torch 2.11.0+cu130 (gpu-check, 2026-11-27): xl's bf16 step at 4,096 tokens 207-225 ms; the "
@@ -107,6 +145,7 @@ MEASURED: dict[str, PartCosts] = {
         # 1 s for two at 0.5 s a step, predictions 6 s for one trace pair; precision (tf32, bf16):
         # start-up 4 s, predictions 10 s for two pairs; layout (3 groups): start-up 4 s.
         startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, build_seconds_per_gparam=1.0,
+        restore_seconds=None,
         step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5,
         # A step under the profiler: 240.7 ms against 143.4 timed (xl bf16 2 x 512, 2026-11-27).
         # Its trace, per event, timed on this project's CPU (2026-11-28, a CPU profile of mini's
@@ -115,14 +154,14 @@ MEASURED: dict[str, PartCosts] = {
         # with about 66,000 events a step: 1.45 s a traced step, 0.75 s per billion parameters.
         traced_step_steps=1.7, traced_step_seconds_per_gparam=0.75, benchmark_seconds=2.0,
         trace_seconds=1.0, trace_seconds_per_gparam=2.0,
-        # Every round of the GPU-bound steps the H200 timed (docs/gpu-runs/2026-11-27-h200-c):
-        # local xl at 4 x 1,024 in tf32 and bf16 (precision), the harness and its plain loop at
-        # 4 x 128 (harness), bf16 at 13 and 14 x 1,024 (fit), each over its run's median. Most
-        # within 0.5%; one round in 36 took 10% longer.
-        round_spread=(0.9956, 0.998, 0.9981, 0.9983, 0.9986, 0.9989, 0.999, 0.9991, 0.9993, 0.9994, 0.9995,
-                      0.9996, 0.9996, 0.9996, 0.9998, 0.9999, 0.9999, 1.0, 1.0, 1.0001, 1.0002, 1.0002,
-                      1.0004, 1.0005, 1.0005, 1.0005, 1.0006, 1.0012, 1.0015, 1.0017, 1.0019, 1.0031,
-                      1.0032, 1.0044, 1.0059, 1.1037),
+        round_spread=H200_ROUNDS,
+        # Not measured on two GPUs: NCCL over NVLink taken at a third of two H100s' 450 GB/s a
+        # direction and 50 us a call, its rounds as steady as the steps'; a world size's groups
+        # (new processes, CUDA contexts, communicators) and checks 5 s. The harness's checks: the
+        # H200's harness stage took 25 s, the other checks are small models, 10 s each.
+        allreduce_seconds=5.0, allreduce_latency_seconds=50e-6, allreduce_bus_bytes_per_second=150e9,
+        allreduce_spread=H200_ROUNDS,
+        check_seconds=10.0,
     ),
 }
 
@@ -178,9 +217,31 @@ def parameters(config: StepConfig) -> int:
     return parameter_count(config.model, config.batch_size, config.seq_len)
 
 
+# The estimate's parts besides the ledger's: the step benchmarks' own ("other"), then what the
+# run holds besides its step benchmarks (``Besides``).
+OTHER, ALLREDUCES, RACES, CHECKS = "other", "all-reduces", "races", "other tests"
+
+
+@dataclass(frozen=True)
+class Besides:
+    """What a run holds besides its step benchmarks, as perf_tests selected it."""
+
+    allreduce: tuple[tuple[int, tuple[float, ...]], ...] = ()
+    """Per world size measured, its all-reduce sizes in MiB (measured together)."""
+    races: tuple[tuple[StepConfig, ...], ...] = ()
+    """Each race's contenders (``ddp.bench.rounds.race``), built together on the run's ranks."""
+    checks: int = 0
+    """The other tests (the harness's own)."""
+
+    @property
+    def tests(self) -> int:
+        return sum(len(sizes) for _, sizes in self.allreduce) + len(self.races) + self.checks
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A run's estimated seconds by part (``ddp.bench.rounds.ledger.PARTS``, and ``other``)."""
+    """A run's estimated seconds by part (``ddp.bench.rounds.ledger.PARTS``, ``other``, and what
+    the run holds besides its step benchmarks)."""
 
     seconds: dict[str, float]
     benchmarks: int
@@ -192,6 +253,8 @@ class Estimate:
     rounds_ceiling_seconds: float | None = None
     """The rounds if every measurement took its budget (steps noisier than the machine's measured
     rounds never reach their precision target): what the run's length may reach."""
+    besides: int = 0
+    """The other tests priced (``Besides.tests``)."""
 
     @property
     def ceiling_seconds(self) -> float:
@@ -204,6 +267,11 @@ class Estimate:
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
 
+    @property
+    def step_benchmark_seconds(self) -> float:
+        """The step benchmarks' part: the whole less what the run holds besides them."""
+        return self.total_seconds - sum(self.seconds.get(part, 0.0) for part in (ALLREDUCES, RACES, CHECKS))
+
     def line(self) -> str:
         parts = ", ".join(f"{part} {minutes_text(seconds)}" for part, seconds in self.seconds.items() if seconds >= 0.5)
         skipped = f"; {self.skipped} predicted not to fit, skipped unbuilt" if self.skipped else ""
@@ -212,17 +280,23 @@ class Estimate:
         # Said where the budget could add a tenth or more: a noisy machine's run takes that long.
         ceiling = (f", up to {minutes_text(self.ceiling_seconds)} if the steps vary more than the rounds measured there "
                    "and take their budget" if self.ceiling_seconds > 1.1 * self.total_seconds else "")
-        return (f"estimated length: {minutes_text(self.total_seconds)} for {self.benchmarks} step benchmark"
-                f"{'s' if self.benchmarks != 1 else ''} ({parts}; per-part costs measured on {self.costs.source}"
+        what = [f"{self.benchmarks} step benchmark{'s' if self.benchmarks != 1 else ''}"] if self.benchmarks else []
+        if self.besides:
+            what.append(f"{self.besides}{' other' if what else ''} test{'s' if self.besides != 1 else ''}")
+        return (f"estimated length: {minutes_text(self.total_seconds)} for {' and '.join(what)} ({parts}; per-part "
+                f"costs measured on {self.costs.source}"
                 f"{ceiling}){skipped}")
 
 
-def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch) -> Estimate:
+def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch,
+                 besides: Besides = Besides()) -> Estimate:
     """The estimated length of the step benchmarks of ``configs`` (the selected ones of ``grid``)
     on ``launch``'s ranks, laid out as perf_tests lays them out: ``grid.rank_groups`` groups of
     ranks timing, each configuration with its ``local`` twin (kept built across the strategies of
     its group) under ``--interleave local``, every strategy of a group in the same rounds under
-    ``group``; traced on a third group on CUDA, where it was timed on CPU."""
+    ``group``; traced on a third group on CUDA, where it was timed on CPU. Then ``besides``: each
+    world size's all-reduces on groups of their own (``measure_all_reduces``), each race on the
+    run's ranks (its contenders built and timed together, once), and the other tests."""
     costs = costs_for(launch.device)
     selected = len(configs)
     # What the grid will skip unbuilt on every device: a shape the strategy cannot run (decided on
@@ -246,7 +320,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     policy = grid.round_options()
     groups = grid.rank_groups
     cuda = launch.device == "cuda"
-    seconds = dict.fromkeys([*PARTS, "other"], 0.0)
+    seconds = dict.fromkeys([*PARTS, OTHER, ALLREDUCES, RACES, CHECKS], 0.0)
     started = groups + (1 if cuda and policy.traced_steps else 0)
     seconds[STARTUP] = costs.startup_seconds + (started - 1) * costs.later_startup_seconds
     traces: dict[tuple, int] = {}  # the trace pairs the predictions make, by fake_step_key
@@ -254,10 +328,18 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     def step(config: StepConfig) -> float:
         return costs.step_seconds + step_flops(config) / costs.flops_per_second
 
-    def build(config: StepConfig, where: int, memory_count: bool = True) -> None:
-        """A fresh build on ``where`` groups of ranks with its warm-up and, where it is timed, one
-        memory count (in the first group)."""
-        seconds[BUILDS] += where * (costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9)
+    released: set = set()  # the workloads a released module and a kept copy wait for on the timing groups
+
+    def build(config: StepConfig, where: int, memory_count: bool = True, released_after: bool = False) -> None:
+        """A build on ``where`` groups of ranks, with its warm-up and, where it is timed, one memory
+        count (in the first group): restored where a configuration of the same workload was
+        released before it (``ddp.bench.rounds.reuse``: its module and the copy of the fresh
+        build), and ``released_after`` it is measured, before the next build."""
+        restored = costs.restore_seconds is not None and restorable(config) and workload_key(config) in released
+        if released_after and costs.restore_seconds is not None and restorable(config):
+            released.add(workload_key(config))
+        seconds[BUILDS] += where * (costs.restore_seconds if restored else
+                                    costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9)
         seconds[WARMUP] += where * max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
         if memory_count:
             seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
@@ -291,7 +373,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
             if paired or any(c.strategy == FLOOR for c in members):
                 build(local, groups)
             for config in others:
-                build(config, groups)
+                build(config, groups, released_after=True)  # the twin stays built; each other goes before the next
                 if paired:  # the kept twin's warm-up before each measurement
                     seconds[WARMUP] += groups * policy.warmup_rounds * step(local)
                 seconds[ROUNDS] += rounds([step(config), *([step(local)] if paired else [])])
@@ -302,17 +384,33 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
                                                       + costs.traced_step_seconds_per_gparam * parameters(config) / 1e9)
             if cuda:  # the tracer builds and warms up each configuration on its own ranks
                 build(config, 1, memory_count=False)
-        seconds["other"] += costs.benchmark_seconds * len(members)
+        seconds[OTHER] += costs.benchmark_seconds * len(members)
+    for contenders in besides.races:  # built together on the first group, timed in one measurement
+        settle = max(max(steps_to_settle(c.strategy) for c in contenders), policy.warmup_rounds)
+        for config in contenders:
+            build(config, 1)
+            seconds[WARMUP] += (settle - max(steps_to_settle(config.strategy), policy.warmup_rounds)) * step(config)
+        traces.update((fake_step_key(c), parameters(c)) for c in contenders)
+        seconds[RACES] += expected_round_seconds(tuple(round(step(c), 4) for c in contenders), policy,
+                                                 costs.round_spread) + costs.benchmark_seconds
+    for world_size, sizes_mb in besides.allreduce:
+        bus = 2 * (world_size - 1) / world_size / costs.allreduce_bus_bytes_per_second
+        each = tuple(round(costs.allreduce_latency_seconds + size * 2**20 * bus, 6) for size in sizes_mb)
+        seconds[ALLREDUCES] += costs.allreduce_seconds + sum(
+            expected_round_seconds(each, share, costs.allreduce_spread, len(each)) for share in shares)
+    seconds[CHECKS] = costs.check_seconds * besides.checks
     # On CPU the fit decisions above make them, in this process, before the line is printed: the
     # run's time by part then counts them in "other", its predictions finding them made.
     seconds[PREDICTIONS] = sum(costs.trace_seconds + costs.trace_seconds_per_gparam * n / 1e9 for n in traces.values())
     return Estimate(seconds, selected, costs, runnable - len(configs), selected - runnable,
-                    rounds_ceiling_seconds=ceiling)
+                    rounds_ceiling_seconds=ceiling, besides=besides.tests)
 
 
-# Simulated measurements the expected rounds average: enough that the estimate moves by under a
-# round between seeds, few enough to take well under a second for a grid.
-SIMULATED_MEASUREMENTS = 100
+# Simulated measurements the expected rounds average, and the rounds each is followed to before
+# its precision is given up on (past it the rounds go on at their mean until the budget or the
+# maximum): the estimate moves by about a round between seeds and a grid's takes under a second.
+SIMULATED_MEASUREMENTS = 50
+SIMULATED_ROUNDS = 60
 
 
 @dataclass(frozen=True)
@@ -321,17 +419,47 @@ class _SimulatedStep:
 
 
 @functools.cache
+def _simulated_rounds(spread: tuple[float, ...], configs: int, min_rounds: int, max_rounds: int,
+                      target_precision: float) -> tuple[tuple[np.ndarray, bool], ...]:
+    """Per simulated measurement of ``configs`` configurations, its rounds' relative step times
+    (rounds x configs, drawn from ``spread``) until ``timed_rounds``, the run's own loop, with no
+    budget, stops on its precision target or its maximum rounds, and whether the target was
+    reached (at most ``SIMULATED_ROUNDS`` rounds). What a precision is does not depend on the steps'
+    times, so one simulation serves every measurement of that many configurations."""
+    draws = np.random.default_rng(0)
+    values = np.asarray(spread)
+    policy = RoundOptions(min_rounds, min(max_rounds, max(min_rounds, SIMULATED_ROUNDS)), 0, target_precision,
+                          budget_seconds=float("inf"))
+    measurements = []
+    for _ in range(SIMULATED_MEASUREMENTS):
+        rows: list[np.ndarray] = []
+
+        def run_round(index: int) -> list[list[_SimulatedStep]]:
+            rows.append(draws.choice(values, configs))
+            return [[_SimulatedStep(float(v)) for v in rows[-1]]]
+
+        _, precision = timed_rounds(run_round, policy)
+        measurements.append((np.array(rows), precision <= target_precision or len(rows) >= max_rounds))
+    return tuple(measurements)
+
+
 def expected_round_seconds(step_seconds: tuple[float, ...], policy: RoundOptions, spread: tuple[float, ...],
                            benchmarks: int = 1) -> float:
     """The expected seconds of one measurement's rounds (on one group of ranks) of configurations
-    whose steps take ``step_seconds``: ``timed_rounds``, the loop the run uses, run on rounds whose
-    every step takes its time times a value drawn from ``spread``, averaged over
-    ``SIMULATED_MEASUREMENTS`` (seeded: the same estimate every time)."""
-    draws = np.random.default_rng(0)
-    values, base = np.asarray(spread), np.asarray(step_seconds)
+    whose steps take ``step_seconds``, with the budget of ``benchmarks`` benchmarks: the rounds of
+    ``_simulated_rounds``, each at these times, cut where ``timed_rounds`` would stop them for the
+    budget (the first round from the minimum on at which the time spent reaches it)."""
+    base = np.asarray(step_seconds, dtype=float)
+    budget = policy.budget_seconds * benchmarks
     total = 0.0
-    for _ in range(SIMULATED_MEASUREMENTS):
-        outcome = timed_rounds(lambda index: [[_SimulatedStep(float(s)) for s in base * draws.choice(values, base.size)]],
-                               policy, budget_scale=benchmarks)
-        total += sum(step.seconds for round_ in outcome[0] for step in round_[0])
+    for rows, settled in _simulated_rounds(spread, base.size, policy.min_rounds, policy.max_rounds,
+                                           policy.target_precision):
+        spent = np.cumsum(rows @ base)
+        over = np.nonzero((np.arange(1, spent.size + 1) >= policy.min_rounds) & (spent >= budget))[0]
+        if over.size or settled:
+            total += spent[over[0]] if over.size else spent[-1]
+            continue
+        mean = spent[-1] / spent.size  # unsettled past the simulated rounds: on at the mean round
+        rounds = min(policy.max_rounds, max(spent.size, math.ceil(budget / mean)))
+        total += spent[-1] + (rounds - spent.size) * mean
     return total / SIMULATED_MEASUREMENTS
