@@ -462,4 +462,4 @@ def expected_round_seconds(step_seconds: tuple[float, ...], policy: RoundOptions
         mean = spent[-1] / spent.size  # unsettled past the simulated rounds: on at the mean round
         rounds = min(policy.max_rounds, max(spent.size, math.ceil(budget / mean)))
         total += spent[-1] + (rounds - spent.size) * mean
-    return total / SIMULATED_MEASUREMENTS
+    return float(total / SIMULATED_MEASUREMENTS)
