@@ -64,17 +64,15 @@ def is_step_benchmark(item: pytest.Item) -> bool:
 
 
 def besides_selected(items: list[pytest.Item]) -> Besides:
-    """The all-reduce world sizes and sizes, the races and the other tests of perf_tests/ among ``items``."""
+    """What perf_tests/ runs besides its step benchmarks among ``items``: the all-reduce tests and
+    their world sizes (each measures every size of the grid), the races and the other tests."""
     here = Path(__file__).parent
-    params = [getattr(item, "callspec", None) and item.callspec.params or {} for item in items]
-    sizes: dict[int, list[float]] = {}
-    for found in params:
-        if "allreduce_world_size" in found:
-            sizes.setdefault(found["allreduce_world_size"], []).append(found["allreduce_size_mb"])
+    ours = [item for item in items if item.path.is_relative_to(here)]
+    params = [item.callspec.params if hasattr(item, "callspec") else {} for item in ours]
+    world_sizes = tuple(dict.fromkeys(found["allreduce_world_size"] for found in params if "allreduce_world_size" in found))
+    allreduces = sum("allreduce_world_size" in found for found in params)
     races = tuple(tuple(race_configs(DEFAULT_CONTENDERS, found["values"])) for found in params if "values" in found)
-    checks = sum(1 for item, found in zip(items, params) if item.path.is_relative_to(here)
-                 and "allreduce_world_size" not in found and "values" not in found)
-    return Besides(tuple((n, tuple(mb)) for n, mb in sizes.items()), races, checks)
+    return Besides(world_sizes, allreduces, races, len(ours) - allreduces - len(races))
 
 
 @pytest.hookimpl(wrapper=True)

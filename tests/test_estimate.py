@@ -121,7 +121,7 @@ def test_steps_that_never_vary_cost_their_minimum_rounds_and_noisy_ones_their_bu
     round its budget is spent, which the ceiling assumes of every step."""
     grid = grid_defaults("nccl", "cuda")
     policy = grid.round_options()
-    shares = [estimate.group_share(policy, 2, index) for index in range(2)]
+    shares = [estimate.group_share(policy, grid.rank_groups, index) for index in range(grid.rank_groups)]
     steady, noisy = (1.0,), tuple(0.5 + 0.05 * i for i in range(21))
     pair = (0.5, 0.6)
     assert sum(estimate.expected_round_seconds(pair, share, steady) for share in shares) == pytest.approx(
@@ -129,6 +129,9 @@ def test_steps_that_never_vary_cost_their_minimum_rounds_and_noisy_ones_their_bu
     for share in shares:  # the first round at or past the budget is the last
         rounds = math.ceil(share.budget_seconds / sum(pair))
         assert estimate.expected_round_seconds(pair, share, noisy) == pytest.approx(rounds * sum(pair), rel=0.1)
+    # a budget spent before the minimum rounds does not cut them
+    slow = (10.0, 12.0)
+    assert estimate.expected_round_seconds(slow, shares[0], noisy) == pytest.approx(shares[0].min_rounds * sum(slow), rel=0.1)
     # past the simulated rounds, rounds that have not settled go on until the budget is spent
     tiny_steps = (0.005, 0.005)
     assert estimate.expected_round_seconds(tiny_steps, shares[0], noisy) == pytest.approx(shares[0].budget_seconds, rel=0.02)
@@ -150,8 +153,9 @@ def test_the_estimate_line_gives_the_ceiling_where_the_budget_could_add_a_tenth(
 
 
 def test_what_a_run_holds_besides_its_step_benchmarks_is_priced_and_counted():
-    """Each all-reduce world size: its fixed part and its rounds on each group (every size in every
-    round, the budget of as many benchmarks as sizes); each race: its contenders built once on the
+    """Each all-reduce world size: its fixed part and its rounds on each group (every size of the
+    grid in every round, whichever of its tests were selected, with the budget of as many
+    benchmarks as sizes); each race: its contenders built once on the
     first group, then timed together; every other test at its measured average. Against arithmetic,
     with rounds that never vary (their minimum)."""
     costs = dataclasses.replace(estimate.MEASURED["cuda"], round_spread=(1.0,), allreduce_spread=(1.0,))
@@ -159,18 +163,20 @@ def test_what_a_run_holds_besides_its_step_benchmarks_is_priced_and_counted():
     grid = grid_defaults("nccl", "cuda")
     policy = grid.round_options()
     contenders = tuple(StepConfig(s, "tiny", 2, 32, 25.0 if s != "local" else None) for s in ("local", "bucketed", "torch"))
-    besides = estimate.Besides(((2, (1.0, 100.0)), (4, (1.0,))), (contenders,), 3)
+    grid = dataclasses.replace(grid, allreduce_sizes_mb=(1.0, 100.0))
+    besides = estimate.Besides((2, 4), 3, (contenders,), 3)  # 3 of the 4 all-reduce tests selected
     alone = estimate.estimate_run([], grid, launch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(estimate.MEASURED, "cuda", costs)
         run = estimate.estimate_run([], grid, launch, besides)
-    assert run.besides == 2 + 1 + 1 + 3 and run.line().startswith("estimated length: ") and " for 7 tests (" in run.line()
+    assert run.besides == 3 + 1 + 3 and run.line().startswith("estimated length: ") and " for 7 tests (" in run.line()
 
     def allreduce(n: int, mb: float) -> float:
         return costs.allreduce_latency_seconds + mb * 2**20 * 2 * (n - 1) / n / costs.allreduce_bus_bytes_per_second
     rounds = policy.min_rounds  # over both groups
     assert run.seconds["all-reduces"] == pytest.approx(
-        2 * costs.allreduce_seconds + rounds * (allreduce(2, 1.0) + allreduce(2, 100.0) + allreduce(4, 1.0)), rel=1e-3)
+        2 * costs.allreduce_seconds + rounds * (allreduce(2, 1.0) + allreduce(2, 100.0) + allreduce(4, 1.0)
+                                                + allreduce(4, 100.0)), rel=1e-3)
     step = costs.step_seconds + sum(estimate.step_flops(c) for c in contenders) / 3 / costs.flops_per_second
     assert run.seconds["races"] == pytest.approx(policy.min_rounds * 3 * step + costs.benchmark_seconds, rel=1e-3)
     built = 3 * (costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(contenders[0]) / 1e9)
@@ -208,6 +214,15 @@ def test_a_build_is_priced_restored_where_the_run_restores_it(monkeypatch):
     cpu = estimate.estimate_run(configs, grid, ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for"))
     assert cpu.seconds["builds"] == pytest.approx(grid.rank_groups * (3 * fresh + costs.restore_seconds))
     gpu_costs = estimate.MEASURED["cuda"]
-    gpu = estimate.estimate_run(configs, grid_defaults("nccl", "cuda"), ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for"))
-    fresh = gpu_costs.build_seconds + gpu_costs.build_seconds_per_gparam * estimate.parameters(configs[0]) / 1e9
-    assert gpu.seconds["builds"] == pytest.approx((grid.rank_groups + 1) * 4 * fresh)  # and the tracer's
+    gpu_grid = grid_defaults("nccl", "cuda")
+    gpu = estimate.estimate_run(configs, gpu_grid, ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for"))
+    gpu_fresh = gpu_costs.build_seconds + gpu_costs.build_seconds_per_gparam * estimate.parameters(configs[0]) / 1e9
+    assert gpu.seconds["builds"] == pytest.approx((gpu_grid.rank_groups + 1) * 4 * gpu_fresh)  # and the tracer's
+    # A build keeps only the copies of the workloads it builds: after another workload's, a race on
+    # the first one builds all three contenders fresh, on the first group of ranks.
+    other = [StepConfig("local", "mini", 2, 64), StepConfig("bucketed", "mini", 2, 64, 10.0)]
+    other_fresh = costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(other[0]) / 1e9
+    race = estimate.Besides(races=(tuple(configs[:3]),))
+    later = estimate.estimate_run([*configs, *other], grid, ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for"), race)
+    assert later.seconds["builds"] == pytest.approx(
+        grid.rank_groups * (3 * fresh + costs.restore_seconds + 2 * other_fresh) + 3 * fresh)

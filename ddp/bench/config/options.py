@@ -413,9 +413,9 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
             axes={name: axis.gpu for name, axis in AXES.items()},
             # 10 rounds at least; more only until the median is within +-1%, which a GPU-bound step
             # (0.3% a round on an H200, fp32 to bf16) reaches in them: the budget is a ceiling.
-            # 300 s for the grid's 24 steps, 12.5 s each, is what +-1% takes at 2% a round (about
-            # 31 rounds of a pair, ``ddp.bench.rounds.estimate.expected_round_seconds``: 14 s for
-            # an xl pair at 4 x 1,024, 7 at 2 x 1,024).
+            # 300 s for the grid's 24 steps, 12.5 s each, is about what +-1% takes at 2% a round
+            # (31 rounds of a pair, ``ddp.bench.rounds.estimate.expected_round_seconds``: 14 s for
+            # an xl pair at 4 x 1,024, 7 at 2 x 1,024; the larger pairs stop a little short).
             rounds=RoundOptions(min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2, target_precision=0.01,
                                 budget_seconds=None, traced_steps=TRACED_STEPS),
             # Each strategy with its local twin, as on CPU: the paired overhead, local_mfu and

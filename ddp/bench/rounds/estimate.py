@@ -6,9 +6,11 @@ of ranks; groups started), and prices each part with costs measured on a machine
 kind (``MEASURED``): a group's start-up, a build (a fixed part and one per parameter), and a
 step, modelled as a fixed part (the host's launches and the harness) plus the step's model FLOPs
 at the rate the machine sustained; on CPU that rate is timed here, before the run, on the grid's
-smallest step (``host_flops_per_second``). A memory count and a traced step are priced in steps. The
-rounds take their budget (``GridOptions.round_budget_seconds``), or their minimum where that is
-longer.
+smallest step (``host_flops_per_second``). A memory count and a traced step are priced in steps.
+The rounds are the run's own loop (``ddp.bench.rounds.measure.timed_rounds``) on simulated rounds
+that vary from one to the next as the machine's measured rounds did (``PartCosts.round_spread``):
+a step that reaches its precision target in its minimum rounds costs those, a noisy one its
+budget (``GridOptions.round_budget_seconds``), which the line also gives as the rounds' ceiling.
 
 What the estimate rests on is printed with it; ``docs/perf-suite.md`` and ``docs/gpu.md`` give
 the runs the costs were measured in. The run's time by part, printed when it ends (``ledger``),
@@ -226,8 +228,11 @@ OTHER, ALLREDUCES, RACES, CHECKS = "other", "all-reduces", "races", "other tests
 class Besides:
     """What a run holds besides its step benchmarks, as perf_tests selected it."""
 
-    allreduce: tuple[tuple[int, tuple[float, ...]], ...] = ()
-    """Per world size measured, its all-reduce sizes in MiB (measured together)."""
+    allreduce_world_sizes: tuple[int, ...] = ()
+    """The world sizes whose all-reduces run: each measures every size of the grid together, when
+    its first test runs."""
+    allreduce_tests: int = 0
+    """The all-reduce tests selected."""
     races: tuple[tuple[StepConfig, ...], ...] = ()
     """Each race's contenders (``ddp.bench.rounds.race``), built together on the run's ranks."""
     checks: int = 0
@@ -235,7 +240,7 @@ class Besides:
 
     @property
     def tests(self) -> int:
-        return sum(len(sizes) for _, sizes in self.allreduce) + len(self.races) + self.checks
+        return self.allreduce_tests + len(self.races) + self.checks
 
 
 @dataclass(frozen=True)
@@ -269,7 +274,8 @@ class Estimate:
 
     @property
     def step_benchmark_seconds(self) -> float:
-        """The step benchmarks' part: the whole less what the run holds besides them."""
+        """The whole less the all-reduces, the races' rounds and the other tests (a race's builds,
+        warm-up, memory counts and predictions are in the ledger's parts, with the steps')."""
         return self.total_seconds - sum(self.seconds.get(part, 0.0) for part in (ALLREDUCES, RACES, CHECKS))
 
     def line(self) -> str:
@@ -309,8 +315,9 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
         # through the run, so nothing is taken off there.
         share = host_memory_bytes(launch.world_size)
         configs = [c for c in configs if too_large(c, launch.world_size, share) is None]
-    if launch.device != "cuda" and configs:  # the host's speed now, from its smallest step
-        smallest = min(configs, key=step_flops)
+    timed = [*configs, *(c for contenders in besides.races for c in contenders)]
+    if launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
+        smallest = min(timed, key=step_flops)
         if fits_one_process(smallest):
             costs = dataclasses.replace(costs, flops_per_second=host_flops_per_second(smallest, launch.world_size),
                                         source=costs.source + "; the step's rate timed here now")
@@ -328,57 +335,82 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     def step(config: StepConfig) -> float:
         return costs.step_seconds + step_flops(config) / costs.flops_per_second
 
-    released: set = set()  # the workloads a released module and a kept copy wait for on the timing groups
+    # The workloads whose kept copy and a released module wait on the timing groups for the next
+    # configuration of that workload (``ddp.bench.rounds.reuse``; priced only where ``restore_seconds``).
+    released: set = set()
 
-    def build(config: StepConfig, where: int, memory_count: bool = True, released_after: bool = False) -> None:
+    def keep_only(built: Sequence[StepConfig]) -> None:
+        """A build keeps the copies of the workloads it builds, no other (``RankBench._build``)."""
+        released.intersection_update({workload_key(c) for c in built})
+
+    def release(done: Sequence[StepConfig]) -> None:
+        """``done`` freed before the next build, its modules kept for the next of their workload."""
+        released.update(workload_key(c) for c in done if restorable(c))
+
+    def reuse(measured: Sequence[StepConfig]) -> None:
+        """A measurement of nothing restorable turns reuse off, dropping every copy (``GridMeasurer._timed``)."""
+        if not any(restorable(c) for c in measured):
+            released.clear()
+
+    def build(config: StepConfig, where: int, memory_count: bool = True) -> None:
         """A build on ``where`` groups of ranks, with its warm-up and, where it is timed, one memory
-        count (in the first group): restored where a configuration of the same workload was
-        released before it (``ddp.bench.rounds.reuse``: its module and the copy of the fresh
-        build), and ``released_after`` it is measured, before the next build."""
+        count (in the first group): from the kept copy where one of its workload was released before."""
         restored = costs.restore_seconds is not None and restorable(config) and workload_key(config) in released
-        if released_after and costs.restore_seconds is not None and restorable(config):
-            released.add(workload_key(config))
         seconds[BUILDS] += where * (costs.restore_seconds if restored else
                                     costs.build_seconds + costs.build_seconds_per_gparam * parameters(config) / 1e9)
         seconds[WARMUP] += where * max(steps_to_settle(config.strategy), policy.warmup_rounds) * step(config)
         if memory_count:
             seconds[MEMORY_COUNTS] += costs.memory_count_steps * step(config)
 
-    shares = [group_share(policy, groups, index) for index in range(len(active_groups(range(groups), policy)))]
+    active = len(active_groups(range(groups), policy))  # as ``measure_in_groups`` spreads a measurement's rounds
+    shares = [policy] if active == 1 else [group_share(policy, active, index) for index in range(active)]
     ceiling = 0.0  # the rounds, each measurement taking its budget
 
     def rounds(step_seconds: Sequence[float], benchmarks: int = 1) -> float:
-        """One measurement's rounds, spread over the groups of ranks as ``measure_in_groups`` spreads them."""
+        """One measurement's rounds, over the groups of ranks, with the budget of ``benchmarks``."""
         nonlocal ceiling
         each = sum(step_seconds)
         ceiling += sum(min(share.max_rounds * each, max(share.min_rounds * each, share.budget_seconds * benchmarks))
                        for share in shares)
-        return sum(expected_round_seconds(tuple(round(s, 4) for s in step_seconds), share, costs.round_spread, benchmarks)
-                   for share in shares)
+        return sum(expected_round_seconds(tuple(step_seconds), share, costs.round_spread, benchmarks) for share in shares)
 
     by_group: dict[StepConfig, list[StepConfig]] = {}
     for config in configs:
         by_group.setdefault(config.group, []).append(config)
+    left_built: list[StepConfig] = []  # what the last measurement left built on the timing groups
     for members in by_group.values():
         local = next((c for c in members if c.strategy == FLOOR), None) or members[0].local_twin()
         others = [c for c in members if c.strategy != FLOOR]
         traces.update((fake_step_key(c), parameters(c)) for c in [local, *others])  # the twin is predicted too
         traced = [local, *others] if policy.traced_steps else []
-        if grid.interleave == "group":
+        release(left_built)
+        keep_only([local, *others])
+        if grid.interleave == "group":  # built together, timed in the same rounds
+            reuse([local, *others])
             for config in [local, *others]:
                 build(config, groups)
-            seconds[ROUNDS] += rounds([step(c) for c in [local, *others]], max(1, len(others)))
+            seconds[ROUNDS] += rounds([step(c) for c in [local, *others]], len(members))
+            left_built = [local, *others]
         else:
             paired = grid.interleave != "off"
-            if paired or any(c.strategy == FLOOR for c in members):
+            alone = not paired and any(c.strategy == FLOOR for c in members)  # local measured on its own
+            if paired or alone:
+                if alone:
+                    reuse([local])
                 build(local, groups)
+            if alone or not others:
+                seconds[ROUNDS] += rounds([step(local)])
+                if alone:
+                    release([local])
             for config in others:
-                build(config, groups, released_after=True)  # the twin stays built; each other goes before the next
+                measured = [config, local] if paired else [config]
+                reuse(measured)
+                build(config, groups)
                 if paired:  # the kept twin's warm-up before each measurement
                     seconds[WARMUP] += groups * policy.warmup_rounds * step(local)
-                seconds[ROUNDS] += rounds([step(config), *([step(local)] if paired else [])])
-            if not others:
-                seconds[ROUNDS] += rounds([step(local)])
+                seconds[ROUNDS] += rounds([step(c) for c in measured])
+                release([config])  # freed before the next build; the twin stays built
+            left_built = [local] if paired else []
         for config in traced:
             seconds[TRACED] += policy.traced_steps * (costs.traced_step_steps * step(config)
                                                       + costs.traced_step_seconds_per_gparam * parameters(config) / 1e9)
@@ -386,16 +418,19 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
                 build(config, 1, memory_count=False)
         seconds[OTHER] += costs.benchmark_seconds * len(members)
     for contenders in besides.races:  # built together on the first group, timed in one measurement
+        release(left_built)
+        keep_only(contenders)
+        left_built = list(contenders)
         settle = max(max(steps_to_settle(c.strategy) for c in contenders), policy.warmup_rounds)
         for config in contenders:
             build(config, 1)
             seconds[WARMUP] += (settle - max(steps_to_settle(config.strategy), policy.warmup_rounds)) * step(config)
         traces.update((fake_step_key(c), parameters(c)) for c in contenders)
-        seconds[RACES] += expected_round_seconds(tuple(round(step(c), 4) for c in contenders), policy,
+        seconds[RACES] += expected_round_seconds(tuple(step(c) for c in contenders), policy,
                                                  costs.round_spread) + costs.benchmark_seconds
-    for world_size, sizes_mb in besides.allreduce:
+    for world_size in besides.allreduce_world_sizes:
         bus = 2 * (world_size - 1) / world_size / costs.allreduce_bus_bytes_per_second
-        each = tuple(round(costs.allreduce_latency_seconds + size * 2**20 * bus, 6) for size in sizes_mb)
+        each = tuple(costs.allreduce_latency_seconds + size * 2**20 * bus for size in grid.allreduce_sizes_mb)
         seconds[ALLREDUCES] += costs.allreduce_seconds + sum(
             expected_round_seconds(each, share, costs.allreduce_spread, len(each)) for share in shares)
     seconds[CHECKS] = costs.check_seconds * besides.checks
@@ -423,8 +458,8 @@ def _simulated_rounds(spread: tuple[float, ...], configs: int, min_rounds: int, 
                       target_precision: float) -> tuple[tuple[np.ndarray, bool], ...]:
     """Per simulated measurement of ``configs`` configurations, its rounds' relative step times
     (rounds x configs, drawn from ``spread``) until ``timed_rounds``, the run's own loop, with no
-    budget, stops on its precision target or its maximum rounds, and whether the target was
-    reached (at most ``SIMULATED_ROUNDS`` rounds). What a precision is does not depend on the steps'
+    budget, stops on its precision target or its maximum rounds, and whether it stopped (False:
+    still going after ``SIMULATED_ROUNDS`` rounds). What a precision is does not depend on the steps'
     times, so one simulation serves every measurement of that many configurations."""
     draws = np.random.default_rng(0)
     values = np.asarray(spread)
