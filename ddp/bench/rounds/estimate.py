@@ -255,7 +255,7 @@ class Estimate:
     """Of ``benchmarks``, those predicted not to fit, which the grid skips unbuilt (counted on CPU)."""
     refused: int = 0
     """Of ``benchmarks``, those whose strategy cannot run the shape asked (``cannot_run``), skipped unbuilt."""
-    rounds_ceiling_seconds: float | None = None
+    rounds_ceiling_seconds: float = 0.0
     """The rounds if every measurement took its budget (steps noisier than the machine's measured
     rounds never reach their precision target): what the run's length may reach."""
     besides: int = 0
@@ -264,8 +264,6 @@ class Estimate:
     @property
     def ceiling_seconds(self) -> float:
         """The length with the rounds at their ceiling."""
-        if self.rounds_ceiling_seconds is None:
-            return self.total_seconds
         return self.total_seconds - self.seconds[ROUNDS] + max(self.seconds[ROUNDS], self.rounds_ceiling_seconds)
 
     @property
