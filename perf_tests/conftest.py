@@ -17,11 +17,11 @@ from ddp.bench.config.parsing import percent_type
 from ddp.bench.results import timing
 from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
 from ddp.bench.results.stats import smallest_rounds
-from ddp.bench.rounds.estimate import Besides, estimate_run
+from ddp.bench.rounds.estimate import Besides, estimate_run, observed_slowdown
 from ddp.bench.rounds.ledger import PARTS, STARTUP, Ledger, minutes_text
 from ddp.bench.rounds.race import race_configs
 from ddp.launcher import RankGroup, started_seconds, unavailable_reason
-from ddp.strategies.registry import DEFAULT_CONTENDERS
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
 
 PRECISION = pytest.StashKey[dict]()
 AIMED = pytest.StashKey[list]()
@@ -52,8 +52,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not selected and not besides.tests:
         return
     grid = benchmark_grid(session.config)
-    estimate = estimate_run(selected, grid, launch(session.config), besides)
-    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.step_benchmark_seconds}
+    asked = (selected, grid, launch(session.config), besides)
+    estimate = estimate_run(*asked)
+    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.step_benchmark_seconds,
+                                      "estimate": estimate, "asked": asked}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line())
@@ -325,6 +327,30 @@ def time_by_part(terminalreporter, config: pytest.Config) -> None:
     shown = ", ".join(f"{part} {minutes_text(parts[part])}" for part in PARTS)
     rest = wall - sum(parts.values())
     terminalreporter.write_line(f"run {minutes_text(wall)}: {shown}, other {minutes_text(max(0.0, rest))}")
+    repriced = estimate_at_run_speed(config)
+    if repriced:
+        terminalreporter.write_line(repriced)
+
+
+def estimate_at_run_speed(config: pytest.Config) -> str | None:
+    """The estimate printed before the run against the speed its ranks then had: how many times the
+    time it priced them their ``local`` steps took, and the estimate at that speed
+    (``ddp.bench.rounds.estimate.observed_slowdown``). None where no step benchmark ran."""
+    progress = config.stash.get(PROGRESS, None)
+    if progress is None or not config.stash.get(MEASURED, []):
+        return None
+    try:
+        steps = run_from_data(Path("this run"), {"benchmarks": config.stash[MEASURED]}).steps
+    except RunFileError:
+        return None
+    before = progress["estimate"]
+    slowdown = observed_slowdown(before.costs, [(step.config, step.local_round_seconds or step.round_seconds)
+                                                for step in steps if step.local_round_seconds or step.config.strategy == FLOOR])
+    if slowdown is None:
+        return None
+    again = estimate_run(*progress["asked"], flops_per_second=before.costs.flops_per_second / slowdown)
+    return (f"estimated {minutes_text(before.total_seconds)} before it started; its local steps then took "
+            f"{slowdown:.2f}x the time priced: {minutes_text(again.total_seconds)} at that speed")
 
 
 def run_parts(config: pytest.Config) -> tuple[float, dict[str, float]]:

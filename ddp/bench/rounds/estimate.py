@@ -23,8 +23,11 @@ import dataclasses
 import functools
 import math
 import os
+import statistics
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +69,8 @@ class PartCosts:
     """A step's fixed part: launches, hooks, the harness."""
     flops_per_second: float
     """Model FLOPs per second one rank sustains in a step (fp32 on CPU; per the grid's precision
-    on a GPU)."""
+    on a GPU). On CPU the rate of the runs the table was measured in: the estimate scales every
+    price to the rate it times on the host now (``on_this_host``)."""
     memory_count_steps: float
     """A memory count (one or two steps under MemTracker), in steps."""
     traced_step_steps: float
@@ -173,37 +177,77 @@ def costs_for(device: str) -> PartCosts:
 
 
 def host_flops_per_second(config: StepConfig, world_size: int) -> float:
-    """The model FLOPs per second one rank's share of this host sustains now, from one timed
-    training step of ``config``'s workload here, in the parent, on the threads a rank gets
-    (``ddp.launcher.share_cores``): a CPU's speed moves from day to day and with what else runs
-    (mini's step at batch 4 x 64 took 190 ms on one day, 480 on another), which a table cannot
-    know. The step after a first untimed one is timed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
-    try:
-        torch.manual_seed(config.seed)
-        workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
-        optimizer = torch.optim.AdamW(workload.module.parameters(), lr=LEARNING_RATE,
-                                      **adamw_implementation(config.optimizer))  # the step's own AdamW
-        inputs, targets = workload.batch(torch.Generator().manual_seed(config.seed))
+    """The model FLOPs per second one rank's share of this host sustains now, from training steps
+    of ``config``'s workload timed here, in the parent, as the ranks will run them: ``world_size``
+    copies at once (as many as the host has cores; past that the ranks take turns on them), each on
+    the threads a rank gets (``ddp.launcher.share_cores``). A CPU's speed moves from day to day and
+    with what else runs (mini's step at batch 4 x 64 took 190 ms on one day, 480 on another), which
+    a table cannot know; and two ranks on two cores each step about 7% slower than one alone (they
+    share caches and memory bandwidth). The median of each copy's second and third steps.
+
+    On CUDA nothing is timed here: the rate is the table's (``MEASURED``), since timing a GPU
+    would hold a CUDA context in pytest's process through the run."""
+    threads, copies, taking_turns = _timing_layout(world_size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # one thread: each copy's operators run on its own thread
+    ready = threading.Barrier(copies)
+
+    def timed_steps(copy: int) -> list[float]:
+        try:
+            workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
+            optimizer = torch.optim.AdamW(workload.module.parameters(), lr=LEARNING_RATE,
+                                          **adamw_implementation(config.optimizer))  # the step's own AdamW
+            inputs, targets = workload.batch(torch.Generator().manual_seed(config.seed + copy))
+            ready.wait()
+        except BaseException:
+            ready.abort()  # the other copies stop waiting
+            raise
         seconds = []
-        for _ in range(2):
+        for _ in range(3):
             start = time.perf_counter()
             workload.loss(workload.module(inputs), targets).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             seconds.append(time.perf_counter() - start)
+        return seconds[1:]
+
+    torch.manual_seed(config.seed)
+    try:
+        with ThreadPoolExecutor(copies) as pool:
+            seconds = [s for steps in pool.map(timed_steps, range(copies)) for s in steps]
     finally:
-        torch.set_num_threads(threads)
-    return step_flops(config) / max(seconds[-1], 1e-6)
+        torch.set_num_threads(before)
+    return step_flops(config) / max(float(np.median(seconds)) * taking_turns, 1e-6)
 
 
-def fits_one_process(config: StepConfig) -> bool:
-    """Whether a step of ``config``'s workload without communication, as ``host_flops_per_second``
-    times it in the run's parent, is predicted to fit the host's available memory (a model that
-    cannot be predicted is tried): xl's needs 32 GB, which would end the parent before any rank
-    started."""
-    return too_large(config.local_twin(), 1, host_memory_bytes(1)) is None
+def _timing_layout(world_size: int) -> tuple[int, int, float]:
+    """The threads of each rank (as ``ddp.launcher.share_cores`` gives them), the copies of a step
+    timed at once (as many ranks as the cores hold) and how many ranks take turns on each core."""
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // max(1, world_size))
+    copies = max(1, min(world_size, cores // threads))
+    return threads, copies, max(1.0, world_size * threads / cores)
+
+
+def on_this_host(costs: PartCosts, flops_per_second: float) -> PartCosts:
+    """``costs`` (a CPU's) on a host whose steps sustain ``flops_per_second``: every part is this
+    host's CPU work, so each of the table's times moves with the step's rate against the rate the
+    table was measured at (a loaded or slower host builds, starts and traces slower too)."""
+    slower = costs.flops_per_second / flops_per_second
+    times = ("startup_seconds", "later_startup_seconds", "build_seconds", "build_seconds_per_gparam", "restore_seconds",
+             "step_seconds", "benchmark_seconds", "trace_seconds", "trace_seconds_per_gparam", "allreduce_seconds",
+             "allreduce_latency_seconds", "check_seconds")
+    scaled = {name: getattr(costs, name) * slower for name in times if getattr(costs, name) is not None}
+    return dataclasses.replace(costs, flops_per_second=flops_per_second,
+                               allreduce_bus_bytes_per_second=costs.allreduce_bus_bytes_per_second / slower, **scaled)
+
+
+def fits_one_process(config: StepConfig, copies: int = 1) -> bool:
+    """Whether ``copies`` steps of ``config``'s workload without communication, as
+    ``host_flops_per_second`` times them in the run's parent, are predicted to fit the host's
+    available memory (a model that cannot be predicted is tried): xl's needs 32 GB, which would
+    end the parent before any rank started."""
+    return too_large(config.local_twin(), 1, host_memory_bytes(copies)) is None
 
 
 def step_flops(config: StepConfig) -> float:
@@ -213,6 +257,24 @@ def step_flops(config: StepConfig) -> float:
     if per_token is None:
         per_token = 6.0 * parameter_count(config.model, config.batch_size, config.seq_len)
     return per_token * tokens
+
+
+def priced_step_seconds(costs: PartCosts, config: StepConfig) -> float:
+    """A step of ``config`` (its compute, no communication) as ``costs`` price it."""
+    return costs.step_seconds + step_flops(config) / costs.flops_per_second
+
+
+def observed_slowdown(costs: PartCosts, local_steps: Sequence[tuple[StepConfig, Sequence[float]]]) -> float | None:
+    """How many times the time ``costs`` priced them a run's ``local`` steps took: the median, over
+    ``local_steps`` (a configuration and its ``local`` twin's rounds), of the rounds' median over
+    the twin's priced step. None without rounds. On CPU every price moves with the step's rate
+    (``on_this_host``), so ``estimate_run`` at ``costs.flops_per_second / observed_slowdown``
+    is the estimate at the speed the run's ranks had: an estimate made before a run cannot know
+    that the host will slow down (or that its ranks contend more than its timing saw), and this
+    says by how much the run's length moved for that reason and not another."""
+    ratios = [statistics.median(rounds) / priced_step_seconds(costs, config.local_twin())
+              for config, rounds in local_steps if rounds]
+    return statistics.median(ratios) if ratios else None
 
 
 def parameters(config: StepConfig) -> int:
@@ -293,14 +355,17 @@ class Estimate:
 
 
 def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch,
-                 besides: Besides = Besides()) -> Estimate:
+                 besides: Besides = Besides(), flops_per_second: float | None = None) -> Estimate:
     """The estimated length of the step benchmarks of ``configs`` (the selected ones of ``grid``)
     on ``launch``'s ranks, laid out as perf_tests lays them out: ``grid.rank_groups`` groups of
     ranks timing, each configuration with its ``local`` twin (kept built across the strategies of
     its group) under ``--interleave local``, every strategy of a group in the same rounds under
     ``group``; traced on a third group on CUDA, where it was timed on CPU. Then ``besides``: each
     world size's all-reduces on groups of their own (``measure_all_reduces``), each race on the
-    run's ranks (its contenders built and timed together, once), and the other tests."""
+    run's ranks (its contenders built and timed together, once), and the other tests.
+
+    ``flops_per_second``: the rate a rank's steps sustain, given (say, as a run's ranks sustained
+    it: ``repriced``) instead of timed here on CPU or taken from the table on CUDA."""
     costs = costs_for(launch.device)
     selected = len(configs)
     # What the grid will skip unbuilt on every device: a shape the strategy cannot run (decided on
@@ -314,11 +379,14 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
         share = host_memory_bytes(launch.world_size)
         configs = [c for c in configs if too_large(c, launch.world_size, share) is None]
     timed = [*configs, *(c for contenders in besides.races for c in contenders)]
-    if launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
+    if flops_per_second is not None:
+        costs = (dataclasses.replace(costs, flops_per_second=flops_per_second) if launch.device == "cuda"
+                 else on_this_host(costs, flops_per_second))
+    elif launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
         smallest = min(timed, key=step_flops)
-        if fits_one_process(smallest):
-            costs = dataclasses.replace(costs, flops_per_second=host_flops_per_second(smallest, launch.world_size),
-                                        source=costs.source + "; the step's rate timed here now")
+        if fits_one_process(smallest, _timing_layout(launch.world_size)[1]):
+            costs = dataclasses.replace(on_this_host(costs, host_flops_per_second(smallest, launch.world_size)),
+                                        source=costs.source + "; scaled to the step's rate timed here now")
         else:
             costs = dataclasses.replace(costs, source=costs.source + f"; the step's rate not timed here: {smallest.model} "
                                         "at its smallest step is predicted not to fit this host's memory")
@@ -331,7 +399,7 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     traces: dict[tuple, int] = {}  # the trace pairs the predictions make, by fake_step_key
 
     def step(config: StepConfig) -> float:
-        return costs.step_seconds + step_flops(config) / costs.flops_per_second
+        return priced_step_seconds(costs, config)
 
     # The workloads whose kept copy and a released module wait on the timing groups for the next
     # configuration of that workload (``ddp.bench.rounds.reuse``; priced only where ``restore_seconds``).
