@@ -385,8 +385,10 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     elif launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
         smallest = min(timed, key=step_flops)
         if fits_one_process(smallest, _timing_layout(launch.world_size)[1]):
-            costs = dataclasses.replace(on_this_host(costs, host_flops_per_second(smallest, launch.world_size)),
-                                        source=costs.source + "; scaled to the step's rate timed here now")
+            rate = host_flops_per_second(smallest, launch.world_size)
+            costs = dataclasses.replace(on_this_host(costs, rate), source=costs.source + (
+                f"; scaled to the step's rate timed here now, {rate / 1e9:.1f} GFLOP/s a rank against the table's "
+                f"{costs.flops_per_second / 1e9:.1f}"))
         else:
             costs = dataclasses.replace(costs, source=costs.source + f"; the step's rate not timed here: {smallest.model} "
                                         "at its smallest step is predicted not to fit this host's memory")
