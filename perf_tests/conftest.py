@@ -17,7 +17,7 @@ from ddp.bench.config.parsing import percent_type
 from ddp.bench.results import timing
 from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
 from ddp.bench.results.stats import smallest_rounds
-from ddp.bench.rounds.estimate import Besides, estimate_run, observed_slowdown
+from ddp.bench.rounds.estimate import Besides, at_run_speed, estimate_run, observed_slowdown
 from ddp.bench.rounds.ledger import PARTS, STARTUP, Ledger, minutes_text
 from ddp.bench.rounds.race import race_configs
 from ddp.launcher import RankGroup, started_seconds, unavailable_reason
@@ -348,9 +348,9 @@ def estimate_at_run_speed(config: pytest.Config) -> str | None:
                                                 for step in steps if step.local_round_seconds or step.config.strategy == FLOOR])
     if slowdown is None:
         return None
-    again = estimate_run(*progress["asked"], flops_per_second=before.costs.flops_per_second / slowdown)
+    again = estimate_run(*progress["asked"], costs=at_run_speed(before.costs, slowdown))
     return (f"estimated {minutes_text(before.total_seconds)} before it started; its local steps then took "
-            f"{slowdown:.2f}x the time priced: {minutes_text(again.total_seconds)} at that speed")
+            f"{slowdown:.2f}x the time priced: {minutes_text(again.total_seconds)} with every step at that speed")
 
 
 def run_parts(config: pytest.Config) -> tuple[float, dict[str, float]]:

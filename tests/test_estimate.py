@@ -22,6 +22,9 @@ from ddp.bench.rounds import estimate
 
 ROOT = Path(__file__).parents[1]
 SECONDS = r"(?:(\d+) min )?(\d+) s"
+TABLE = estimate.MEASURED["cpu"]
+TABLE_SPEED = estimate.HostSpeed(TABLE.flops_per_second, TABLE.optimizer_seconds_per_gparam, TABLE.reference_step_seconds)
+"""A host as fast as the one the CPU's table was measured on: nothing scaled."""
 
 
 def _seconds(match: re.Match, first: int = 1) -> float:
@@ -49,7 +52,7 @@ def test_the_estimate_printed_before_a_run_is_within_20_percent_of_its_length(tm
     # machine's did by 1.6x), then the estimate made before the run: within 20% beyond what the
     # host's change of speed, which the run measures in its own local steps, accounts for.
     again = re.search(rf"estimated {SECONDS} before it started; its local steps then took ([\d.]+)x the time "
-                      rf"priced: {SECONDS} at that speed", done.stdout)
+                      rf"priced: {SECONDS} with every step at that speed", done.stdout)
     assert again and _seconds(again) == _seconds(estimated), parts
     at_speed = _seconds(again, 4)
     length = _seconds(ran)
@@ -82,7 +85,7 @@ def test_what_is_predicted_not_to_fit_the_host_is_neither_timed_in_the_parent_no
     def built(*_):
         raise AssertionError("the estimate built a model predicted not to fit")
 
-    monkeypatch.setattr(estimate, "host_flops_per_second", built)
+    monkeypatch.setattr(estimate, "host_speed", built)
     configs = [StepConfig("local", "mini", 1, 32), StepConfig("torch", "mini", 1, 32, 25.0)]
     launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
     run = estimate.estimate_run(configs, grid_defaults("gloo", "cpu"), launch)
@@ -96,7 +99,7 @@ def test_what_the_strategy_cannot_run_is_neither_counted_nor_priced(monkeypatch)
     """The grid skips unbuilt a shape its strategy cannot run (``cannot_run``: here fsdp, whose
     backward always reduce-scatters, asked to accumulate two micro-batches): the estimate prices
     only what will run, whatever the device, and its line says how many it left out."""
-    monkeypatch.setattr(estimate, "host_flops_per_second", lambda *_: estimate.MEASURED["cpu"].flops_per_second)
+    monkeypatch.setattr(estimate, "host_speed", lambda *_: TABLE_SPEED)
     launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
     grid = grid_defaults("gloo", "cpu")
     runs = [StepConfig("local", "tiny", 2, 32, grad_accum=2), StepConfig("torch", "tiny", 2, 32, 25.0, grad_accum=2)]
@@ -192,7 +195,8 @@ def test_what_a_run_holds_besides_its_step_benchmarks_is_priced_and_counted():
                                                 + allreduce(4, 100.0)), rel=1e-3)
     step = costs.step_seconds + sum(estimate.step_flops(c) for c in contenders) / 3 / costs.flops_per_second
     assert run.seconds["races"] == pytest.approx(policy.min_rounds * 3 * step + costs.benchmark_seconds, rel=1e-3)
-    built = 3 * (costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(contenders[0]) / 1e9)
+    built = costs.first_build_seconds + 3 * (costs.build_seconds + costs.build_seconds_per_gparam
+                                             * estimate.parameters(contenders[0]) / 1e9)  # on the first group
     assert run.seconds["builds"] == pytest.approx(built)
     assert run.seconds["other tests"] == 3 * costs.check_seconds
     assert run.step_benchmark_seconds == pytest.approx(alone.total_seconds + built + run.seconds["warm-up"]
@@ -218,14 +222,15 @@ def test_a_build_is_priced_restored_where_the_run_restores_it(monkeypatch):
     (``ddp.bench.rounds.reuse``): the twin and the first other strategy of a workload are fresh
     builds, the next restored; a sharding strategy, which the copy cannot serve, is always fresh.
     On CUDA every build is priced fresh."""
-    monkeypatch.setattr(estimate, "host_flops_per_second", lambda *_: estimate.MEASURED["cpu"].flops_per_second)
+    monkeypatch.setattr(estimate, "host_speed", lambda *_: TABLE_SPEED)
     grid = grid_defaults("gloo", "cpu")
     configs = [StepConfig("local", "mini", 2, 32), StepConfig("bucketed", "mini", 2, 32, 10.0),
                StepConfig("torch", "mini", 2, 32, 10.0), StepConfig("zero", "mini", 2, 32, 10.0)]
     costs = estimate.MEASURED["cpu"]
     fresh = costs.build_seconds + costs.build_seconds_per_gparam * estimate.parameters(configs[0]) / 1e9
     cpu = estimate.estimate_run(configs, grid, ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for"))
-    assert cpu.seconds["builds"] == pytest.approx(grid.rank_groups * (3 * fresh + costs.restore_seconds))
+    assert cpu.seconds["builds"] == pytest.approx(grid.rank_groups * (costs.first_build_seconds + 3 * fresh
+                                                                      + costs.restore_seconds))
     gpu_costs = estimate.MEASURED["cuda"]
     gpu_grid = grid_defaults("nccl", "cuda")
     gpu = estimate.estimate_run(configs, gpu_grid, ResolvedLaunch("nccl", "cuda", 2, 60.0, "asked for"))
@@ -238,26 +243,30 @@ def test_a_build_is_priced_restored_where_the_run_restores_it(monkeypatch):
     race = estimate.Besides(races=(tuple(configs[:3]),))
     later = estimate.estimate_run([*configs, *other], grid, ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for"), race)
     assert later.seconds["builds"] == pytest.approx(
-        grid.rank_groups * (3 * fresh + costs.restore_seconds + 2 * other_fresh) + 3 * fresh)
+        grid.rank_groups * (costs.first_build_seconds + 3 * fresh + costs.restore_seconds + 2 * other_fresh) + 3 * fresh)
 
 
-def test_on_a_host_half_as_fast_every_cpu_part_takes_twice_as_long(monkeypatch):
-    """On CPU every part is the host's work: an estimate at half the step's rate (a loaded host, or
-    one a run's ranks found slower, ``observed_slowdown``) doubles each part but the rounds, which
-    their budget cuts; the slowdown a run's local steps show is recovered from them."""
-    monkeypatch.setattr(estimate, "host_flops_per_second", lambda *_: pytest.fail("a given rate is not timed"))
+def test_a_run_whose_steps_took_twice_the_time_priced_is_estimated_again_with_every_step_twice(monkeypatch):
+    """At the end of a run the estimate is made again with its steps at the speed the run's own
+    ``local`` steps had (``observed_slowdown``, ``at_run_speed``): every part priced in steps
+    (warm-up, memory counts, traced steps, the race's) doubles when they took twice the time
+    priced, the rounds grow less (their budget cuts them), and what is not a step is as it was."""
+    monkeypatch.setattr(estimate, "host_speed", lambda *_: pytest.fail("given costs are not timed"))
     grid = grid_defaults("gloo", "cpu")
     configs = [StepConfig("local", "mini", 2, 32), StepConfig("bucketed", "mini", 2, 32, 10.0)]
     launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
-    rate = estimate.MEASURED["cpu"].flops_per_second
-    fast = estimate.estimate_run(configs, grid, launch, flops_per_second=rate)
-    slow = estimate.estimate_run(configs, grid, launch, flops_per_second=rate / 2)
-    assert fast.costs == dataclasses.replace(estimate.MEASURED["cpu"])  # the table's own rate: unscaled
+    race = estimate.Besides(races=(tuple(configs),), checks=1)
+    fast = estimate.estimate_run(configs, grid, launch, race, costs=TABLE)
+    slow = estimate.estimate_run(configs, grid, launch, race, costs=estimate.at_run_speed(TABLE, 2.0))
+    assert fast.costs == TABLE and slow.costs.flops_per_second == TABLE.flops_per_second / 2
+    assert estimate.on_this_host(TABLE, TABLE_SPEED, TABLE_SPEED) == TABLE  # the table's own speed: unscaled
     for part, seconds in fast.seconds.items():
-        if part == "rounds":  # longer steps reach the budget of rounds in fewer of them
-            assert seconds < slow.seconds[part] <= 2 * seconds
-        else:
+        if part in ("warm-up", "memory counts", "traced steps"):
             assert slow.seconds[part] == pytest.approx(2 * seconds), part
+        elif part in ("rounds", "races"):  # longer steps reach the budget of rounds in fewer of them
+            assert seconds < slow.seconds[part] <= 2 * seconds, part
+        else:
+            assert slow.seconds[part] == pytest.approx(seconds), part
     priced = estimate.priced_step_seconds(slow.costs, configs[0])
     assert priced == pytest.approx(2 * estimate.priced_step_seconds(fast.costs, configs[0]))
     rounds = [(configs[1], [1.4 * priced, 1.5 * priced, 1.7 * priced]), (configs[0], [1.6 * priced])]
@@ -293,9 +302,38 @@ def test_the_host_is_timed_with_as_many_copies_at_once_as_its_ranks_run(monkeypa
         return workload
 
     monkeypatch.setattr(estimate, "build_workload", build)
-    two = estimate.host_flops_per_second(config, 2)
-    assert len(spans) == 6 and all(threads == 1 for *_, threads in spans)
+    two = estimate.host_speed(config, 2)
+    assert len(spans) == 2 * (1 + estimate.TIMED_STEPS) and all(threads == 1 for *_, threads in spans)
     first, second = sorted(spans)[:2]
     assert second[0] < first[1] + 0.05  # the second copy's first step began before the first copy's ended
-    four = estimate.host_flops_per_second(config, 4)
-    assert four < two  # four ranks on two cores: each step counted twice as long
+    four = estimate.host_speed(config, 4)
+    # four ranks on two cores: each step counted twice as long
+    assert four.flops_per_second < two.flops_per_second and two.optimizer_seconds_per_gparam > 0
+
+
+def test_a_small_models_low_rate_prices_its_steps_not_the_hosts_other_work(monkeypatch):
+    """tiny's step is bound by the host's per-operator overhead: its FLOPs rate reads a fifth of
+    mini's on the same host. The host's speed for everything else (builds, start-up, traces) is
+    read from the table's own step (``REFERENCE``) timed here, so a tiny grid is not priced five
+    times too long (the CI smoke run, tiny at 2 x 32, was estimated at 5 min 7 s and took 36 s);
+    a host whose reference step takes twice the table's takes twice as long at everything else."""
+    tiny = estimate.HostSpeed(4.7e9, 16.0, 0.018)
+    timed: list[StepConfig] = []
+
+    def speed(config, world_size, reference=TABLE_SPEED):
+        timed.append(config)
+        return reference if config == estimate.REFERENCE else tiny
+
+    monkeypatch.setattr(estimate, "host_speed", speed)
+    grid = grid_defaults("gloo", "cpu")
+    configs = [StepConfig("local", "tiny", 2, 32), StepConfig("bucketed", "tiny", 2, 32, 1.0)]
+    launch = ResolvedLaunch("gloo", "cpu", 2, 60.0, "asked for")
+    run = estimate.estimate_run(configs, grid, launch)
+    assert timed == [configs[0], estimate.REFERENCE]
+    assert run.costs.startup_seconds == TABLE.startup_seconds and run.costs.build_seconds == TABLE.build_seconds
+    # its steps at its own rate and optimizer
+    assert (run.costs.flops_per_second, run.costs.optimizer_seconds_per_gparam) == (4.7e9, 16.0)
+    twice = dataclasses.replace(TABLE_SPEED, step_seconds=2 * TABLE.reference_step_seconds)
+    monkeypatch.setattr(estimate, "host_speed", lambda config, world_size: speed(config, world_size, twice))
+    slower = estimate.estimate_run(configs, grid, launch)
+    assert slower.costs.startup_seconds == 2 * TABLE.startup_seconds and slower.costs.flops_per_second == tiny.flops_per_second

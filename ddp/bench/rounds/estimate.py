@@ -4,9 +4,10 @@ The estimate counts what the run will do, the way ``ddp.bench.rounds.measure.Gri
 it (per configuration: builds, warm-up steps, memory counts, rounds and traced steps on each group
 of ranks; groups started), and prices each part with costs measured on a machine of the same
 kind (``MEASURED``): a group's start-up, a build (a fixed part and one per parameter), and a
-step, modelled as a fixed part (the host's launches and the harness) plus the step's model FLOPs
-at the rate the machine sustained; on CPU that rate is timed here, before the run, on the grid's
-smallest step (``host_flops_per_second``). A memory count and a traced step are priced in steps.
+step, modelled as a fixed part (the host's launches and the harness), the step's model FLOPs
+at the rate the machine sustained and the optimizer's part per parameter; on CPU the rate and the
+optimizer are timed here, before the run, on the grid's smallest step (``host_speed``), and every
+other price scaled with the rate. A memory count and a traced step are priced in steps.
 The rounds are the run's own loop (``ddp.bench.rounds.measure.timed_rounds``) on simulated rounds
 that vary from one to the next as the machine's measured rounds did (``PartCosts.round_spread``):
 a step that reaches its precision target in its minimum rounds costs those, a noisy one its
@@ -59,6 +60,9 @@ class PartCosts:
     """Starting each later group: forked from the fork server already there."""
     build_seconds: float
     """A build's fixed part: the strategy, the optimizer, the batches."""
+    first_build_seconds: float
+    """What the first build in a group of ranks costs besides (the model's modules and the
+    optimizer's code paths met for the first time in those processes)."""
     build_seconds_per_gparam: float
     """A build's part per billion parameters: allocating and initializing the model."""
     restore_seconds: float | None
@@ -68,9 +72,16 @@ class PartCosts:
     step_seconds: float
     """A step's fixed part: launches, hooks, the harness."""
     flops_per_second: float
-    """Model FLOPs per second one rank sustains in a step (fp32 on CPU; per the grid's precision
-    on a GPU). On CPU the rate of the runs the table was measured in: the estimate scales every
-    price to the rate it times on the host now (``on_this_host``)."""
+    """Model FLOPs per second one rank sustains in a step's forward and backward (fp32 on CPU; per
+    the grid's precision on a GPU, the whole step's). On CPU the rate of the runs the table was
+    measured in: the estimate scales every price to the rate it times on the host now
+    (``on_this_host``)."""
+    optimizer_seconds_per_gparam: float
+    """The optimizer's step per billion parameters, whatever the batch (on CPU timed with the
+    host's rate; on CUDA 0: inside the whole step's rate the table gives)."""
+    reference_step_seconds: float
+    """``REFERENCE``'s step as ``host_speed`` times it on the machine and day the table's times
+    were measured (CPU; on CUDA nothing is timed and it is not read)."""
     memory_count_steps: float
     """A memory count (one or two steps under MemTracker), in steps."""
     traced_step_steps: float
@@ -121,9 +132,15 @@ MEASURED: dict[str, PartCosts] = {
         # A restored build: the default run's 40 builds of mini took 11 s (2026-11-28), 8 of them
         # fresh (a twin and the first other strategy of each workload, on each group: a second
         # each), 32 restored.
-        startup_seconds=2.5, later_startup_seconds=0.1, build_seconds=0.55, build_seconds_per_gparam=45.0,
+        # The first build of a group 1.5 s more: 6 builds of mini (2 restored) took 7-8 s in the
+        # test's run, 40 (32 restored) 12 s in the default run (2026-11-28).
+        startup_seconds=2.5, later_startup_seconds=0.1, build_seconds=0.55, first_build_seconds=1.5,
+        build_seconds_per_gparam=45.0,
         restore_seconds=0.1,
-        step_seconds=0.02, flops_per_second=23e9, memory_count_steps=4.0, traced_step_steps=1.1, traced_step_seconds_per_gparam=0.0,
+        # REFERENCE's step timed by host_speed on 2026-11-28 (four times: 485 to 498 ms): forward
+        # and backward 25.3 GFLOP/s a rank, AdamW 7.9 s per billion parameters (74 ms of mini's step).
+        step_seconds=0.02, flops_per_second=25.3e9, optimizer_seconds_per_gparam=7.9, reference_step_seconds=0.495,
+        memory_count_steps=4.0, traced_step_steps=1.1, traced_step_seconds_per_gparam=0.0,
         benchmark_seconds=2.0,
         trace_seconds=1.4, trace_seconds_per_gparam=14.0,
         # The 5%-quantiles of 891 rounds over their medians: every test_step of the CPU baseline
@@ -150,9 +167,10 @@ MEASURED: dict[str, PartCosts] = {
         # fit (xl b13, b14 x 1024, 1 group): start-up 5 s, builds 6 s for two fresh, memory counts
         # 1 s for two at 0.5 s a step, predictions 6 s for one trace pair; precision (tf32, bf16):
         # start-up 4 s, predictions 10 s for two pairs; layout (3 groups): start-up 4 s.
-        startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, build_seconds_per_gparam=1.0,
+        startup_seconds=4.5, later_startup_seconds=0.2, build_seconds=1.0, first_build_seconds=0.0,  # in the builds timed
+        build_seconds_per_gparam=1.0,
         restore_seconds=None,
-        step_seconds=0.02, flops_per_second=256e12, memory_count_steps=1.5,
+        step_seconds=0.02, flops_per_second=256e12, optimizer_seconds_per_gparam=0.0, reference_step_seconds=0.0, memory_count_steps=1.5,
         # A step under the profiler: 240.7 ms against 143.4 timed (xl bf16 2 x 512, 2026-11-27).
         # Its trace, per event, timed on this project's CPU (2026-11-28, a CPU profile of mini's
         # steps, 3,500 events a step): the profiler's stop 3.5 us, the export 3 us, loading 6 us,
@@ -176,14 +194,43 @@ def costs_for(device: str) -> PartCosts:
     return MEASURED["cuda" if device == "cuda" else "cpu"]
 
 
-def host_flops_per_second(config: StepConfig, world_size: int) -> float:
-    """The model FLOPs per second one rank's share of this host sustains now, from training steps
-    of ``config``'s workload timed here, in the parent, as the ranks will run them: ``world_size``
-    copies at once (as many as the host has cores; past that the ranks take turns on them), each on
-    the threads a rank gets (``ddp.launcher.share_cores``). A CPU's speed moves from day to day and
-    with what else runs (mini's step at batch 4 x 64 took 190 ms on one day, 480 on another), which
-    a table cannot know; and two ranks on two cores each step about 7% slower than one alone (they
-    share caches and memory bandwidth). The median of each copy's second and third steps.
+@dataclass(frozen=True)
+class HostSpeed:
+    """What one rank's share of this host sustains now in one workload's step (``host_speed``)."""
+
+    flops_per_second: float
+    """Model FLOPs per second of forward and backward."""
+    optimizer_seconds_per_gparam: float
+    """The optimizer's step and ``zero_grad``, per billion parameters."""
+    step_seconds: float
+    """The whole step."""
+    timing_seconds: float = 0.0
+    """How long timing it took here (the run's time too: its parent's, before any group starts)."""
+
+
+TIMED_STEPS = 4
+"""Steps timed on each copy: with two, mini's reference step read 509, 576 and 588 ms on one
+quiet host within half an hour (2026-11-28)."""
+
+REFERENCE = StepConfig("local", "mini", 4, 64)
+"""The step the CPU's table was measured with (``PartCosts.reference_step_seconds``): timed here
+too, its time against the table's says how much slower this host is at everything else. The
+grid's own smallest step cannot say it: a small model's step is bound by the host's per-operator
+overhead, so its FLOPs rate reads low on any host (tiny's at 2 x 32 reads 4.7 GFLOP/s where
+mini's reads about 20), and every price scaled by it would be five times too long."""
+
+
+def host_speed(config: StepConfig, world_size: int) -> HostSpeed:
+    """What one rank's share of this host sustains now, from training steps of ``config``'s
+    workload timed here, in the parent, as the ranks will run them: ``world_size`` copies at once
+    (as many as the host has cores; past that the ranks take turns on them), each on the threads a
+    rank gets (``ddp.launcher.share_cores``). A CPU's speed moves from day to day and with what
+    else runs (mini's step at batch 4 x 64 took 190 ms on one day, 480 on another), which a table
+    cannot know; and two ranks on two cores each step about 7% slower than one alone (they share
+    caches and memory bandwidth). Forward and backward, whose work grows with the tokens, are timed
+    apart from the optimizer, whose work grows with the parameters (AdamW reads and writes four
+    tensors a parameter whatever the batch: a seventh of mini's step at 4 x 64, a twelfth at 4 x
+    128). The medians of each copy's ``TIMED_STEPS`` steps after a first.
 
     On CUDA nothing is timed here: the rate is the table's (``MEASURED``), since timing a GPU
     would hold a CUDA context in pytest's process through the run."""
@@ -192,7 +239,7 @@ def host_flops_per_second(config: StepConfig, world_size: int) -> float:
     torch.set_num_threads(threads)  # one thread: each copy's operators run on its own thread
     ready = threading.Barrier(copies)
 
-    def timed_steps(copy: int) -> list[float]:
+    def timed_steps(copy: int) -> list[tuple[float, float]]:
         try:
             workload = build_workload(config.model, config.batch_size, config.seq_len, "cpu")
             optimizer = torch.optim.AdamW(workload.module.parameters(), lr=LEARNING_RATE,
@@ -203,21 +250,26 @@ def host_flops_per_second(config: StepConfig, world_size: int) -> float:
             ready.abort()  # the other copies stop waiting
             raise
         seconds = []
-        for _ in range(3):
+        for _ in range(1 + TIMED_STEPS):
             start = time.perf_counter()
             workload.loss(workload.module(inputs), targets).backward()
+            backward = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            seconds.append(time.perf_counter() - start)
+            seconds.append((backward - start, time.perf_counter() - backward))
         return seconds[1:]
 
     torch.manual_seed(config.seed)
+    began = time.perf_counter()
     try:
         with ThreadPoolExecutor(copies) as pool:
-            seconds = [s for steps in pool.map(timed_steps, range(copies)) for s in steps]
+            seconds = np.array([s for steps in pool.map(timed_steps, range(copies)) for s in steps])
     finally:
         torch.set_num_threads(before)
-    return step_flops(config) / max(float(np.median(seconds)) * taking_turns, 1e-6)
+    compute, optimizer = np.median(seconds, axis=0) * taking_turns
+    whole = float(np.median(seconds.sum(axis=1))) * taking_turns
+    return HostSpeed(step_flops(config) / max(float(compute), 1e-6), float(optimizer) / parameters(config) * 1e9, whole,
+                     time.perf_counter() - began)
 
 
 def _timing_layout(world_size: int) -> tuple[int, int, float]:
@@ -229,17 +281,37 @@ def _timing_layout(world_size: int) -> tuple[int, int, float]:
     return threads, copies, max(1.0, world_size * threads / cores)
 
 
-def on_this_host(costs: PartCosts, flops_per_second: float) -> PartCosts:
-    """``costs`` (a CPU's) on a host whose steps sustain ``flops_per_second``: every part is this
-    host's CPU work, so each of the table's times moves with the step's rate against the rate the
-    table was measured at (a loaded or slower host builds, starts and traces slower too)."""
-    slower = costs.flops_per_second / flops_per_second
-    times = ("startup_seconds", "later_startup_seconds", "build_seconds", "build_seconds_per_gparam", "restore_seconds",
-             "step_seconds", "benchmark_seconds", "trace_seconds", "trace_seconds_per_gparam", "allreduce_seconds",
-             "allreduce_latency_seconds", "check_seconds")
-    scaled = {name: getattr(costs, name) * slower for name in times if getattr(costs, name) is not None}
-    return dataclasses.replace(costs, flops_per_second=flops_per_second,
-                               allreduce_bus_bytes_per_second=costs.allreduce_bus_bytes_per_second / slower, **scaled)
+def on_this_host(costs: PartCosts, speed: HostSpeed, reference: HostSpeed) -> PartCosts:
+    """``costs`` (a CPU's) on this host: every part is the host's CPU work, so each of the table's
+    times moves with ``reference`` (``REFERENCE``'s step timed here) against the table's own time
+    of that step (a loaded or slower host builds, starts and traces slower too); a step is priced
+    at ``speed``, its own workload's rate and optimizer as timed here."""
+    return dataclasses.replace(slowed(costs, reference.step_seconds / costs.reference_step_seconds),
+                               flops_per_second=speed.flops_per_second,
+                               optimizer_seconds_per_gparam=speed.optimizer_seconds_per_gparam)
+
+
+def slowed(costs: PartCosts, factor: float) -> PartCosts:
+    """``costs`` with every time ``factor`` times as long and every rate ``factor`` times lower."""
+    times = ("startup_seconds", "later_startup_seconds", "build_seconds", "first_build_seconds", "build_seconds_per_gparam",
+             "restore_seconds",
+             "step_seconds", "optimizer_seconds_per_gparam", "benchmark_seconds", "trace_seconds",
+             "trace_seconds_per_gparam", "allreduce_seconds", "allreduce_latency_seconds", "check_seconds")
+    scaled = {name: getattr(costs, name) * factor for name in times if getattr(costs, name) is not None}
+    return dataclasses.replace(costs, flops_per_second=costs.flops_per_second / factor,
+                               allreduce_bus_bytes_per_second=costs.allreduce_bus_bytes_per_second / factor, **scaled)
+
+
+def at_run_speed(costs: PartCosts, slowdown: float) -> PartCosts:
+    """``costs`` with its steps priced as a run whose ``local`` steps took ``slowdown`` times the
+    time they priced (``observed_slowdown``) found them: each step ``slowdown`` times as long, the
+    other parts as they were. A host that slows down under a run slows its builds too, but a
+    small model's steps (bound by per-operator overhead, which two copies timed in one process
+    meet at the interpreter's lock) can read slower or faster than the ranks run them on a host
+    whose speed held, and that must not reprice the rest."""
+    return dataclasses.replace(costs, flops_per_second=costs.flops_per_second / slowdown,
+                               optimizer_seconds_per_gparam=costs.optimizer_seconds_per_gparam * slowdown,
+                               step_seconds=costs.step_seconds * slowdown)
 
 
 def fits_one_process(config: StepConfig, copies: int = 1) -> bool:
@@ -261,14 +333,14 @@ def step_flops(config: StepConfig) -> float:
 
 def priced_step_seconds(costs: PartCosts, config: StepConfig) -> float:
     """A step of ``config`` (its compute, no communication) as ``costs`` price it."""
-    return costs.step_seconds + step_flops(config) / costs.flops_per_second
+    return (costs.step_seconds + step_flops(config) / costs.flops_per_second
+            + costs.optimizer_seconds_per_gparam * parameters(config) / 1e9)
 
 
 def observed_slowdown(costs: PartCosts, local_steps: Sequence[tuple[StepConfig, Sequence[float]]]) -> float | None:
     """How many times the time ``costs`` priced them a run's ``local`` steps took: the median, over
     ``local_steps`` (a configuration and its ``local`` twin's rounds), of the rounds' median over
-    the twin's priced step. None without rounds. On CPU every price moves with the step's rate
-    (``on_this_host``), so ``estimate_run`` at ``costs.flops_per_second / observed_slowdown``
+    the twin's priced step. None without rounds. ``estimate_run`` with ``at_run_speed``'s costs
     is the estimate at the speed the run's ranks had: an estimate made before a run cannot know
     that the host will slow down (or that its ranks contend more than its timing saw), and this
     says by how much the run's length moved for that reason and not another."""
@@ -355,7 +427,7 @@ class Estimate:
 
 
 def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: ResolvedLaunch,
-                 besides: Besides = Besides(), flops_per_second: float | None = None) -> Estimate:
+                 besides: Besides = Besides(), costs: PartCosts | None = None) -> Estimate:
     """The estimated length of the step benchmarks of ``configs`` (the selected ones of ``grid``)
     on ``launch``'s ranks, laid out as perf_tests lays them out: ``grid.rank_groups`` groups of
     ranks timing, each configuration with its ``local`` twin (kept built across the strategies of
@@ -364,9 +436,10 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     world size's all-reduces on groups of their own (``measure_all_reduces``), each race on the
     run's ranks (its contenders built and timed together, once), and the other tests.
 
-    ``flops_per_second``: the rate a rank's steps sustain, given (say, as a run's ranks sustained
-    it: ``repriced``) instead of timed here on CPU or taken from the table on CUDA."""
-    costs = costs_for(launch.device)
+    ``costs``: the prices, given (say, as a run's ranks found them: ``at_run_speed``) instead of
+    the table's, on CPU scaled to the host's speed timed here."""
+    given = costs is not None
+    costs = costs or costs_for(launch.device)
     selected = len(configs)
     # What the grid will skip unbuilt on every device: a shape the strategy cannot run (decided on
     # the meta device, nothing allocated) ...
@@ -379,16 +452,20 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
         share = host_memory_bytes(launch.world_size)
         configs = [c for c in configs if too_large(c, launch.world_size, share) is None]
     timed = [*configs, *(c for contenders in besides.races for c in contenders)]
-    if flops_per_second is not None:
-        costs = (dataclasses.replace(costs, flops_per_second=flops_per_second) if launch.device == "cuda"
-                 else on_this_host(costs, flops_per_second))
-    elif launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
+    timing = 0.0  # the host's timing is the run's too: its parent's, before the first group starts
+    if not given and launch.device != "cuda" and timed:  # the host's speed now, from its smallest step
         smallest = min(timed, key=step_flops)
         if fits_one_process(smallest, _timing_layout(launch.world_size)[1]):
-            rate = host_flops_per_second(smallest, launch.world_size)
-            costs = dataclasses.replace(on_this_host(costs, rate), source=costs.source + (
-                f"; scaled to the step's rate timed here now, {rate / 1e9:.1f} GFLOP/s a rank against the table's "
-                f"{costs.flops_per_second / 1e9:.1f}"))
+            speed = host_speed(smallest, launch.world_size)
+            same = (smallest.model, smallest.batch_size, smallest.seq_len, smallest.optimizer) == (
+                REFERENCE.model, REFERENCE.batch_size, REFERENCE.seq_len, REFERENCE.optimizer)
+            reference = speed if same else host_speed(REFERENCE, launch.world_size)
+            timing = speed.timing_seconds + (0.0 if same else reference.timing_seconds)
+            costs = dataclasses.replace(on_this_host(costs, speed, reference), source=costs.source + (
+                f"; scaled to this host now: {REFERENCE.model}'s step at {REFERENCE.batch_size} x {REFERENCE.seq_len} "
+                f"timed here at {reference.step_seconds * 1e3:.0f} ms against the table's "
+                f"{costs.reference_step_seconds * 1e3:.0f}, the steps priced at {speed.flops_per_second / 1e9:.1f} "
+                f"GFLOP/s a rank as {smallest.model}'s at {smallest.batch_size} x {smallest.seq_len} ran"))
         else:
             costs = dataclasses.replace(costs, source=costs.source + f"; the step's rate not timed here: {smallest.model} "
                                         "at its smallest step is predicted not to fit this host's memory")
@@ -396,8 +473,10 @@ def estimate_run(configs: Sequence[StepConfig], grid: GridOptions, launch: Resol
     groups = grid.rank_groups
     cuda = launch.device == "cuda"
     seconds = dict.fromkeys([*PARTS, OTHER, ALLREDUCES, RACES, CHECKS], 0.0)
+    seconds[OTHER] = timing
     started = groups + (1 if cuda and policy.traced_steps else 0)
     seconds[STARTUP] = costs.startup_seconds + (started - 1) * costs.later_startup_seconds
+    seconds[BUILDS] = costs.first_build_seconds * (started if configs else 1 if besides.races else 0)
     traces: dict[tuple, int] = {}  # the trace pairs the predictions make, by fake_step_key
 
     def step(config: StepConfig) -> float:
