@@ -7,7 +7,7 @@ kind (``MEASURED``): a group's start-up, a build (a fixed part and one per param
 step, modelled as a fixed part (the host's launches and the harness), the step's model FLOPs
 at the rate the machine sustained and the optimizer's part per parameter; on CPU the rate and the
 optimizer are timed here, before the run, on the grid's smallest step (``host_speed``), and every
-other price scaled with the rate. A memory count and a traced step are priced in steps.
+other price scaled with the table's own step timed here (``REFERENCE``, ``on_this_host``). A memory count and a traced step are priced in steps.
 The rounds are the run's own loop (``ddp.bench.rounds.measure.timed_rounds``) on simulated rounds
 that vary from one to the next as the machine's measured rounds did (``PartCosts.round_spread``):
 a step that reaches its precision target in its minimum rounds costs those, a noisy one its
@@ -73,9 +73,8 @@ class PartCosts:
     """A step's fixed part: launches, hooks, the harness."""
     flops_per_second: float
     """Model FLOPs per second one rank sustains in a step's forward and backward (fp32 on CPU; per
-    the grid's precision on a GPU, the whole step's). On CPU the rate of the runs the table was
-    measured in: the estimate scales every price to the rate it times on the host now
-    (``on_this_host``)."""
+    the grid's precision on a GPU, the whole step's). On CPU the rate read on ``REFERENCE`` the
+    day the table was measured, used where nothing is timed here (``on_this_host``)."""
     optimizer_seconds_per_gparam: float
     """The optimizer's step per billion parameters, whatever the batch (on CPU timed with the
     host's rate; on CUDA 0: inside the whole step's rate the table gives)."""
@@ -316,7 +315,7 @@ def at_run_speed(costs: PartCosts, slowdown: float) -> PartCosts:
 
 def fits_one_process(config: StepConfig, copies: int = 1) -> bool:
     """Whether ``copies`` steps of ``config``'s workload without communication, as
-    ``host_flops_per_second`` times them in the run's parent, are predicted to fit the host's
+    ``host_speed`` times them in the run's parent, are predicted to fit the host's
     available memory (a model that cannot be predicted is tried): xl's needs 32 GB, which would
     end the parent before any rank started."""
     return too_large(config.local_twin(), 1, host_memory_bytes(copies)) is None
