@@ -35,7 +35,7 @@ STARTED = pytest.StashKey[tuple[float, float]]()
 COMPARED = pytest.StashKey[list]()
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
 PROGRESS = pytest.StashKey[dict]()
-"""The step benchmarks selected, those done, the estimated length and when the first began."""
+"""The step benchmarks selected, those done, the estimate and what it was asked, and when the first began."""
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -54,8 +54,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     grid = benchmark_grid(session.config)
     asked = (selected, grid, launch(session.config), besides)
     estimate = estimate_run(*asked)
-    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimated": estimate.step_benchmark_seconds,
-                                      "estimate": estimate, "asked": asked}
+    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimate": estimate, "asked": asked}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line())
@@ -107,7 +106,7 @@ def progress_line(item: pytest.Item, progress: dict, before: tuple[float, dict[s
         reporter._tw.line()
     reporter.write_line(
         f"ddp-bench: {progress['done']} of {progress['selected']} step benchmarks in {minutes_text(wall - progress['began'])} "
-        f"(estimated {minutes_text(progress['estimated'])} for all); {item.name} {minutes_text(wall - before[0])}"
+        f"(estimated {minutes_text(progress['estimate'].step_benchmark_seconds)} for all); {item.name} {minutes_text(wall - before[0])}"
         + (f": {shown}" if shown else ""))
 
 
