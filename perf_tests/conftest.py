@@ -4,6 +4,8 @@ run's closing summary of the precision each benchmark reached."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 import time
 from pathlib import Path
@@ -14,14 +16,13 @@ from conftest import benchmark_grid, launch  # the root conftest's: resolved and
 from ddp.analysis.compare import DEFAULT_THRESHOLD, AimAtDecision, gate
 from ddp.bench.config.options import GridOptions
 from ddp.bench.config.parsing import percent_type
+from ddp.bench.memory.state import TRACKED_STEPS
 from ddp.bench.results import timing
-from ddp.bench.results.records import Run, RunFileError, run_from_data, to_extra_info
+from ddp.bench.results.records import RUN_KEY, Run, RunFileError, StepRecord, load_run, run_from_data, to_extra_info
 from ddp.bench.results.stats import smallest_rounds
-from ddp.bench.rounds.estimate import Besides, at_run_speed, estimate_run, observed_slowdown
-from ddp.bench.rounds.ledger import PARTS, STARTUP, Ledger, minutes_text
-from ddp.bench.rounds.race import race_configs
+from ddp.bench.rounds.ledger import PARTS, ROUNDS, STARTUP, Ledger, SavedRun, estimated_length, minutes_text, time_left
 from ddp.launcher import RankGroup, started_seconds, unavailable_reason
-from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
+from ddp.strategies.registry import steps_to_settle
 
 PRECISION = pytest.StashKey[dict]()
 AIMED = pytest.StashKey[list]()
@@ -35,7 +36,9 @@ STARTED = pytest.StashKey[tuple[float, float]]()
 COMPARED = pytest.StashKey[list]()
 """Each run ``--benchmark-compare`` loaded, as pytest-benchmark read it, with this session's machine info."""
 PROGRESS = pytest.StashKey[dict]()
-"""The step benchmarks selected, those done, the estimate and what it was asked, and when the first began."""
+"""The step benchmarks selected, those done, the estimate, and when the first began."""
+BEGAN = pytest.StashKey[float]()
+"""When a test began (``time.perf_counter()``): a benchmark's seconds, where no ledger counts them."""
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -45,39 +48,65 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Print the run's estimated length before anything runs (``ddp.bench.rounds.estimate``): the
-    tests selected, from the grid, the model, the device and measured per-part costs."""
-    selected = [item.callspec.params["step_config"] for item in session.items if is_step_benchmark(item)]
-    besides = besides_selected([item for item in session.items if not is_step_benchmark(item)])
-    if not selected and not besides.tests:
+    """Print the run's estimated length before anything runs (``ddp.bench.rounds.ledger.estimated_length``):
+    what the last saved run of the same benchmarks took, or the ceiling the options set."""
+    benchmarks = [item for item in session.items if is_benchmark(item)]
+    if not benchmarks:
         return
     grid = benchmark_grid(session.config)
-    asked = (selected, grid, launch(session.config), besides)
-    estimate = estimate_run(*asked)
-    session.config.stash[PROGRESS] = {"selected": len(selected), "done": 0, "estimate": estimate, "asked": asked}
+    steps = [item for item in benchmarks if is_step_benchmark(item)]
+    untimed = grid.rank_groups * (max(steps_to_settle(s) for s in grid.strategies) + 1) + TRACKED_STEPS + grid.rounds.traced_steps
+    estimate = estimated_length([item.name for item in benchmarks], saved_runs(session.config), saved_rounds(grid),
+                                len(steps), untimed)
+    session.config.stash[PROGRESS] = {"selected": {item.name: item.callspec.params["step_config"] for item in steps},
+                                      "finished": set(), "estimate": estimate}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(estimate.line())
+        reporter.write_line(estimate.line)
+
+
+def saved_rounds(grid: GridOptions) -> dict:
+    """The rounds a run of ``grid`` is asked for, as a saved run records them (``pytest_benchmark_update_machine_info``)."""
+    return json.loads(json.dumps(dataclasses.asdict(grid.round_options())))  # as it reads back: inf as JSON writes it
+
+
+def saved_runs(config: pytest.Config):
+    """The runs saved in pytest-benchmark's storage, newest first, as ``ddp.bench.rounds.ledger.SavedRun``
+    (read one by one, as the estimate asks; a file that is not a run is passed over)."""
+    session = getattr(config, "_benchmarksession", None)
+    storage = getattr(session, "storage", None)
+    if storage is None or not hasattr(storage, "query"):
+        return
+    for path in reversed(storage.query("[0-9][0-9][0-9][0-9]_")):
+        try:
+            run = load_run(path)
+        except RunFileError:
+            continue
+        yield SavedRun(f"{path.name}, {run.datetime or 'undated'}", {b.name: b.seconds for b in run.benchmarks},
+                       run.run_info.get("run_seconds"), run.run_info.get("rounds"))
+
+
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+    """A saved run records its length and the rounds it was asked for (``RUN_KEY``), which the
+    next run's estimate reads (``saved_runs``); not in its machine info, which pytest-benchmark
+    compares between runs."""
+    if STARTED in config.stash:
+        output_json[RUN_KEY] = {"run_seconds": time.perf_counter() - config.stash[STARTED][0],
+                                "rounds": saved_rounds(benchmark_grid(config))}
+
+
+def is_benchmark(item: pytest.Item) -> bool:
+    """A test of perf_tests/ that pytest-benchmark times and saves."""
+    return item.path.is_relative_to(Path(__file__).parent) and "benchmark" in getattr(item, "fixturenames", ())
 
 
 def is_step_benchmark(item: pytest.Item) -> bool:
     return hasattr(item, "callspec") and "step_config" in item.callspec.params
 
 
-def besides_selected(items: list[pytest.Item]) -> Besides:
-    """What perf_tests/ runs besides its step benchmarks among ``items``: the all-reduce tests and
-    their world sizes (each measures every size of the grid), the races and the other tests."""
-    here = Path(__file__).parent
-    ours = [item for item in items if item.path.is_relative_to(here)]
-    params = [item.callspec.params if hasattr(item, "callspec") else {} for item in ours]
-    world_sizes = tuple(dict.fromkeys(found["allreduce_world_size"] for found in params if "allreduce_world_size" in found))
-    allreduces = sum("allreduce_world_size" in found for found in params)
-    races = tuple(tuple(race_configs(DEFAULT_CONTENDERS, found["values"])) for found in params if "values" in found)
-    return Besides(world_sizes, allreduces, races, len(ours) - allreduces - len(races))
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    item.stash[BEGAN] = time.perf_counter()
     progress = item.config.stash.get(PROGRESS, None)
     if progress is None or not is_step_benchmark(item):
         return (yield)
@@ -89,25 +118,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def progress_line(item: pytest.Item, progress: dict, before: tuple[float, dict[str, float]]) -> None:
-    """After each step benchmark, a line of progress: how many of the run's are done, in how long
-    since the first began, against the estimate, and what this one cost by part (on a GPU a
-    benchmark takes minutes, and a run cut short still says where its time went). A benchmark
+    """After each step benchmark, a line of progress: how many of the run's are measured (a group
+    measured together counts at once), in how long since the first began, the time left at that
+    rate, and what this one cost by part (on a GPU
+    a benchmark takes minutes, and a run cut short still says where its time went). A benchmark
     measured with others of its group carries their parts: the first of a group costs what the
     group does, the others nothing more."""
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
     wall, parts = run_parts(item.config)
-    progress["done"] += 1
+    progress["finished"].add(item.name)
+    ledger = item.config.stash[LEDGER]
+    done = sum(name in progress["finished"] or ledger.count(config, ROUNDS) > 0 for name, config in progress["selected"].items())
     shown = ", ".join(f"{part} {minutes_text(parts[part] - before[1][part])}" for part in PARTS
                       if parts[part] - before[1][part] >= 0.5)
+    left = time_left(done, len(progress["selected"]), wall - progress["began"])
     reporter.ensure_newline()
     if reporter._tw.width_of_current_line:  # after -q's dots, which ensure_newline does not see
         reporter._tw.line()
     reporter.write_line(
-        f"ddp-bench: {progress['done']} of {progress['selected']} step benchmarks in {minutes_text(wall - progress['began'])} "
-        f"(estimated {minutes_text(progress['estimate'].step_benchmark_seconds)} for all); {item.name} {minutes_text(wall - before[0])}"
-        + (f": {shown}" if shown else ""))
+        f"ddp-bench: {done} of {len(progress['selected'])} step benchmarks measured in {minutes_text(wall - progress['began'])}"
+        + (f", about {minutes_text(left)} left at this rate" if left else "")
+        + f"; {item.name} {minutes_text(wall - before[0])}" + (f": {shown}" if shown else ""))
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +200,12 @@ def record_rounds(benchmark, request: pytest.FixtureRequest):
     the regression gate at the end of the session."""
 
     def record(round_seconds: list[float], figures) -> None:
+        if isinstance(figures, StepRecord):
+            pass  # its seconds are its configuration's own parts (``seconds_by_part``)
+        elif isinstance(figures, dict):
+            figures = {**figures, "benchmark_seconds": time.perf_counter() - request.node.stash[BEGAN]}
+        else:
+            figures = dataclasses.replace(figures, benchmark_seconds=time.perf_counter() - request.node.stash[BEGAN])
         info = figures if isinstance(figures, dict) else to_extra_info(figures)
         timing.record_rounds(benchmark, round_seconds)
         benchmark.extra_info.update(info)
@@ -326,30 +365,10 @@ def time_by_part(terminalreporter, config: pytest.Config) -> None:
     shown = ", ".join(f"{part} {minutes_text(parts[part])}" for part in PARTS)
     rest = wall - sum(parts.values())
     terminalreporter.write_line(f"run {minutes_text(wall)}: {shown}, other {minutes_text(max(0.0, rest))}")
-    repriced = estimate_at_run_speed(config)
-    if repriced:
-        terminalreporter.write_line(repriced)
-
-
-def estimate_at_run_speed(config: pytest.Config) -> str | None:
-    """The estimate printed before the run against the speed its ranks then had: how many times the
-    time it priced them their ``local`` steps took, and the estimate at that speed
-    (``ddp.bench.rounds.estimate.observed_slowdown``). None where no step benchmark ran."""
-    progress = config.stash.get(PROGRESS, None)
-    if progress is None or not config.stash.get(MEASURED, []):
-        return None
-    try:
-        steps = run_from_data(Path("this run"), {"benchmarks": config.stash[MEASURED]}).steps
-    except RunFileError:
-        return None
-    before = progress["estimate"]
-    slowdown = observed_slowdown(before.costs, [(step.config, step.local_round_seconds or step.round_seconds)
-                                                for step in steps if step.local_round_seconds or step.config.strategy == FLOOR])
-    if slowdown is None:
-        return None
-    again = estimate_run(*progress["asked"], costs=at_run_speed(before.costs, slowdown))
-    return (f"estimated {minutes_text(before.total_seconds)} before it started; its local steps then took "
-            f"{slowdown:.2f}x the time priced: {minutes_text(again.total_seconds)} with every step at that speed")
+    estimate = config.stash.get(PROGRESS, {}).get("estimate")
+    if estimate is not None and estimate.seconds is not None:
+        terminalreporter.write_line(f"estimated {minutes_text(estimate.seconds)} before it started, from the last saved run "
+                                    "of these benchmarks")
 
 
 def run_parts(config: pytest.Config) -> tuple[float, dict[str, float]]:

@@ -322,6 +322,11 @@ class StepRecord:
     """Steps of this configuration whose training state was counted (``Trainer.count_setup``)."""
     traced_steps: int | None = None
     """Traced steps of this configuration (``collectives``)."""
+    seconds_by_part: dict[str, float] | None = None
+    """What this configuration cost the run, in seconds, by part of ``ddp.bench.rounds.ledger.PARTS``
+    (its builds, warm-up, memory counts, rounds and traced steps over every group of ranks; a part
+    it took no time in is left out): the next run's ``estimated length:`` adds these up. None where
+    not counted (``ddp run``, saved before it was recorded)."""
     compute_dtype: str | None = None
     """The dtype a sharded strategy gathered its parameters and computed in, FSDP's compute dtype
     (``bfloat16`` under ``--precision bf16``: ``ddp.bench.config.precision.sharded_compute_dtype``);
@@ -349,6 +354,11 @@ class StepRecord:
         """What a step's time depends on besides the strategy (its ``local`` twin): steps of one
         group are compared with each other, and with its ``local``."""
         return self.config.group
+
+    @property
+    def benchmark_seconds(self) -> float | None:
+        """What this benchmark cost the run, in seconds: its parts added up (None where not counted)."""
+        return None if self.seconds_by_part is None else sum(self.seconds_by_part.values())
 
     @property
     def exposed_comm_fraction(self) -> float | None:
@@ -391,6 +401,9 @@ class AllReduceRecord:
     """Elements that held a wrong sum afterwards, over every round (must be 0)."""
     round_groups: list[int] | None = None
     """Per round, the group of ranks it ran in, as ``StepRecord.round_groups``."""
+    benchmark_seconds: float | None = None
+    """What this benchmark's test cost the run, in seconds (the first size of a world size measures
+    them all, groups of ranks started included); None where not counted."""
     kind: str = "allreduce"
     schema_version: int = SCHEMA_VERSION
 
@@ -421,6 +434,8 @@ class RaceRecord:
     overhead_over_local_seconds: dict[str, float]
     """Per contender other than local, median over rounds of its step minus local's in the same round."""
     overhead_over_local_seconds_ci95: dict[str, list[float]]
+    benchmark_seconds: float | None = None
+    """What the race's test cost the run, in seconds; None where not counted (``ddp versus``)."""
     kind: str = "race"
     schema_version: int = SCHEMA_VERSION
 
@@ -469,6 +484,14 @@ class Benchmark:
     """The rounds, from the record or pytest-benchmark's ``stats.data``; None if neither was saved."""
     record: StepRecord | AllReduceRecord | RaceRecord | None
     """None for a benchmark that is not ddp-bench's."""
+    seconds: float | None = None
+    """What the benchmark cost the run that saved it (its record's ``benchmark_seconds``, or the
+    same key of a benchmark that has no record, such as the harness's cost); None where not counted."""
+
+
+RUN_KEY = "ddp_bench_run"
+"""The key of a saved run's JSON (beside pytest-benchmark's own) that holds what the run says of
+itself: ``run_seconds``, its whole length, and ``rounds``, the ``RoundOptions`` it was asked for."""
 
 
 @dataclass
@@ -480,6 +503,8 @@ class Run:
     commit_info: dict
     datetime: str | None
     benchmarks: list[Benchmark] = field(default_factory=list)
+    run_info: dict = field(default_factory=dict)
+    """``RUN_KEY``'s entry: the run's length and rounds (empty for a run saved before it was recorded)."""
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -604,7 +629,8 @@ def load_run(path: str | Path) -> Run:
 
 def run_from_data(path: Path, data: dict) -> Run:
     """A run from pytest-benchmark's JSON structure (read from ``path``, or a session's own)."""
-    run = Run(path, data.get("machine_info") or {}, data.get("commit_info") or {}, data.get("datetime"))
+    run = Run(path, data.get("machine_info") or {}, data.get("commit_info") or {}, data.get("datetime"),
+              run_info=data.get(RUN_KEY) or {})
     for bench in data["benchmarks"]:
         if not isinstance(bench, dict) or "name" not in bench:
             raise RunFileError(f"{path}: an entry of 'benchmarks' has no name; the file is not pytest-benchmark JSON")
@@ -620,9 +646,11 @@ def run_from_data(path: Path, data: dict) -> Run:
             rounds = rounds.get(record.primary)
         if not isinstance(rounds, list):
             rounds = stats.get("data")
+        seconds = getattr(record, "benchmark_seconds", None) if record is not None else \
+            (bench.get("extra_info") or {}).get("benchmark_seconds")
         run.benchmarks.append(
             Benchmark(name=bench["name"], group=bench.get("group"), median_seconds=float(stats["median"]),
-                      round_seconds=rounds, record=record)
+                      round_seconds=rounds, record=record, seconds=seconds)
         )
     if not run.benchmarks:
         raise RunFileError(f"{path} holds no benchmarks; run `pytest perf_tests --benchmark-json PATH` and pass that file")

@@ -1,13 +1,19 @@
-"""Where a benchmark run's time goes, by part: what each configuration cost besides its rounds.
+"""Where a benchmark run's time goes, by part and by benchmark, and what a run's length is said to
+be before it starts.
 
 A ``Ledger`` counts, per configuration and part (``PARTS``), how many times the part ran and the
 seconds it took. Every rank process keeps one (``ddp.bench.rounds.rank_state.RankBench.ledger``:
 builds, warm-up steps, memory counts, rounds and traced steps, timed where they run), which the
 parent takes after each call (``take_ledger``) and adds to its own, beside the parts only the
 parent sees: starting groups of ranks (``ddp.launcher.started_seconds``) and the memory
-predictions that decide what is built together. The per-benchmark counts go into each record
-(``builds``, ``warmup_rounds``, ``memory_counts``, ``traced_steps``); the run's time by part is
-printed at its end, beside the estimate printed before it started (``ddp.bench.rounds.estimate``).
+predictions that decide what is built together. The per-benchmark counts and seconds go into each
+record (``builds``, ``warmup_rounds``, ``memory_counts``, ``traced_steps``, ``seconds_by_part``);
+the run's time by part is printed at its end.
+
+The length said before a run (``estimated_length``) is what a user can check: the seconds the
+last saved run of the same benchmarks took, read from its records, or, where no such run was
+saved, the ceiling the options put on the rounds and the untimed steps each configuration runs
+besides. No model of the machine prices anything.
 
 On CUDA every step a rank times ends in ``torch.cuda.synchronize`` (``Trainer.step``), and a
 build's allocations are synchronous, so the seconds are the GPU's too; a traced step's include the
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -77,9 +83,17 @@ class Ledger:
     def count(self, key: Hashable, part: str) -> int:
         return self.counts.get((key, part), 0)
 
-    def record_counts(self, key: Hashable) -> dict[str, int]:
-        """The counts a step record carries for ``key`` (``RECORD_FIELDS``)."""
-        return {name: self.count(key, part) for part, name in RECORD_FIELDS.items()}
+    def record_counts(self, key: Hashable) -> dict[str, int | dict[str, float]]:
+        """What a step record carries of ``key``'s costs: its counts (``RECORD_FIELDS``) and its
+        seconds by part (``seconds_by_part``)."""
+        counts: dict[str, int | dict[str, float]] = {name: self.count(key, part) for part, name in RECORD_FIELDS.items()}
+        counts["seconds_by_part"] = self.seconds_by_part(key)
+        return counts
+
+    def seconds_by_part(self, key: Hashable) -> dict[str, float]:
+        """``key``'s own seconds in each part it took (builds, warm-up, memory counts, rounds, traced
+        steps, predictions), over every group of ranks; parts it took no time in are left out."""
+        return {part: self.seconds[key, part] for part in PARTS if self.seconds.get((key, part))}
 
 
 def take(ledger: Ledger) -> Ledger:
@@ -94,3 +108,61 @@ def minutes_text(seconds: float) -> str:
     """``9 min 40 s``, ``45 s``."""
     whole = round(seconds)
     return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What a saved run says of its length: per benchmark name its seconds (None where not
+    counted), and the whole run's seconds where recorded."""
+
+    label: str
+    """How the line names it: its file and date."""
+    benchmark_seconds: dict[str, float | None]
+    run_seconds: float | None = None
+    """The whole run's length, start-up and pytest's own time included (None before it was saved)."""
+    rounds: dict | None = None
+    """The rounds it was asked for (``RoundOptions`` as saved, its budget resolved): a run of other
+    rounds is not the same run (None before it was saved)."""
+
+
+@dataclass(frozen=True)
+class LengthEstimate:
+    """The ``estimated length:`` line and the seconds it gives (None where only a ceiling is known)."""
+
+    seconds: float | None
+    line: str
+
+
+def estimated_length(selected: Sequence[str], saved: Iterable[SavedRun], rounds: dict, step_benchmarks: int,
+                     untimed_steps: int) -> LengthEstimate:
+    """The length of a run of the benchmarks named ``selected`` with ``rounds`` (``RoundOptions``
+    as a dict, its budget resolved): the seconds the newest of ``saved`` that ran every one of
+    them with the same rounds (and counted each one's seconds) took for them, plus what that run
+    spent besides its benchmarks (start-up, pytest); else a ceiling from the options: at
+    most ``round_budget_seconds`` of rounds a step benchmark (``min_rounds`` may take longer on a
+    slow step), and ``untimed_steps`` untimed steps a configuration besides."""
+    wanted = list(selected)
+    for run in saved:
+        seconds = [run.benchmark_seconds.get(name) for name in wanted]
+        if not wanted or any(s is None for s in seconds) or run.rounds != rounds:
+            continue
+        besides = 0.0
+        if run.run_seconds is not None:
+            besides = max(0.0, run.run_seconds - sum(s for s in run.benchmark_seconds.values() if s is not None))
+        total = sum(seconds) + besides
+        return LengthEstimate(total, f"estimated length: {minutes_text(total)}, what these {len(wanted)} benchmarks took "
+                                     f"in the last saved run of them ({run.label}); the time by part at the end says where "
+                                     "this one's went")
+    budget = rounds["budget_seconds"]
+    return LengthEstimate(None, f"estimated length: no saved run of these {len(wanted)} benchmarks with these rounds to go by; "
+                                f"the rounds of its {step_benchmarks} step benchmarks take at most "
+                                f"{minutes_text(step_benchmarks * budget)} ({budget:g} s each, more only where "
+                                f"{rounds['min_rounds']} rounds of a step take longer), and each configuration runs about "
+                                f"{untimed_steps} untimed steps besides "
+                                "(warm-up, memory count, traced steps); the time by part at the end says where it went")
+
+
+def time_left(done: int, selected: int, elapsed_seconds: float) -> float | None:
+    """Seconds the rest of ``selected`` benchmarks will take at the rate of the ``done`` ones (None
+    before any is done)."""
+    return None if done <= 0 else elapsed_seconds / done * (selected - done)
