@@ -203,6 +203,39 @@ def share_cores(ranks_on_this_machine: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_on_this_machine))
 
 
+def bind_to_cores(info: RankInfo, bound: bool) -> None:
+    """Bind every thread of this CPU rank (its own and gloo's) to its share of the cores the
+    process may use, rank r to the r-th share (round-robin, one core each, where ranks outnumber
+    cores), or, ``bound`` False, let them run on all of them again, as they started. What MPI
+    launchers do by default (Open MPI binds each process to a core when there are no more
+    processes than cores) and a plain torchrun run does not: ``ddp.bench.rounds.allreduce`` binds
+    its ranks while it times, because unbound, two gloo ranks' threads meeting on one core made a
+    1 MiB all-reduce on this project's 2-core machine take 1.2 to 2.5 ms from one group of ranks
+    to the next, and 0.7 to 0.9 ms bound. The training steps stay unbound, as a user's run is.
+    On CUDA, and where the OS has no per-thread affinity (not Linux), nothing is done: a GPU
+    rank's work is the GPU's, and binding it to a NUMA node is the cluster launcher's business."""
+    tasks = Path("/proc/self/task")
+    if info.device.type != "cpu" or not hasattr(os, "sched_setaffinity") or not tasks.is_dir():
+        return
+    allowed = sorted(_ALLOWED_CORES)
+    if bound:
+        share = max(1, len(allowed) // info.world_size)
+        start = (info.rank * share) % len(allowed)
+        cores = set(allowed[start:start + share])
+    else:
+        cores = set(allowed)
+    for task in tasks.iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile, or one the OS keeps
+
+
+# The cores a rank process may run on, read once when this module is imported (in the fork server:
+# what every rank inherits, before anything binds it).
+_ALLOWED_CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset(range(os.cpu_count() or 1))
+
+
 def join_process_group(
     rank: int, world_size: int, local_rank: int, ranks_on_this_machine: int, backend: str, device_type: str, **init
 ) -> Rank:
@@ -257,15 +290,24 @@ class TorchrunRank:
         dist.destroy_process_group()
 
 
-# What a rank process has imported before it is forked (``rank_process_context``).
-RANK_PRELOAD = ("torch", "torch.distributed", "ddp.launcher")
+# What a rank process has imported before it is forked (``rank_process_context``); the layers
+# above add what their ranks run (``preload_in_ranks``).
+RANK_PRELOAD = ["torch", "torch.distributed", "ddp.launcher"]
+
+
+def preload_in_ranks(*modules: str) -> None:
+    """Have every rank process forked from now on import ``modules`` already (the fork server
+    imports them once): what the ranks run at their first call would otherwise cost each rank of
+    each group its import time then. Takes effect for a fork server not yet started: call it at
+    import time, before the first ``RankGroup`` starts."""
+    RANK_PRELOAD.extend(module for module in modules if module not in RANK_PRELOAD)
 
 
 def rank_process_context() -> multiprocessing.context.BaseContext:
     """How rank processes are started: forked from multiprocessing's fork server, a clean
     single-threaded process started once per parent that has imported torch (``RANK_PRELOAD``).
     A rank then starts in a fraction of a second instead of importing torch again (2.5 s of CPU
-    here, for each rank of each group).
+    here, for each rank of each group), and finds what its calls run imported already.
 
     On CUDA: the fork server never touches a GPU (importing torch does not initialise CUDA), so
     each rank initialises CUDA itself after the fork, which CUDA requires; PyTorch's

@@ -62,7 +62,7 @@ def tracked(rank, config: StepConfig) -> dict[str, int]:
         # One step settles every strategy: AdamW's state is made in it, FSDP initialises in it, and
         # PyTorch's reducer rebuilds its buckets at the next forward, within the tracked steps.
         trainer.step()
-        return tracked_peak(trainer)
+        return tracked_peak(trainer)[0]
     finally:
         trainer.close()
 

@@ -13,11 +13,13 @@ own peak is compared as well, in ``gpu-check`` (its ``layout`` stage).
 from __future__ import annotations
 
 import statistics
+from unittest import mock
 
 import pytest
 import torch
 
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds import rank_state
 from ddp.bench.rounds.rank_state import RankBench
 from ddp.bench.rounds.reuse import attached, restorable
 from ddp.launcher import Rank, on_rank
@@ -52,11 +54,14 @@ def built_both_ways(rank: Rank, previous: StepConfig, config: StepConfig) -> dic
     info = rank.info
     reused_bench, fresh_bench = RankBench(), RankBench()
     reused_bench.kept.enabled = True
-    reused_bench.prepare(info, [previous], warmup_steps=2, count_memory=False)
-    reused_bench._build(info, [config], warmup_steps=0)  # releases previous, keeping its model
-    reused = reused_bench.trainers[config]
-    fresh_bench._build(info, [config], warmup_steps=0)
-    fresh = fresh_bench.trainers[config]
+    # Each build's steps are its strategy's settling ones alone: steps added while a step still
+    # changes are decided on its times, and two builds would train different numbers of steps.
+    with mock.patch.object(rank_state, "still_changing", lambda seconds: False):
+        reused_bench.prepare(info, [previous], warmup_steps=2, count_memory=False)
+        reused_bench._build(info, [config], warmup_steps=0)  # releases previous, keeping its model
+        reused = reused_bench.trainers[config]
+        fresh_bench._build(info, [config], warmup_steps=0)
+        fresh = fresh_bench.trainers[config]
     result = {
         "restores": reused_bench.kept.restores, "builds": reused_bench.kept.builds,
         "initial_equal": all(torch.equal(a, b) for a, b in zip(_state(reused.workload.module).values(),
@@ -124,3 +129,34 @@ def test_a_model_with_a_hook_left_on_it_is_not_kept():
     module = torch.nn.Linear(2, 2)
     module.register_forward_hook(lambda *a: None)
     assert "_forward_hooks" in attached(module)
+
+
+@on_rank
+def built_together(rank: Rank, configs: list[StepConfig]) -> dict:
+    """``configs`` (one workload) built in one ``prepare``, as a group's are, and each built fresh alone."""
+    together = RankBench()
+    together.kept.enabled = True
+    with mock.patch.object(rank_state, "still_changing", lambda seconds: False):
+        together.prepare(rank.info, configs, warmup_steps=0, count_memory=False)
+        alone = {}
+        for config in configs:
+            bench = RankBench()
+            bench._build(rank.info, [config], warmup_steps=0)
+            alone[config] = bench
+    result = {"restores": together.kept.restores, "builds": together.kept.builds, "equal": []}
+    for config in configs:
+        a, b = together.trainers[config], alone[config].trainers[config]
+        result["equal"].append(all(torch.equal(x, y) for x, y in zip(_state(a.workload.module).values(),
+                                                                     _state(b.workload.module).values())))
+        alone[config].release(rank.info)
+    together.release(rank.info)
+    return result
+
+
+def test_configurations_built_together_are_filled_from_the_first_ones_copy(rank_group):
+    """A group's configurations are built together, every module in use: each after the first is
+    allocated uninitialised and filled from the first's copy, and trains as a fresh build does."""
+    configs = [StepConfig.of(name, BASE) for name in ("local", "bucketed", "torch")]
+    for result in rank_group.run(built_together, configs):
+        assert result["builds"] == 1 and result["restores"] == 2, result
+        assert all(result["equal"]), f"trained weights differ from a fresh build's: {result['equal']}"

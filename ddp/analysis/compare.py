@@ -178,10 +178,21 @@ def _decide(old_rounds, new_rounds, threshold, old_local, new_local, reference, 
         if paired.high <= 1 + threshold:
             return decision(f"{MACHINE} slower", PAIRED,
                             f"the step moved no more than local ({local}): step / local {paired}")
-        if local.verdict is Verdict.UNCHANGED:
-            return decision(Verdict.SLOWER, RAW, f"local moved less than the threshold ({local})")
-        return decision(Verdict.SLOWER, RAW,
-                        f"step / local {paired} does not show that local ({local}) explains the step")
+        # Neither ratio settles it: take the machine's change, as local measured it, out of the
+        # step's compute share alone (a step that waits or communicates keeps the rest).
+        adjusted = Ratio.adjusted(new_rounds, new_local, old_rounds, old_local, threshold, new_groups, old_groups)
+
+        def adjusted_decision(verdict_: Verdict | str, why: str) -> Decision:
+            return Decision(str(verdict_), ADJUSTED, why, raw, paired, local, adjusted)
+
+        if adjusted.verdict is Verdict.SLOWER:
+            return adjusted_decision(Verdict.SLOWER, f"slower than local's change ({local}) explains on the step's compute "
+                                                     f"share: adjusted {adjusted}, step / local {paired}")
+        if adjusted.verdict is Verdict.NOT_RESOLVED:
+            return adjusted_decision(Verdict.NOT_RESOLVED, f"raw {raw} slower, but with local's change ({local}) taken "
+                                                           f"out of the step's compute share it is {adjusted}")
+        return adjusted_decision(f"{MACHINE} slower", f"local's change ({local}) on the step's compute share explains it: "
+                                                      f"adjusted {adjusted}, step / local {paired}")
     if paired.verdict is not Verdict.NOT_RESOLVED:
         return decision(paired.verdict, PAIRED, f"step / local decided; raw {raw}, local {local}")
     if raw.verdict is Verdict.UNCHANGED and local.verdict is Verdict.FASTER:

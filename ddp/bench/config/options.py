@@ -207,6 +207,10 @@ def launch_options(get: Callable[[str], object], world_size: int | None = None) 
 # Traced steps a benchmark runs by default: 6 is the fewest whose extremes are a 95% interval of
 # their median (order statistics: 1 - 2/2^6 = 96.9%, ``ddp.bench.results.stats.median_ci``).
 TRACED_STEPS = 6
+# On CPU, 3: a traced step costs what a timed one does there, and the default run's rounds must be
+# most of its time; the record's exposed communication is then the median of 3, its interval the
+# extremes (75% coverage, which the record's ``collectives.steps`` lets a reader tell).
+CPU_TRACED_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -432,14 +436,16 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
     return GridOptions(
         axes={name: axis.cpu for name, axis in AXES.items()},
         # 6 rounds at least: the fewest whose median interval covers 95% (``stats.smallest_rounds``)
-        rounds=RoundOptions(min_rounds=6, max_rounds=MAX_ROUNDS, warmup_rounds=1, target_precision=0.02, budget_seconds=None,
-                            traced_steps=TRACED_STEPS),
+        rounds=RoundOptions(min_rounds=24, max_rounds=MAX_ROUNDS, warmup_rounds=0, target_precision=0.02, budget_seconds=None,
+                            traced_steps=CPU_TRACED_STEPS),
         # 100 s of rounds for the grid's 20 steps, 5 s each. The rest of a run is fixed costs
         # that grow with the number of configurations, not with their steps: each one's builds,
         # warm-ups and memory count on two groups of ranks and its traced steps on a third, about
         # 11 s of the 16 each took on mini (docs/perf-suite.md: the run's measured length).
-        session_budget_seconds=100.0, interleave=FLOOR,
-        allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4, 6),
+        session_budget_seconds=180.0, interleave="group",
+        # Two world sizes: 6 gloo ranks on 2 cores time the scheduler more than gloo, and the
+        # default run's minutes belong to its step benchmarks.
+        allreduce_sizes_mb=(1.0, 10.0, 100.0), allreduce_world_sizes=(2, 4),
     )
 
 

@@ -10,8 +10,9 @@ optimizer it wraps (a sharded optimizer keeps its shard's state in an inner one)
 tensor of those holds is not counted: PyTorch's reducer buckets, communication buffers,
 activations. On CUDA the allocator's peak over the timed steps (``StepRecord.peak_memory_bytes``) shows all of it.
 
-Counting visits every parameter, so it runs in its own untimed step (``measure_memory``), never
-in a timed one.
+Counting visits every parameter, so it runs in its own untimed steps (``measure_memory``), never
+in a timed one: the last warm-up steps of a fresh build (``ddp.bench.rounds.rank_state.RankBench.prepare``),
+once its plan has settled.
 
 **The peak on CPU**, where no allocator counts it: the untimed steps run under PyTorch's
 ``MemTracker`` (``tracked_peak``), which follows every storage an operator returns and reports the
@@ -171,10 +172,11 @@ class _FreshModuleStats:
             yield
 
 
-def tracked_peak(trainer, observer=None) -> dict[str, int]:
+def tracked_peak(trainer, observer=None) -> tuple[dict[str, int], list]:
     """Run ``TRACKED_STEPS`` untimed steps of ``trainer`` (each watched by ``observer``) under
     PyTorch's ``MemTracker`` and return its peak over them: the bytes of each of its categories
-    (``TRACKER_CATEGORIES``) at the moment the total peaked, and ``Total`` (module docstring)."""
+    (``TRACKER_CATEGORIES``) at the moment the total peaked, and ``Total`` (module docstring); and
+    the steps' timings (``StepTiming``: they are warm-up steps too, ``RankBench.prepare``)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -184,24 +186,24 @@ def tracked_peak(trainer, observer=None) -> dict[str, int]:
     held = [t for t in strategy_tensors(trainer.model) if id(t) not in known]
     tracker.track_external(trainer.model, *optimizers, *held)
     with _module_hooks_removed_afterwards(), tracker:
-        for _ in range(TRACKED_STEPS):
-            trainer.step(_FreshModuleStats(tracker, observer))
+        timings = [trainer.step(_FreshModuleStats(tracker, observer)) for _ in range(TRACKED_STEPS)]
     peak = tracker.get_tracker_snapshot("peak").get(trainer.device, {})
-    return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
+    return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}, timings
 
 
-def measure_memory(trainer) -> StateMemory:
+def measure_memory(trainer) -> tuple[StateMemory, list]:
     """Run an untimed step of ``trainer`` (a ``ddp.bench.rounds.trainer.Trainer``) and count its state; on
-    CPU the steps of ``tracked_peak``, for the measured peak."""
+    CPU the steps of ``tracked_peak``, for the measured peak. Returns the count and the steps'
+    timings (``StepTiming``)."""
     counter = _GradientCounter(trainer.model)
     peak = None
     if trainer.device.type == "cpu" and trainer.config.compile == "off":  # the tracker does not follow compiled graphs
-        peak = tracked_peak(trainer, counter)
+        peak, timings = tracked_peak(trainer, counter)
     else:
-        trainer.step(counter)
+        timings = [trainer.step(counter)]
     return StateMemory(
         parameters_bytes=storage_bytes(trainer.model.parameters()),
         gradients_bytes=counter.gradients_bytes,
         optimizer_state_bytes=storage_bytes(optimizer_state_tensors(trainer.optimizer)),
         tracked_peak_bytes=peak,
-    )
+    ), timings

@@ -16,7 +16,11 @@ all-reduce moves over each rank's link, so that it compares with the hardware's 
 whatever the number of ranks.
 
 Rounds go through the one timing loop (``ddp.bench.rounds.measure.timed_rounds``), every size in every
-round in rotating order, and the buffers are kept between rounds in the rank's ``RankBench``.
+round in rotating order, and the buffers are kept between rounds in the rank's ``RankBench``. On
+CPU each rank's threads are bound to its share of the cores while it times
+(``ddp.launcher.bind_to_cores``): unbound, where two ranks' threads met on one core decided a
+small all-reduce's time more than gloo did. At least one warm-up round runs (the first all-reduce
+of a size allocates its buffer and, on a fresh group, connects gloo's pairs).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ddp.bench.results.records import AllReduceRecord
 from ddp.bench.results.stats import median_interval
 from ddp.bench.rounds.measure import active_groups, group_share, timed_rounds
 from ddp.bench.rounds.rank_state import RankBench, release
-from ddp.launcher import Rank, on_rank
+from ddp.launcher import Rank, bind_to_cores, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
 FLOAT32_BYTES = 4
@@ -111,10 +115,17 @@ def timed_all_reduces(rank: Rank, sizes_bytes: list[int], round_index: int = 0) 
     return [timings[index] for index in range(len(sizes_bytes))]
 
 
+@on_rank
+def bind_cores(rank: Rank, bound: bool) -> None:
+    """``ddp.launcher.bind_to_cores`` on a rank."""
+    bind_to_cores(rank.info, bound)
+
+
 def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, more_groups: Sequence = ()) -> list[AllReduceRecord]:
     """Time all-reduces of every size on ``ranks`` (a ``RankGroup`` or ``InProcessRanks``) through
     the one timing loop, every size in every round, so that each size's rounds are spread over the
-    whole measurement rather than a few seconds of its own; with ``more_groups`` (groups of ranks
+    whole measurement rather than a few seconds of its own (the sizes share one benchmark's
+    budget: ``policy.budget_seconds``); with ``more_groups`` (groups of ranks
     of the same size, started apart), a block of rounds on each group in turn, each round keeping
     its group, as a step's (``ddp.bench.rounds.measure.measure_in_groups``). Raises if any element held a
     wrong sum."""
@@ -122,12 +133,13 @@ def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, mor
     warmup, rounds, labels = [], [], []
     for group_index, group in enumerate(groups):
         share = group_share(policy, len(groups), group_index)
+        group.run(bind_cores, True)  # as MPI binds its ranks: ``ddp.launcher.bind_to_cores``
         try:
-            warmup += [group.run(timed_all_reduces, sizes_bytes, index) for index in range(share.warmup_rounds)]
-            block, _ = timed_rounds(lambda index, group=group: group.run(timed_all_reduces, sizes_bytes, index), share,
-                                    budget_scale=len(sizes_bytes))
+            warmup += [group.run(timed_all_reduces, sizes_bytes, index) for index in range(max(1, share.warmup_rounds))]
+            block, _ = timed_rounds(lambda index, group=group: group.run(timed_all_reduces, sizes_bytes, index), share)
         finally:
             group.run(release)
+            group.run(bind_cores, False)
         rounds += block
         labels += [group_index] * len(block)
     records = []

@@ -179,19 +179,26 @@ def _worst_precision(rounds: list[list]) -> float:
 
 def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
             stop: StopCriterion | None = None, before: tuple[list[list[float]], list[int]] | None = None,
-            group: int = 0) -> Measurement | NotRun:
+            group: int = 0, fixed_warmup: bool = False, traced_steps: int = 0) -> Measurement | NotRun:
     """Time ``configs`` side by side on ``ranks`` (see the module docstring), with the time budget
     of ``benchmarks`` benchmarks (a strategy and its local twin are one; a group of n is n), until
     ``stop`` (if given) says the rounds are settled. The configurations stay built on the ranks
     afterwards (``release`` frees them). ``before``: per configuration the round times other groups
-    of ranks measured, and their groups, which ``stop`` judges with these rounds (of ``group``)."""
+    of ranks measured, and their groups, which ``stop`` judges with these rounds (of ``group``).
+    ``fixed_warmup``: every fresh build trains its settling steps alone before the rounds
+    (``ddp.bench.rounds.rank_state.RankBench.prepare``), so that configurations trained alike.
+    ``traced_steps``: each fresh build runs that many traced steps in its warm-up (CPU only,
+    ``trace``), the measurement's ``traces``."""
     configs = list(configs)
     # A measurement's setups are its first group's: the others' training state is not counted
     # (an untimed step under MemTracker on CPU, seconds a configuration).
-    setups = ranks.run(prepare, configs, policy.warmup_rounds, group == 0)
+    setups = ranks.run(prepare, configs, policy.warmup_rounds, group == 0, fixed_warmup, traced_steps)
     marker = first_withdrawn(setups)
     if marker is not None:
         return NotRun(configs[0], marker)
+    traces = None
+    if traced_steps:
+        traces = [[rank_setups[index].traced or [] for rank_setups in setups] for index in range(len(configs))]
 
     seconds_before, groups_before = before or ([[] for _ in configs], [])
 
@@ -207,7 +214,7 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
     # per round, per rank, per configuration -> per round, per configuration, per rank
     rounds = [[[per_rank[index] for per_rank in round_] for index in range(len(configs))] for round_ in per_round]
     setups_by_config = [[rank_setups[index] for rank_setups in setups] for index in range(len(configs))]
-    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision,
+    return Measurement(configs, setups_by_config, rounds, precision, policy.target_precision, traces=traces,
                        round_groups=[group] * len(rounds))
 
 
@@ -239,24 +246,27 @@ def active_groups(groups: Sequence, policy: RoundOptions) -> list:
 
 
 def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: RoundOptions, benchmarks: int = 1,
-                      stop: StopCriterion | None = None, keep_built: bool = True) -> Measurement | NotRun:
+                      stop: StopCriterion | None = None, keep_built: bool = True, traced_steps: int = 0) -> Measurement | NotRun:
     """``measure`` with the rounds spread over ``groups`` of ranks, a block on each in turn
     (module docstring), each block's round policy ``group_share``; ``stop`` judges the last
     group's rounds together with the others' (the earlier blocks stop on their precision target
     or budget). ``keep_built``: each group keeps its configurations built once its block is done
     (False where the next group's build would not fit beside them: they are freed and, on CUDA,
-    the cached blocks handed back); the last group keeps them built, as ``measure`` does."""
+    the cached blocks handed back); the last group keeps them built, as ``measure`` does.
+    ``traced_steps``: the last group's fresh builds run that many traced steps in their warm-up
+    (``measure``)."""
     configs = list(configs)
     groups = active_groups(groups, policy)
     if len(groups) == 1:
-        return measure(groups[0], configs, policy, benchmarks, stop)
+        return measure(groups[0], configs, policy, benchmarks, stop, traced_steps=traced_steps)
     blocks: list[Measurement] = []
     for index, ranks in enumerate(groups):
         seconds = [[s for block in blocks for s in block.round_seconds(c)] for c in range(len(configs))]
         labels = [g for block in blocks for g in block.round_groups]
         last = index == len(groups) - 1
         share = group_share(policy, len(groups), index)
-        result = measure(ranks, configs, share, benchmarks, stop if last else None, (seconds, labels), index)
+        result = measure(ranks, configs, share, benchmarks, stop if last else None, (seconds, labels), index,
+                         traced_steps=traced_steps if last else 0)
         if isinstance(result, NotRun):
             for earlier in groups[:index + 1]:
                 free(earlier)
@@ -270,7 +280,8 @@ def measure_in_groups(groups: Sequence, configs: Sequence[StepConfig], policy: R
             # block is prepared with warm-up steps, which take the first touch of that memory.
             ranks.run(return_cached_memory)
     merged = Measurement(configs, blocks[0].setups, [round_ for block in blocks for round_ in block.rounds],
-                         float("inf"), policy.target_precision, round_groups=[g for block in blocks for g in block.round_groups])
+                         float("inf"), policy.target_precision, traces=blocks[-1].traces,
+                         round_groups=[g for block in blocks for g in block.round_groups])
     if len(merged.rounds) > 1:
         merged.reached_precision = max(relative_half_width(merged.round_seconds(c), groups=merged.round_groups)
                                        for c in range(len(configs)))
@@ -398,6 +409,8 @@ class GridMeasurer:
         self._traced: dict[StepConfig, list[list[dict]]] = {}
         self._memory_bytes = memory_bytes
         self.ledger = ledger if ledger is not None else Ledger()
+        self._reusing = False
+        """Whether the timing groups keep model copies now (``_timed``: where they fit)."""
         self.unpaired: dict[StepConfig, str] = {}
         """Why a configuration ran without its ``local`` twin where the grid pairs them (the record's
         ``unpaired_reason``)."""
@@ -435,14 +448,19 @@ class GridMeasurer:
         with self.ledger.timing(PREDICTIONS):
             return cannot_run(config) or too_large(config, self.ranks.world_size, memory)
 
+    def _copies(self, members: Sequence[StepConfig]) -> list[StepConfig]:
+        """The kept model copies ``members`` hold beside them: one per workload and group of ranks
+        (``ddp.bench.rounds.reuse``), what ``fit`` counts as ``copies``."""
+        return list({workload_key(c): c for c in members if restorable(c)}.values()) * len(self.groups)
+
     def _timed(self, members: list[StepConfig], benchmarks: int = 1) -> Measurement | NotRun:
         """``members`` measured on every group of ranks; each group keeps them built where the
         groups' builds fit in a device's memory together (one process per rank and group)."""
-        # One kept copy per workload and group of ranks where they fit (``ddp.bench.rounds.reuse``).
-        copies = list({workload_key(c): c for c in members if restorable(c)}.values()) * len(self.groups)
+        copies = self._copies(members)
         held = members * len(self.groups)
         reuse = bool(copies) and self._fit(held, self.ranks.world_size, copies).together
         together = reuse or self._fit(held, self.ranks.world_size).together
+        self._reusing = reuse
         try:
             for ranks in self.groups:
                 ranks.run(set_model_reuse, reuse)
@@ -450,7 +468,10 @@ class GridMeasurer:
                 self._free()
                 for ranks in self.groups:
                     ranks.run(return_cached_memory)
-            return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together)
+            # On CPU the last group traces each fresh build in its warm-up (``IN_GROUP``).
+            traced = self.policy.traced_steps if self.tracer is IN_GROUP else 0
+            return measure_in_groups(self.groups, members, self.policy, benchmarks, self.stop, keep_built=together,
+                                     traced_steps=traced)
         except RankKilled as error:  # its group was ended; the next call starts fresh ranks
             return NotRun(members[0], RankLost.of(error))
         finally:
@@ -550,6 +571,9 @@ class GridMeasurer:
         in_group = ranks is IN_GROUP
         if in_group:
             ranks = self.groups[-1]  # the group that timed last keeps the configurations built
+            for config, rank_traces in zip(measurement.configs, measurement.traces or []):
+                if any(rank_traces):  # traced in its warm-up there (``_timed``)
+                    self._traced.setdefault(config, rank_traces)
         elif ranks is not self.ranks:
             for group in self.groups:
                 group.run(return_cached_memory)  # the timed rounds' peak, cached, would not leave room
@@ -557,7 +581,11 @@ class GridMeasurer:
         for config in measurement.configs:
             if config not in self._traced:
                 held = measurement.configs * len(self.groups)
-                if not in_group and ranks is not self.ranks and not self._fit([*held, config], len(measurement.setups[0])).together:
+                # The timing groups keep their configurations built, and their model copies where
+                # reuse is on: both share the device with the tracer's build.
+                copies = self._copies(measurement.configs) if self._reusing else []
+                if not in_group and ranks is not self.ranks and \
+                        not self._fit([*held, config], len(measurement.setups[0]), copies).together:
                     self._free()
                 try:
                     traced_steps = trace(ranks, [config], self.policy, keep_built=in_group)
@@ -608,7 +636,7 @@ def measure_in_blocks(ranks, configs: Sequence[StepConfig], policy: RoundOptions
     for block in range(blocks):
         order = configs if block % 2 == 0 else configs[::-1]
         for config in order:
-            result = measure(ranks, [config], block_policy)
+            result = measure(ranks, [config], block_policy, fixed_warmup=True)
             if isinstance(result, NotRun):
                 free(ranks)
                 return result, collected

@@ -77,7 +77,7 @@ def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str]
     memory = fit_on(ranks, configs)
     if memory.too_large():
         raise CannotRun(memory.too_large())
-    measurement = measure(ranks, configs, policy) if memory.together else None
+    measurement = measure(ranks, configs, policy, fixed_warmup=True) if memory.together else None
     if isinstance(measurement, NotRun) and not isinstance(measurement.marker, OutOfMemory):
         raise CannotRun(measurement.reason(ranks.world_size))
     if measurement is not None and not isinstance(measurement, NotRun):

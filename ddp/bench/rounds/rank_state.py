@@ -30,13 +30,19 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.collectives.recording import traced_steps
+from ddp.bench.config.shape import step_span
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, RESTORED, ROUNDS, TRACED, WARMUP, Ledger, take
 from ddp.bench.rounds.reuse import KeptModels
 from ddp.bench.rounds.trainer import CannotRun, StepSetup, StepTiming, Trainer
-from ddp.launcher import Rank, RankInfo, RankKilled, Withdrawn, on_rank
+from ddp.launcher import Rank, RankInfo, RankKilled, Withdrawn, on_rank, preload_in_ranks
 from ddp.strategies.base import gather_full_params
 from ddp.strategies.registry import steps_to_settle
+
+# Every rank runs this module's entry points, and counts memory under MemTracker on CPU: imported
+# in the fork server, once, rather than in each rank of each group at its first call (MemTracker's
+# module alone took 1.3 s here). Neither touches CUDA, which a rank initialises after its fork.
+preload_in_ranks(__name__, "torch.distributed._tools.mem_tracker")
 
 T = TypeVar("T")
 
@@ -122,21 +128,21 @@ class RankBench:
     here, until the parent takes it (``take_ledger``)."""
 
     def prepare(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int,
-                count_memory: bool = True) -> list[StepSetup] | Withdrawn:
+                count_memory: bool = True, fixed_warmup: bool = False, traced_steps: int = 0) -> list[StepSetup] | Withdrawn:
         """Build ``configs`` (freeing every other one, keeping those already built: the local
-        twin of the next strategy of the same group is the same) and run
-        ``warmup_steps`` untimed steps of each.
-
-        A fresh build runs at least as many steps as its strategy needs before its plan is final
-        (``ddp.strategies.registry.steps_to_settle``): ``bucketed`` re-plans its buckets after its
-        first step, and PyTorch's DDP reduces everything in one bucket in its first step, rebuilds
-        its buckets in the second and records the new plan (which ``StepSetup`` reports) in the
-        third; a user's class may do the same. ``count_memory``: each setup's training state
-        counted (``Trainer.count_setup``), once per build.
+        twin of the next strategy of the same group is the same), warm up each fresh build
+        (``_build``) and run ``warmup_steps`` untimed steps of each kept one.
+        ``count_memory``: each fresh build's training state counted (``Trainer.count_setup``) in
+        its warm-up. ``traced_steps``: that many traced steps of each fresh build in its warm-up
+        (``StepSetup.traced``; CPU only: on CUDA the profiler leaves CUPTI attached to the
+        process, ``trace``). ``fixed_warmup``: a fresh build's warm-up is its settling steps
+        alone, never more however its step changes: contenders whose weights are compared
+        afterwards (``ddp.bench.rounds.race``) must have trained the same steps.
         """
 
         def build() -> list[StepSetup]:
-            self._build(info, configs, warmup_steps)
+            self._build(info, configs, warmup_steps, count_memory=count_memory, fixed_warmup=fixed_warmup,
+                        traced_steps=traced_steps)
             return [self._count_setup(config, count_memory) for config in configs]
 
         return self._withdrawing(info, build)
@@ -148,8 +154,47 @@ class RankBench:
         with self.ledger.timing(MEMORY_COUNTS, config):
             return trainer.count_setup(count_memory)
 
-    def _build(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, keep_others: bool = False) -> None:
-        """Build and warm up ``configs`` (see ``prepare``), freeing every other one unless ``keep_others``."""
+    def _settle(self, info: RankInfo, trainer: Trainer, steps: int) -> list[float]:
+        """``steps`` untimed steps of a fresh build, the last one counting its collectives where
+        its strategy does not say (``Trainer.count_collectives``); the plain steps' slowest-rank
+        times since the last counting step (a step under the profiler compares with nothing)."""
+        seconds: list[float] = []
+        with self.ledger.timing(WARMUP, trainer.config, count=steps):
+            for index in range(steps):
+                if index == steps - 1 and not trainer.states_its_collectives:
+                    trainer.count_collectives()
+                    seconds = []
+                else:
+                    seconds.append(_slowest(info, trainer.step().step_seconds))
+        return seconds
+
+    def _until_settled(self, info: RankInfo, config: StepConfig, seconds: list[float], steps: int) -> None:
+        """Untimed steps of a fresh build that has trained ``steps`` (``seconds``: its plain steps'
+        times so far) while ``still_changing`` says so, at most ``MAX_WARMUP_STEPS`` in all. The
+        ranks agree on every decision: each step's time is its slowest rank's."""
+        trainer = self.trainers[config]
+        while still_changing(seconds) and steps < MAX_WARMUP_STEPS:
+            with self.ledger.timing(WARMUP, config):
+                seconds.append(_slowest(info, trainer.step().step_seconds))
+            steps += 1
+
+    def _build(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, keep_others: bool = False,
+               count_memory: bool = False, fixed_warmup: bool = False, traced_steps: int = 0) -> None:
+        """Build and warm up ``configs`` (see ``prepare``), freeing every other one unless ``keep_others``.
+
+        A fresh build's warm-up: the steps its plan needs to settle, at least ``warmup_steps``
+        (its strategy's ``steps_to_settle``: ``bucketed`` re-plans its buckets after its first step,
+        PyTorch's DDP rebuilds its buckets in its second and records the new plan, which
+        ``StepSetup`` reports, in its third; a user's class may do the same); then the steps that
+        run anyway, its training state counted (``count_memory``: ``Trainer.count_memory``, two
+        steps under MemTracker on CPU) or its traced steps (``traced_steps``), which also tell
+        whether the step has stopped changing (``still_changing``, on their times, each kind
+        compared with itself: a step under MemTracker costs about two plain ones); then plain
+        steps while it still changes (``_until_settled``). On CUDA the step ends in a synchronize
+        (``Trainer.step``), so what changes there over the first steps (the caching allocator
+        growing its pool, cuBLAS's handles and workspaces, the kernels' first loads) is in the
+        times compared; on CPU, mostly the first touch of the allocator's pages (mini's first
+        step of a fresh build: 1.0-1.3x the next on this project's machine)."""
         kept = {config: self.trainers.pop(config) for config in configs if config in self.trainers}
         others, self.trainers = self.trainers, {}
         if keep_others:
@@ -159,6 +204,7 @@ class RankBench:
             self.release(info, keep_models=True)  # whatever is not asked for any more, before building (memory)
         self.trainers = dict(kept)
         self.kept.keep_only([*configs, *self.trainers])
+        settled: dict[StepConfig, tuple[int, list[float]]] = {}  # each fresh build's steps so far, and its plain steps' times
         for config in configs:
             if config in kept:
                 if not warmup_steps:
@@ -167,20 +213,33 @@ class RankBench:
                     for _ in range(warmup_steps):
                         kept[config].step()
                 continue
-            # Built and warmed up one at a time, so that on CUDA what each holds between its steps
+            # Built and settled one at a time, so that on CUDA what each holds between its steps
             # is what the allocator gained meanwhile (``ddp.bench.rounds.trainer.own_peak_bytes`` reads it).
             before, held_before, restores = _allocated_bytes(info), self.kept.held_bytes(), self.kept.restores
             with self.ledger.timing(BUILDS, config):
                 trainer = self.trainers[config] = Trainer(config, info, workloads=self.kept.workload)
+                if info.device.type == "cuda":  # its allocations and initialising kernels are queued: the build's, not its first step's
+                    torch.cuda.synchronize(info.device)
             if self.kept.restores > restores:
                 self.ledger.add(RESTORED, 0.0, config)
             steps = max(steps_to_settle(config.strategy), warmup_steps)
-            with self.ledger.timing(WARMUP, config, count=steps):
-                for index in range(steps):
-                    counting = index == steps - 1 and not trainer.states_its_collectives
-                    trainer.count_collectives() if counting else trainer.step()
+            settled[config] = steps, self._settle(info, trainer, steps)
             if before is not None:  # a kept copy made, or a released module taken, is not this build's doing
                 trainer.resident_bytes = _allocated_bytes(info) - before - (self.kept.held_bytes() - held_before)
+        for config, (steps, seconds) in settled.items():
+            trainer = self.trainers[config]
+            if count_memory:
+                with self.ledger.timing(MEMORY_COUNTS, config):
+                    tracked = [_slowest(info, timing.step_seconds) for timing in trainer.count_memory()]
+                steps += len(tracked)
+                seconds = tracked if len(tracked) > 1 else seconds + tracked  # on CUDA one plain step
+            if traced_steps:
+                with self.ledger.timing(TRACED, config, count=traced_steps):
+                    trainer.traced = recorded = traced_in_warmup(trainer, traced_steps)
+                steps += traced_steps
+                seconds = [_slowest(info, end - start) for start, end in map(step_span, recorded)]
+            if not fixed_warmup:
+                self._until_settled(info, config, seconds, steps)
 
     def round(self, info: RankInfo, configs: Sequence[StepConfig], round_index: int) -> list[StepTiming] | Withdrawn:
         """One step of each configuration, in an order that rotates with ``round_index`` so that
@@ -314,6 +373,40 @@ class RankBench:
         return self.trainers[config]
 
 
+# A step "still changing" is more than this much faster than the one before it. Mini's steps on
+# this project's 2-core CPU scatter by about +-10% from one to the next once warm (local at 4 x 64:
+# 208-250 ms over ten steps after the first), and the first step of a fresh build there is 1.0-1.3x
+# the next (270 ms against 219); on a GPU the first steps take several times the next (the
+# allocator's pool, cuBLAS's handles, the kernels' first loads). At 10% a warm CPU step read as
+# changing about once a build, which cost the default run 10 s of steps that changed nothing.
+WARMUP_CHANGE = 0.20
+MAX_WARMUP_STEPS = 12
+"""No fresh build gets more warm-up steps than this, changing or not (the plan's settling included)."""
+
+
+def still_changing(seconds: Sequence[float], tolerance: float = WARMUP_CHANGE) -> bool:
+    """Whether a step is still getting faster, by the last two of ``seconds`` (consecutive untimed
+    steps of one kind): fewer than two, or the last more than ``tolerance`` faster than the one before."""
+    return len(seconds) < 2 or seconds[-1] < (1.0 - tolerance) * seconds[-2]
+
+
+def traced_in_warmup(trainer: Trainer, steps: int) -> list[dict]:
+    """``steps`` traced steps of a build in its warm-up (``traced_steps``), on CPU only: on CUDA
+    the profiler leaves CUPTI attached to a process that goes on timing (``RankBench.trace``)."""
+    if trainer.cuda:
+        raise RuntimeError("traced steps in a warm-up run on CPU only: on CUDA trace on ranks that time nothing")
+    return traced_steps(trainer, steps)
+
+
+def _slowest(info: RankInfo, seconds: float) -> float:
+    """The slowest rank's ``seconds``: what every rank decides on (one all-reduce, untimed)."""
+    if info.world_size == 1:
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=info.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
+
+
 def _allocated_bytes(info: RankInfo) -> int | None:
     """CUDA memory allocated on this rank's GPU; None on CPU."""
     return torch.cuda.memory_allocated(info.device) if info.device.type == "cuda" else None
@@ -325,8 +418,8 @@ def _allocated_bytes(info: RankInfo) -> int | None:
 
 @on_rank
 def prepare(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int = 1,
-            count_memory: bool = True) -> list[StepSetup] | Withdrawn:
-    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps, count_memory)
+            count_memory: bool = True, fixed_warmup: bool = False, traced_steps: int = 0) -> list[StepSetup] | Withdrawn:
+    return rank.keep(RankBench).prepare(rank.info, configs, warmup_steps, count_memory, fixed_warmup, traced_steps)
 
 
 @on_rank

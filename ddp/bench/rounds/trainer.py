@@ -69,6 +69,9 @@ class StepSetup:
     """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.memory.state``)."""
     communicates: bool = True
     """Whether a step launches any collective (``Trainer.communicates``): what is traced."""
+    traced: list[dict] | None = None
+    """The traced steps this build ran in its warm-up (``ddp.bench.collectives.recording.traced_steps``),
+    where asked (``RankBench.prepare``'s ``traced_steps``); None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,8 @@ class Trainer:
         self.counted_collectives: int | None = None  # see count_collectives
         self.memory: StateMemory | None = None
         """The training state ``count_setup`` counted, kept for the next ``count_setup``."""
+        self.traced: list[dict] | None = None
+        """The traced steps of its warm-up, where it ran some (``StepSetup.traced``)."""
         self.resident_bytes: int | None = None
         """On CUDA, what this configuration keeps allocated between its steps (parameters, optimizer
         state, the strategy's buffers, the batch), set by ``RankBench.prepare`` once built and
@@ -246,7 +251,7 @@ class Trainer:
         the last warm-up step)."""
         sizes = getattr(self.model, "bucket_sizes_bytes", None)
         if count_memory and self.memory is None:
-            self.memory = measure_memory(self)
+            self.count_memory()
         calls = self.collectives_per_step()
         communicates = calls is None or calls > 0
         return StepSetup(
@@ -258,7 +263,14 @@ class Trainer:
             bytes_per_step=self.gradient_bytes if communicates else 0,
             memory=self.memory if count_memory else None,
             communicates=self.communicates,
+            traced=self.traced,
         )
+
+    def count_memory(self) -> list[StepTiming]:
+        """Count this configuration's training state in untimed steps (``ddp.bench.memory.state.measure_memory``)
+        and keep it for ``count_setup``; returns those steps' timings."""
+        self.memory, timings = measure_memory(self)
+        return timings
 
     def collectives_per_step(self) -> int | None:
         """The strategy's own count, else the one counted in warm-up (counting now if not yet)."""
