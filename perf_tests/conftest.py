@@ -16,6 +16,7 @@ from conftest import benchmark_grid, launch  # the root conftest's: resolved and
 from ddp.analysis.compare import DEFAULT_THRESHOLD, AimAtDecision, gate
 from ddp.bench.config.options import GridOptions
 from ddp.bench.config.parsing import percent_type
+from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.state import TRACKED_STEPS
 from ddp.bench.results import timing
 from ddp.bench.results.records import RUN_KEY, Run, RunFileError, StepRecord, load_run, run_from_data, to_extra_info
@@ -48,11 +49,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Print the run's estimated length before anything runs (``ddp.bench.rounds.ledger.estimated_length``):
-    what the last saved run of the same benchmarks took, or the ceiling the options set."""
+    """Before any rank starts: refuse a comparison that cannot be made (``check_compared``), and
+    print the run's estimated length (``ddp.bench.rounds.ledger.estimated_length``): what the last
+    saved run of the same benchmarks took, or the ceiling the options set."""
     benchmarks = [item for item in session.items if is_benchmark(item)]
     if not benchmarks:
         return
+    problem = check_compared(session.config, {item.name: item.callspec.params["step_config"] if is_step_benchmark(item)
+                                              else None for item in benchmarks})
+    if problem:
+        pytest.exit(problem, returncode=pytest.ExitCode.INTERRUPTED)  # 2, as every command's usage error
     grid = benchmark_grid(session.config)
     steps = [item for item in benchmarks if is_step_benchmark(item)]
     untimed = grid.rank_groups * (max(steps_to_settle(s) for s in grid.strategies) + 1) + TRACKED_STEPS + grid.rounds.traced_steps
@@ -63,6 +69,41 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(estimate.line)
+
+
+def check_compared(config: pytest.Config, selected: dict[str, StepConfig | None]) -> str | None:
+    """Why ``--benchmark-compare`` cannot compare this run, in one line naming the runs saved here,
+    or None: no saved run matches what it names, or the one it loaded holds none of the
+    ``selected`` step benchmarks (by name and configuration: test ids leave the model and the
+    options at their defaults out; the other benchmarks where no step is selected), a run of
+    another grid. Checked after
+    collection, before any rank starts, instead of after every benchmark has run."""
+    asked = config.getoption("benchmark_compare", None)
+    if not asked:
+        return None
+    storage = getattr(getattr(config, "_benchmarksession", None), "storage", None)
+    saved = [path.stem for path in storage.query("[0-9][0-9][0-9][0-9]_")] if storage is not None else []
+    where = f"in {getattr(storage, 'path', 'the benchmark storage')}"
+    existing = f"runs saved {where}: {', '.join(saved)}" if saved else f"no run is saved {where}: save one first with --benchmark-save=NAME"
+    compared = config.stash.get(COMPARED, [])
+    if not compared:
+        named = "the last saved run" if asked is True else f"a saved run {asked!r}"
+        return f"--benchmark-compare: no {named[2:] if named.startswith('a ') else named}; {existing}"
+    try:
+        saved_runs_ = [run for _, run in compared_runs(config)]
+    except RunFileError:
+        return None  # the gate says what is wrong with the file at the end
+    held = {bench.name: getattr(bench.record, "config", None) for run in saved_runs_ for bench in run.benchmarks}
+    # The step benchmarks decide where there are any: an all-reduce of the same name is no reason
+    # to run a grid of another model against this one.
+    judged = {name: step for name, step in selected.items() if step is not None} or selected
+    if not any(name in held and (step is None or held[name] in (None, step)) for name, step in judged.items()):
+        steps = {c.group_label(True) for c in held.values() if isinstance(c, StepConfig)}
+        holds = f"its steps are {'; '.join(sorted(steps))}" if steps else f"it holds {', '.join(sorted(held)[:3])}"
+        what = f"{len(judged)} step benchmarks" if judged is not selected else f"{len(selected)} benchmarks"
+        return (f"--benchmark-compare: the run it loaded holds none of these {what} ({holds}): a run of another grid; "
+                f"compare with a run of the same options, {existing}")
+    return None
 
 
 def saved_rounds(grid: GridOptions) -> dict:
@@ -320,6 +361,8 @@ def aim_at_decision(pytestconfig: pytest.Config) -> AimAtDecision | None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if exitstatus == pytest.ExitCode.INTERRUPTED and not config.stash.get(MEASURED, []):
+        return  # stopped before anything ran (``check_compared``, Ctrl-C): its own line says why
     time_by_part(terminalreporter, config)
     precision_summary(terminalreporter, config)
     unpaired_summary(terminalreporter, config)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, settled, what_would_decide
+from ddp.analysis.compare import Decision, Ratio, compare, decide, failed, gate, settled, what_would_decide
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_run
 from ddp.bench.results.stats import Verdict, groups_to_decide
@@ -155,6 +155,10 @@ def test_verdicts_faster_unchanged_and_missing(files):
         "test_step[naive-b4-s64]": "faster", "test_step[flat-b4-s64]": "unchanged",
         "test_step[local-b4-s64]": "only in new", "test_step[overlap-b4-s64]": "only in old",
     }
+    # and the gate's end names them, rather than leaving them to a row of the table
+    lines = gate(old, new, 0.10).lines
+    assert "NOTE: 1 benchmark(s) of the old run are not in the new one, not compared: test_step[overlap-b4-s64]" in lines
+    assert "NOTE: 1 benchmark(s) of the new run are not in the old one, not compared: test_step[local-b4-s64]" in lines
 
 
 def test_runs_from_different_setups_are_warned_about(files, capsys):
