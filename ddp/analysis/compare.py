@@ -454,8 +454,8 @@ def gate(old: Run, new: Run, threshold: float) -> Gate:
                         "no slowdown is called from them; save a new baseline under pytest with --rank-groups 2 or more")
     lines = [table(rows)]
     lines += machine_notes(rows)
-    for verdict, which in (("only in old", "of the old run are not in the new one"), ("only in new", "of the new run are not in the old one")):
-        names = [r.name for r in rows if r.verdict == verdict]
+    for missing, which in (("only in old", "of the old run are not in the new one"), ("only in new", "of the new run are not in the old one")):
+        names = [r.name for r in rows if r.verdict == missing]
         if names:
             lines.append(f"NOTE: {len(names)} benchmark(s) {which}, not compared: {', '.join(names)}")
     slower = failed(rows)
