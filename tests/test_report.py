@@ -164,7 +164,7 @@ def test_report_states_the_hand_computed_figures_and_writes_the_plots(baseline, 
     assert "1.05x faster than torch 100 MiB (115.00 ms, 5.00 ms less per step)" in report
     assert "1.82x faster than naive (200.00 ms, 90.00 ms less per step)" in report
     assert "not resolved" not in report.split("## Commentary")[1].split("\n## ")[0]
-    assert "naive at batch 2, seq len 32 communicates 80.00 ms per step with no compute beside it (40.0% of the step)" in report
+    assert "naive at batch 2, seq len 32 communicates 80.00 ms per step with no compute beside it (40.0% of its traced steps)" in report
     assert "**2 bucket(s)** for 2.5 MiB of gradients (total / cap = 3)" in report
     assert "1 bucket(s) hold a single tensor larger than the cap" in report
     assert "Fewer than total / cap: some buckets hold more than the cap" in report

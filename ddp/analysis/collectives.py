@@ -58,8 +58,9 @@ def summary_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
                                     f"{interval_ms(tail.exposed_seconds_ci95)}",
             f"{top.label}: {ms(top.exposed_seconds)}",
         ])
-    headers = ["configuration", "strategy", "collectives", "exposed comm (ms)", "bound by", "shares added up (ms) [95%]",
-               "tail: exposed (ms) [95%]", "exposed the most (ms)"]
+    headers = ["configuration", "strategy", "collectives", "exposed comm: traced median (ms)", "bound by",
+               "shares added up: traced median (ms) [95%]", "tail: exposed, traced median (ms) [95%]",
+               "exposed the most: traced median (ms)"]
     return rows, headers
 
 
@@ -92,7 +93,8 @@ def detail_rows(step: StepRecord) -> tuple[list[list], str | None]:
     return rows, note
 
 
-DETAIL_HEADERS = ["collective", "MiB", "ready (ms)", "launched (ms)", "done (ms)", "exposed (ms) [95%]"]
+DETAIL_HEADERS = ["collective", "MiB", "ready: traced median (ms)", "launched: traced median (ms)", "done: traced median (ms)",
+                  "exposed: traced median (ms) [95%]"]
 
 
 def local_seconds(step: StepRecord, steps: list[StepRecord]) -> float | None:
@@ -142,9 +144,9 @@ def advice_rows(steps: list[StepRecord]) -> tuple[list[list], list[str]]:
     return rows, commands
 
 
-ADVICE_HEADERS = ["configuration", "strategy", "tail: exposed (ms) [95%]", "model's error on the step",
-                  "cap advised: predicted gain (ms)", "bf16 comm at that cap (ms)", "gain beyond the error",
-                  "measured step (ms)"]
+ADVICE_HEADERS = ["configuration", "strategy", "tail: exposed, traced median (ms) [95%]", "model's error on the step",
+                  "cap advised: predicted gain (ms)", "bf16 comm at that cap: predicted (ms)", "gain beyond the error",
+                  "measured step: median (ms)"]
 
 
 def confirm_command(step: StepRecord, advised_cap: float) -> str:

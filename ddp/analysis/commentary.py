@@ -130,15 +130,17 @@ def commentary_section(run: Run) -> list[str]:
     exposed = [s for s in steps if s.strategy != FLOOR and s.exposed_comm_seconds is not None]
     if exposed:
         worst = max(exposed, key=lambda s: s.exposed_comm_seconds)
-        share = max(exposed, key=lambda s: s.exposed_comm_fraction)
+        share = max(exposed, key=lambda s: s.exposed_comm_fraction or 0.0)
         text = (
             f"Largest exposed communication: {worst.label} at {worst.group.group_label(with_model)} communicates "
-            f"{ms(worst.exposed_comm_seconds)} ms per step with no compute beside it ({pct(worst.exposed_comm_fraction)} of the step)"
+            f"{ms(worst.exposed_comm_seconds)} ms per step with no compute beside it ({pct(worst.exposed_comm_fraction)} "
+            "of its traced steps)"
         )
         if share is not worst:
             text += (
                 f"; the largest share is {share.label} at "
-                f"{share.group.group_label(with_model)}: {pct(share.exposed_comm_fraction)} ({ms(share.exposed_comm_seconds)} ms)"
+                f"{share.group.group_label(with_model)}: {pct(share.exposed_comm_fraction)} of its traced steps "
+                f"({ms(share.exposed_comm_seconds)} ms)"
             )
         lines += [text + ".", ""]
     host = [s for s in steps if s.bound_by == "host"]

@@ -75,21 +75,23 @@ def header_section(run: Run) -> list[str]:
     return ["## Machine", "", _table(rows, ["", ""]), ""]
 
 
-def _pivot(steps: list[StepRecord], cell) -> tuple[list, list[str]]:
-    """A table with a row per strategy (its label) and a column per group."""
+def _pivot(steps: list[StepRecord], cell, what: str) -> tuple[list, list[str]]:
+    """A table with a row per strategy (its label) and a column per group, each named with
+    ``what`` its cells hold and how they were obtained."""
     keys = groups(steps)
     with_model = several_models(steps)
     labels = list(dict.fromkeys(s.label for s in sorted(steps, key=step_order)))
     by = {(s.label, s.group): s for s in steps}
     rows = [[label] + [cell(by[(label, k)]) if (label, k) in by else "" for k in keys] for label in labels]
-    return rows, ["strategy"] + [k.group_label(with_model) for k in keys]
+    return rows, ["strategy"] + [f"{k.group_label(with_model)}: {what}" for k in keys]
 
 
 def step_section(run: Run) -> list[str]:
     steps = run.steps
     time_rows, headers = _pivot(steps, lambda s: f"{ms(s.step_seconds)} {interval_ms(s.step_seconds_ci95)}"
-                                + ("" if (s.step_seconds_ci_coverage or 1.0) >= 0.95 else f" ({s.step_seconds_ci_coverage:.0%})"))
-    share_rows, _ = _pivot(steps, exposed_cell)
+                                + ("" if (s.step_seconds_ci_coverage or 1.0) >= 0.95 else f" ({s.step_seconds_ci_coverage:.0%})"),
+                                "median (ms) [95%]")
+    share_rows, share_headers = _pivot(steps, exposed_cell, "exposed: traced median; wait: timed median")
     world = sorted({s.world_size for s in steps})
     short = [s for s in steps if (s.step_seconds_ci_coverage or 1.0) < 0.95]
     return [
@@ -107,7 +109,7 @@ def step_section(run: Run) -> list[str]:
         "synchronized, which on a host-bound step is the host's launch gap, not communication. Where nothing was "
         "traced (a run saved before schema 7), the wait alone, so marked.",
         "",
-        _table(share_rows, headers),
+        _table(share_rows, share_headers),
         "",
     ]
 
@@ -119,7 +121,7 @@ def exposed_cell(step: StepRecord) -> str:
     wait = f"wait {ms(step.sync_wait_seconds)} ms" + (" (host-bound: the host's gap)" if step.bound_by == "host" else "")
     if step.exposed_comm_seconds is None:
         return f"{wait} (not traced)"
-    return f"{pct(step.exposed_comm_fraction)} ({ms(step.exposed_comm_seconds)} ms), {bound_label(step)}; {wait}"
+    return f"{pct(step.exposed_comm_fraction)} of its traced steps ({ms(step.exposed_comm_seconds)} ms), {bound_label(step)}; {wait}"
 
 
 def bound_label(step: StepRecord) -> str:
@@ -139,7 +141,7 @@ def flops_section(run: Run) -> list[str]:
     steps = [s for s in run.steps if s.achieved_tflops is not None]
     if not steps:
         return []
-    rows, headers = _pivot(steps, _tflops)
+    rows, headers = _pivot(steps, _tflops, "TFLOP/s at the median step")
     flops = sorted({(s.config.model, s.config.seq_len, s.model_flops_per_token) for s in steps})
     per_token = "; ".join(f"{model} at seq {seq}: {value / 1e9:.4g} GFLOP" for model, seq, value in flops)
     unknown = sorted({s.device for s in steps if s.mfu is None})
@@ -250,8 +252,12 @@ def overhead_section(run: Run) -> list[str]:
         "Overhead over `local`",
         "`local` trains each rank's batch with no communication at all: the price of data parallelism is the rest. "
         "Where the run interleaved each round with one of `local`, the overhead is the median over rounds of the "
-        "difference within a round, with its 95% interval; 'not resolved' means the interval includes 0.",
-        rows, ["config", "strategy", "local (ms)", "step (ms)", "overhead (ms) [95%]", "step / local", "resolved"],
+        "difference within a round (paired), with its 95% interval, and step / local the median of each round's "
+        "ratio: neither is the difference or ratio of the two medians beside them, each taken over all its rounds; "
+        "'not resolved' means the interval includes 0. Unpaired rows (no local in their rounds) give the medians' "
+        "difference and ratio.",
+        rows, ["config", "strategy", "local: median (ms)", "step: median (ms)", "overhead: paired median (ms) [95%]",
+               "step / local: paired median", "resolved"],
     )
 
 
@@ -364,7 +370,7 @@ def bucket_section(run: Run) -> list[str]:
         row = [label, f"{cap:g}", "" if plan is None else plan.num_buckets, "" if plan is None else plan.total_over_cap]
         row += [ms(by[(label, k)].step_seconds) if (label, k) in by else "" for k in keys]
         rows.append(row)
-    headers = ["strategy", "bucket cap (MiB)", "buckets", "total / cap"] + [f"{k.group_label(with_model)} (ms)" for k in keys]
+    headers = ["strategy", "bucket cap (MiB)", "buckets", "total / cap"] + [f"{k.group_label(with_model)}: median (ms)" for k in keys]
     return section(
         "By bucket size",
         "Median step time, ms, with the number of buckets each cap produced and the count that "
@@ -427,7 +433,7 @@ def allreduce_section(run: Run) -> list[str]:
         "All-reduce",
         "float32 sum, time of the slowest rank (median). algbw = size / time; busbw = algbw x 2(n-1)/n "
         "(as nccl-tests), comparable with link bandwidth whatever the number of ranks. GB/s = 10^9 bytes/s.",
-        rows, ["backend", "ranks", "size (MiB)", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+        rows, ["backend", "ranks", "size (MiB)", "time: median (ms)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
     )
 
 
@@ -454,7 +460,7 @@ def race_section(run: Run) -> list[str]:
         ]
         lines += [f"{r.configs[-1].group_label()}" + ("" if r.bucket_size_mb is None else f", bucket cap {r.bucket_size_mb:g} MiB")
                   + f", {r.world_size} ranks:", "",
-                  _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference} [95%]", "resolved"]), ""]
+                  _table(rows, ["strategy", "median (ms)", "95% interval", f"step / {r.reference}: paired median [95%]", "resolved"]), ""]
     return lines
 
 

@@ -135,10 +135,10 @@ def plot_compute_vs_comm(run: Run, path: Path) -> Path | None:
         labels = [s.label for s in steps]
         compute = [s.compute_seconds * 1e3 for s in steps]
         comm = [s.waited_seconds * 1e3 for s in steps]
-        ax.bar(labels, compute, color="C0", label="compute (step - exposed communication)")
-        ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication")
+        ax.bar(labels, compute, color="C0", label="the rest of the step")
+        ax.bar(labels, comm, bottom=compute, color="C3", label="exposed communication (its share of the traced steps)")
         ax.set_title(key.group_label(with_model))
-        ax.set_ylabel("ms per step (median)")
+        ax.set_ylabel("median step (ms), split by\nthe traced steps' shares")
         ax.tick_params(axis="x", labelrotation=45, labelsize="small")
         for tick in ax.get_xticklabels():
             tick.set_horizontalalignment("right")

@@ -362,17 +362,25 @@ class StepRecord:
 
     @property
     def exposed_comm_fraction(self) -> float | None:
-        """Exposed communication / step time; None where none was traced."""
-        return None if self.exposed_comm_seconds is None else self.exposed_comm_seconds / self.step_seconds
+        """Exposed communication as a share of the step it was measured in: the traced steps'
+        median exposed communication over their median window (``collectives.window_seconds``),
+        never over the timed rounds' median, whose steps ran apart from the traced ones (a
+        traced step on CPU may take longer than a timed one); None where none was traced."""
+        if self.exposed_comm_seconds is None or self.collectives is None or self.collectives.window_seconds <= 0:
+            return None
+        return min(1.0, self.exposed_comm_seconds / self.collectives.window_seconds)
 
     @property
     def waited_seconds(self) -> float:
-        """What the step spent on communication not hidden: its exposed communication where
-        traced, else the timed rounds' wait for gradients."""
-        return self.sync_wait_seconds if self.exposed_comm_seconds is None else self.exposed_comm_seconds
+        """What the timed step spent on communication not hidden: its median times the traced
+        steps' exposed share (``exposed_comm_fraction``) where traced, else the timed rounds'
+        wait for gradients."""
+        share = self.exposed_comm_fraction
+        return self.sync_wait_seconds if share is None else share * self.step_seconds
 
     @property
     def compute_seconds(self) -> float:
+        """The timed step's median less ``waited_seconds``: the rest, by the same shares."""
         return max(0.0, self.step_seconds - self.waited_seconds)
 
     @property
