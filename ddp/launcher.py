@@ -181,7 +181,7 @@ class Rank:
 
 def on_rank(fn: Callable[..., T]) -> Callable[..., T]:
     """Mark ``fn`` as taking the calling ``Rank`` as its first argument when a ``RankGroup`` (or
-    ``ddp.bench.rounds.measure.InProcessRanks``) runs it; the caller passes only the other arguments."""
+    ``ddp.bench.rounds.in_process.InProcessRanks``) runs it; the caller passes only the other arguments."""
     fn.takes_rank = True
     return fn
 

@@ -187,7 +187,7 @@ def progress_line(item: pytest.Item, progress: dict, before: tuple[float, dict[s
 @pytest.fixture(scope="session")
 def run_ledger(pytestconfig: pytest.Config) -> Ledger:
     """The run's ledger: every grid's builds, warm-ups, memory counts, rounds, traced steps and
-    predictions (``ddp.bench.rounds.measure.GridMeasurer``), printed by part at the end."""
+    predictions (``ddp.bench.rounds.grid_measurer.GridMeasurer``), printed by part at the end."""
     return pytestconfig.stash[LEDGER]
 
 
@@ -285,7 +285,7 @@ def extra_rank_groups(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
     """The groups of ranks beside the session's own that every benchmark's rounds are spread over
-    (``--rank-groups``, ``ddp.bench.rounds.measure.measure_in_groups``): each of the session's size,
+    (``--rank-groups``, ``ddp.bench.rounds.spread.measure_in_rank_groups``): each of the session's size,
     backend and device, started apart on first use, closed at the end of the session."""
     resolved = launch(pytestconfig)
     groups = [RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds,
@@ -299,7 +299,7 @@ def more_rank_groups(pytestconfig: pytest.Config, grid: GridOptions):
 @pytest.fixture(scope="session")
 def tracing_group(pytestconfig: pytest.Config):
     """Ranks of the session's size, backend and device that run every benchmark's traced steps and
-    time nothing (``ddp.bench.rounds.measure.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
+    time nothing (``ddp.bench.rounds.grid_measurer.GridMeasurer``'s tracer: on CUDA the profiler leaves CUPTI
     attached to a process); started on the first trace, closed at the end of the session."""
     resolved = launch(pytestconfig)
     group = RankGroup(resolved.world_size, resolved.backend, resolved.device, resolved.timeout_seconds,

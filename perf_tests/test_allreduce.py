@@ -2,7 +2,7 @@
 
 Each round times one checked all-reduce of every size on every rank, each after a barrier, in
 rotating order; a size's time is the slowest rank's own time, rounds go through the one timing
-loop (``ddp.bench.rounds.measure``), spread over ``--rank-groups`` groups of ranks as a step's are, and
+loop (``ddp.bench.rounds.loop``), spread over ``--rank-groups`` groups of ranks as a step's are, and
 every round counts wrong elements, which must be 0. All sizes of one world size are measured
 together when its first test runs. Formulas: ddp/bench/rounds/allreduce.py.
 """

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.rounds.measure import Measurement, NotRun, measure
+from ddp.bench.rounds.loop import Measurement, NotRun, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.trainer import CannotRun
 from ddp.model import build_model

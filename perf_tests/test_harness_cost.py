@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.stats import paired_ratio_ci
-from ddp.bench.rounds.measure import HARNESS_RATIO_BAR
+from ddp.bench.rounds.loop import HARNESS_RATIO_BAR
 from ddp.bench.rounds.rank_state import prepare, release, timed_round
 from ddp.model import MODEL_SIZES
 from ddp.strategies.registry import FLOOR

@@ -1,13 +1,13 @@
 """Time one full training step (``ddp.bench.rounds.trainer``: forward, backward, gradient
 synchronization, AdamW) for each strategy x batch size x sequence length x bucket size of the grid.
 
-What shares a round is ``--interleave`` (``ddp.bench.rounds.measure.GridMeasurer``): by default each
+What shares a round is ``--interleave`` (``ddp.bench.rounds.grid_measurer.GridMeasurer``): by default each
 strategy with a ``local`` twin, so that its overhead is paired over rounds (alone where the two do
 not fit in memory together); ``group`` runs every strategy of one group (model, batch, sequence
 length, options) in the same rounds (measured when its first test runs); ``off`` each alone. A
 round's time is the slowest rank's step. The rounds are spread over ``--rank-groups`` groups of
 ranks started apart (``more_rank_groups``), so that their intervals hold from one run to the next
-(``ddp.bench.rounds.measure.measure_in_groups``). Rounds are added until every median's 95% interval is
+(``ddp.bench.rounds.spread.measure_in_rank_groups``). Rounds are added until every median's 95% interval is
 within ``--target-precision`` or the budget is spent; under ``--benchmark-compare``, until each
 comparison with the saved run is settled (``ddp.analysis.compare.AimAtDecision``). The rounds are handed to pytest-benchmark as they were measured (``record_rounds``), and
 the figures behind each row, intervals included, are the ``StepRecord`` in ``extra_info``. Each
@@ -22,7 +22,8 @@ import pytest
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.machine import device_name
-from ddp.bench.rounds.measure import IN_GROUP, GridMeasurer, NotRun
+from ddp.bench.rounds.grid_measurer import IN_GROUP, GridMeasurer
+from ddp.bench.rounds.loop import NotRun
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.summary import step_record
 from ddp.strategies.registry import traits

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from ddp.bench.results.benchmark_json import race_group_name, race_id
-from ddp.bench.rounds.measure import free
+from ddp.bench.rounds.loop import free
 from ddp.bench.rounds.race import race, race_configs
 from ddp.bench.rounds.trainer import CannotRun
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB

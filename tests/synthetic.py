@@ -18,7 +18,7 @@ from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.state import StateMemory
 from ddp.bench.results.benchmark_json import allreduce_entry, race_entry, run_document, step_entry
 from ddp.bench.results.records import AllReduceRecord, StepRecord
-from ddp.bench.rounds.measure import Measurement
+from ddp.bench.rounds.loop import Measurement
 from ddp.bench.rounds.summary import race_record, step_record
 from ddp.bench.rounds.trainer import StepSetup, StepTiming
 from ddp.strategies.registry import FLOOR, traits

@@ -1,4 +1,4 @@
-"""Rounds aimed at the decision: the one timing loop (``ddp.bench.rounds.measure``) adds rounds until the
+"""Rounds aimed at the decision: the one timing loop (``ddp.bench.rounds.loop``) adds rounds until the
 comparison with a saved run is settled (``ddp.analysis.compare.AimAtDecision``) or the budget is
 spent, on synthetic rounds with a known slowdown (no ranks: a stand-in answers ``prepare`` and
 ``timed_round`` as the ranks would)."""
@@ -15,8 +15,9 @@ from ddp.analysis.compare import AimAtDecision
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import Run, run_from_data
-from ddp.bench.rounds.measure import measure, measure_in_groups
+from ddp.bench.rounds.loop import measure
 from ddp.bench.rounds.rank_state import prepare, timed_round
+from ddp.bench.rounds.spread import measure_in_rank_groups
 from tests.synthetic import run_json as run
 from tests.synthetic import strategy_benchmark as step
 
@@ -61,7 +62,7 @@ def groups(step_seconds: float, local_seconds: float, seed: int, spread: float =
 
 
 def saved_run(step_seconds: float, local_seconds: float, rounds: int, seed: int) -> Run:
-    measured = measure_in_groups(groups(step_seconds, local_seconds, seed), [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
+    measured = measure_in_rank_groups(groups(step_seconds, local_seconds, seed), [STEP, LOCAL], RoundOptions.fixed(rounds, 0))
     return run_from_data(Path("old.json"), run([step("slowed", measured.round_seconds(0), measured.round_seconds(1),
                                                       groups=measured.round_groups)]))
 
@@ -77,7 +78,7 @@ POLICY = RoundOptions(min_rounds=5, max_rounds=400, warmup_rounds=0, target_prec
 def test_rounds_stop_once_the_comparison_is_settled(slowdown, verdict):
     old = saved_run(0.03, 0.01, 40, seed=1)
     criterion = AimAtDecision(old, 0.10, name)
-    measured = measure_in_groups(groups(0.03 * slowdown, 0.01, seed=2), [STEP, LOCAL], POLICY, stop=criterion)
+    measured = measure_in_rank_groups(groups(0.03 * slowdown, 0.01, seed=2), [STEP, LOCAL], POLICY, stop=criterion)
     outcome = criterion.outcomes[name(STEP)]
     # a precision target of 0.01% is never reached: what stopped the last group's rounds is the
     # settled comparison, judged with the first group's (which ran its share: half the maximum)
@@ -94,7 +95,7 @@ def test_rounds_go_on_to_the_budget_while_the_comparison_straddles_the_threshold
     criterion = AimAtDecision(old, 0.10, name)
     ranks = groups(0.03 * 1.10, 0.01, seed=3, spread=0.01)  # exactly at the threshold: never settles
     policy = RoundOptions(min_rounds=5, max_rounds=60, warmup_rounds=0, target_precision=0.5, budget_seconds=1e9)
-    measured = measure_in_groups(ranks, [STEP, LOCAL], policy, stop=criterion)
+    measured = measure_in_rank_groups(ranks, [STEP, LOCAL], policy, stop=criterion)
     assert len(measured.rounds) == 3 + 30  # the first group's precision target (+-50%) stops it at its 3; the last aims
 
 

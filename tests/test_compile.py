@@ -9,7 +9,7 @@ import torch
 
 from ddp.bench.config.options import RoundOptions, grid_defaults, grid_options
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.rounds.measure import Measurement, NotRun, measure
+from ddp.bench.rounds.loop import Measurement, NotRun, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.trainer import CannotRun, Trainer
 from ddp.launcher import Rank, on_rank

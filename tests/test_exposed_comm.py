@@ -44,9 +44,10 @@ from ddp.bench.collectives.timeline import cuda_partitions, labelled
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.stats import median_ci
-from ddp.bench.rounds.measure import Measurement, measure, trace
+from ddp.bench.rounds.loop import Measurement, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.summary import collective_trace
+from ddp.bench.rounds.traced import trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 
 pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow

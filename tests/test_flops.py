@@ -7,7 +7,7 @@ import pytest
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.flops import achieved_tflops, mfu, peak_tflops, workload_flops_per_token
-from ddp.bench.rounds.measure import Measurement
+from ddp.bench.rounds.loop import Measurement
 from ddp.bench.rounds.summary import step_record
 from ddp.bench.rounds.trainer import StepSetup, StepTiming
 from ddp.model import MODEL_SIZES, model_flops_per_token

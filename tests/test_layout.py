@@ -116,7 +116,9 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
 
 # What starts ranks or runs on them: the launcher, and the benchmark modules that drive a rank group.
 RANK_MODULES = {
-    "ddp.launcher", "ddp.bench.rounds.measure", "ddp.bench.rounds.trainer", "ddp.bench.rounds.race", "ddp.bench.rounds.buckets",
+    "ddp.launcher", "ddp.bench.rounds.loop", "ddp.bench.rounds.spread", "ddp.bench.rounds.traced",
+    "ddp.bench.rounds.in_process", "ddp.bench.rounds.grid_measurer", "ddp.bench.rounds.blocks",
+    "ddp.bench.rounds.trainer", "ddp.bench.rounds.race", "ddp.bench.rounds.buckets",
     "ddp.bench.rounds.allreduce", "ddp.bench.rounds.profiling", "ddp.bench.rounds.grid", "ddp.bench.collectives.recording", "ddp.bench.rounds.rank_state",
 }
 

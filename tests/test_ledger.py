@@ -8,8 +8,8 @@ import pytest
 
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.rounds.grid_measurer import IN_GROUP, GridMeasurer
 from ddp.bench.rounds.ledger import BUILDS, PARTS, ROUNDS, Ledger, SavedRun, estimated_length, minutes_text, take, time_left
-from ddp.bench.rounds.measure import IN_GROUP, GridMeasurer
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import steps_to_settle
 

@@ -10,7 +10,7 @@ import torch
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.allreduce import AllReduceTiming, algbw_gbps, busbw_gbps, measure_all_reduces, wrong_elements
-from ddp.bench.rounds.measure import Measurement, timed_rounds
+from ddp.bench.rounds.loop import Measurement, timed_rounds
 from ddp.bench.rounds.summary import step_record
 from ddp.bench.rounds.trainer import StepSetup, StepTiming
 

@@ -37,7 +37,9 @@ from ddp.bench.memory.predict import (
 )
 from ddp.bench.memory.state import StateMemory
 from ddp.bench.results.records import load_run
-from ddp.bench.rounds.measure import GridMeasurer, NotRun, measure_in_blocks
+from ddp.bench.rounds.blocks import measure_in_blocks
+from ddp.bench.rounds.grid_measurer import GridMeasurer
+from ddp.bench.rounds.loop import NotRun
 from ddp.bench.rounds.race import race, race_configs
 from ddp.bench.rounds.rank_state import release, weights_sample
 from ddp.bench.rounds.trainer import own_peak_bytes

@@ -1,4 +1,4 @@
-"""A benchmark's rounds spread over groups of ranks started apart (``ddp.bench.rounds.measure.measure_in_groups``):
+"""A benchmark's rounds spread over groups of ranks started apart (``ddp.bench.rounds.spread.measure_in_rank_groups``):
 how the rounds are divided and labelled, what each group keeps built, and, on real ranks, that the
 record carries each round's group and an interval over both."""
 
@@ -14,8 +14,9 @@ from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import fit
 from ddp.bench.results.stats import median_ci, median_interval
 from ddp.bench.rounds.allreduce import AllReduceTiming, measure_all_reduces
-from ddp.bench.rounds.measure import GridMeasurer, group_share, measure_in_groups
+from ddp.bench.rounds.grid_measurer import GridMeasurer
 from ddp.bench.rounds.rank_state import prepare, release, timed_round
+from ddp.bench.rounds.spread import measure_in_rank_groups, rank_group_share
 from ddp.bench.rounds.summary import step_record
 from ddp.launcher import Rank, RankGroup, on_rank
 
@@ -52,7 +53,7 @@ class Recording:
 def test_rounds_are_divided_among_the_groups_and_keep_their_group():
     log: list = []
     groups = [Recording("a", 0.01, log), Recording("b", 0.02, log)]
-    measured = measure_in_groups(groups, [STEP], RoundOptions.fixed(10, 0))
+    measured = measure_in_rank_groups(groups, [STEP], RoundOptions.fixed(10, 0))
     assert measured.round_groups == [0] * 5 + [1] * 5
     assert measured.round_seconds(0) == [0.01] * 5 + [0.02] * 5
     assert [name for name, fn in log if fn == "timed_round"] == ["a"] * 5 + ["b"] * 5  # a block each, in turn
@@ -65,26 +66,26 @@ def test_rounds_are_divided_among_the_groups_and_keep_their_group():
 def test_a_group_frees_its_build_before_the_next_builds_where_both_would_not_fit():
     log: list = []
     groups = [Recording("a", 0.01, log), Recording("b", 0.01, log)]
-    measure_in_groups(groups, [STEP], RoundOptions.fixed(4, 0), keep_built=False)
+    measure_in_rank_groups(groups, [STEP], RoundOptions.fixed(4, 0), keep_built=False)
     first_b = log.index(("b", "prepare"))
     assert log.index(("a", "release")) < log.index(("a", "return_cached_memory")) < first_b
 
 
 def test_each_group_gets_its_share_of_the_budget_and_the_rounds():
     policy = RoundOptions(min_rounds=5, max_rounds=2000, warmup_rounds=1, target_precision=0.02, budget_seconds=100.0)
-    share = group_share(policy, 2)
+    share = rank_group_share(policy, 2)
     assert (share.min_rounds, share.max_rounds, share.budget_seconds, share.warmup_rounds) == (3, 1000, 50.0, 1)
     assert share.target_precision == pytest.approx(0.02 * 2**0.5)  # both groups together: about the target
-    assert group_share(policy, 2, 1).min_rounds == 2  # the shares add up to the whole: 3 + 2
-    assert group_share(policy, 1) is policy
+    assert rank_group_share(policy, 2, 1).min_rounds == 2  # the shares add up to the whole: 3 + 2
+    assert rank_group_share(policy, 1) is policy
 
 
 def test_exactly_the_rounds_asked_for_however_they_divide():
     log: list = []
-    measured = measure_in_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(5, 0))
+    measured = measure_in_rank_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(5, 0))
     assert measured.round_groups == [0, 0, 0, 1, 1]
     log.clear()
-    one = measure_in_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(1, 0))
+    one = measure_in_rank_groups([Recording("a", 0.01, log), Recording("b", 0.02, log)], [STEP], RoundOptions.fixed(1, 0))
     assert one.round_groups == [0] and all(name == "a" for name, _ in log)  # a share of no rounds is not run
 
 

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.rounds.measure import GridMeasurer, NotRun
+from ddp.bench.rounds.grid_measurer import GridMeasurer
+from ddp.bench.rounds.loop import NotRun
 from ddp.bench.rounds.rank_state import RankLost, release
 from ddp.launcher import Rank, RankKilled, on_rank, signal_cause
 from ddp.strategies.local import LocalTraining

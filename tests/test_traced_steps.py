@@ -1,7 +1,7 @@
 """Traced steps (``ddp.bench.collectives.recording``) leave nothing attached behind them: the profiler off, the
 strategy's collective recorder detached, no hook added to a parameter, the step's own observers
 gone. On CUDA the profiler also leaves CUPTI attached to the process, which no check on a CPU can
-see: that is why traced steps run on ranks that time nothing afterwards (``ddp.bench.rounds.measure.trace``,
+see: that is why traced steps run on ranks that time nothing afterwards (``ddp.bench.rounds.traced.trace``,
 ``GridMeasurer``'s tracer), checked here by where they run, and timed on a GPU by ``gpu-check``."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from ddp.bench.collectives import recording
 from ddp.bench.collectives.recording import traced_steps
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.rounds.measure import GridMeasurer, free
+from ddp.bench.rounds.grid_measurer import GridMeasurer
+from ddp.bench.rounds.loop import free
 from ddp.bench.rounds.trainer import Trainer
 from ddp.launcher import Rank, RankGroup, on_rank
 

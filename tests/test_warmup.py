@@ -15,9 +15,10 @@ import torch
 
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
-from ddp.bench.rounds import measure, rank_state
+from ddp.bench.rounds import grid_measurer, rank_state
+from ddp.bench.rounds.grid_measurer import GridMeasurer
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, TRACED, WARMUP, Ledger
-from ddp.bench.rounds.measure import GridMeasurer, Measurement
+from ddp.bench.rounds.loop import Measurement
 from ddp.bench.rounds.rank_state import MAX_WARMUP_STEPS, WARMUP_CHANGE, RankBench, still_changing
 from ddp.bench.rounds.trainer import StepTiming, Trainer
 from ddp.launcher import Rank, RankInfo, on_rank
@@ -178,7 +179,7 @@ def test_the_tracers_fit_counts_the_kept_model_copies_of_the_timing_groups():
         return types.SimpleNamespace(together=True)
 
     measurement = Measurement(configs, [[None, None]] * 2, [], 0.0, 0.02)
-    with mock.patch.object(measure, "fit", fit), mock.patch.object(measure, "trace", lambda *a, **k: [[[], []]]):
+    with mock.patch.object(grid_measurer, "fit", fit), mock.patch.object(grid_measurer, "trace", lambda *a, **k: [[[], []]]):
         measurer._trace(measurement, tracer)
-    assert asked and all(len(copies) == len(measurer.groups) for copies in asked), asked
+    assert asked and all(len(copies) == len(measurer.rank_groups) for copies in asked), asked
     assert all(TRACED not in call for call in ranks.calls)

@@ -8,7 +8,7 @@ threshold can fail.
   *faster*, or *not resolved* (beyond a threshold but within noise). Nothing but *not resolved*
   is read from fewer than ``MIN_ROUNDS_TO_JUDGE`` rounds, or from a run of one group of ranks.
 - ``settled`` and ``AimAtDecision``: whether more rounds could still change a verdict; the
-  timing loop (``ddp.bench.rounds.measure.timed_rounds``) stops on it under ``--benchmark-compare``.
+  timing loop (``ddp.bench.rounds.loop.timed_rounds``) stops on it under ``--benchmark-compare``.
 - ``gate``: the one gate, for ``ddp compare`` and pytest's ``--ddp-fail-slower`` alike (exit status
   1 on a slowdown), and ``table``, the one comparison table.
 
@@ -261,7 +261,7 @@ class AimedRounds:
 
 
 class AimAtDecision:
-    """A ``ddp.bench.rounds.measure.StopCriterion``: rounds go on until every configuration of the round
+    """A ``ddp.bench.rounds.loop.StopCriterion``: rounds go on until every configuration of the round
     that ``old`` also measured has a ``settled`` decision against it (``local``, the machine's
     reference, is not waited for). ``name_of(config)`` is the benchmark's name in the saved run.
     ``outcomes`` keeps, per benchmark name, how its rounds ended.

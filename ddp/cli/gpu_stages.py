@@ -62,10 +62,12 @@ from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.bench.memory.predict import HEADROOM, PROCESS_BYTES, largest_batch, predict, size_text
 from ddp.bench.results.records import StepRecord, load_run
 from ddp.bench.results.stats import ratio_of_medians_ci
-from ddp.bench.rounds.measure import HARNESS_RATIO_BAR, GridMeasurer, NotRun, free, measure, trace
+from ddp.bench.rounds.grid_measurer import GridMeasurer
+from ddp.bench.rounds.loop import HARNESS_RATIO_BAR, NotRun, free, measure
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
 from ddp.bench.rounds.rank_state import allocated_bytes
 from ddp.bench.rounds.summary import collective_trace
+from ddp.bench.rounds.traced import trace
 from ddp.launcher import RANK_PROCESS_NAME, RankGroup
 from ddp.strategies.registry import FLOOR
 

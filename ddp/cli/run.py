@@ -34,7 +34,7 @@ from ddp.bench.config.options import LaunchOptions, add_grid_options, add_launch
 from ddp.bench.results.benchmark_json import run_document, write_new
 from ddp.bench.results.machine import software_info
 from ddp.bench.rounds.grid import measure_grid
-from ddp.bench.rounds.measure import InProcessRanks
+from ddp.bench.rounds.in_process import InProcessRanks
 from ddp.cli import UsageError
 from ddp.launcher import TorchrunRank
 

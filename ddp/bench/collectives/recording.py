@@ -2,7 +2,7 @@
 computation ended, and each collective's ready, launch and completion, on the ``time.perf_counter``
 clock. ``ddp profile`` records its steps here (``ddp.bench.rounds.profiling``), and so do the untimed
 *traced steps* of every benchmark (``traced_steps``, their number ``RoundOptions.traced_steps``),
-run on ranks that time nothing afterwards (``ddp.bench.rounds.measure.trace``), so that a timed step never
+run on ranks that time nothing afterwards (``ddp.bench.rounds.traced.trace``), so that a timed step never
 carries a recorder nor follows a profiler in its process.
 
 Where the collectives' times come from (a step's ``comm_source``):

@@ -42,7 +42,7 @@ from ddp.launcher import BACKENDS, DEFAULT_TIMEOUT_SECONDS, choose_backend, defa
 from ddp.strategies.registry import FLOOR
 
 DEVICES = ("cpu", "cuda")
-# How a grid's configurations share rounds (``ddp.bench.rounds.measure.GridMeasurer``).
+# How a grid's configurations share rounds (``ddp.bench.rounds.grid_measurer.GridMeasurer``).
 INTERLEAVE = ("group", FLOOR, "off")
 
 # Bounds of a benchmark's share of the session's round budget: at least enough for the minimum
@@ -215,7 +215,7 @@ CPU_TRACED_STEPS = 3
 
 @dataclass(frozen=True)
 class RoundOptions:
-    """How many rounds a measurement runs (``ddp.bench.rounds.measure``): at least ``min_rounds``, then
+    """How many rounds a measurement runs (``ddp.bench.rounds.loop``): at least ``min_rounds``, then
     more until the median is precise enough or the budget is spent, at most ``max_rounds``."""
 
     min_rounds: int
@@ -321,7 +321,7 @@ class GridOptions:
     interleave: str
     """``group``: every strategy of one group in the same rounds, local included, so every
     comparison in the group (the overhead over local too) is paired; ``local``: each strategy with a
-    local twin in the same rounds; ``off``: each alone. See ``ddp.bench.rounds.measure.GridMeasurer``;
+    local twin in the same rounds; ``off``: each alone. See ``ddp.bench.rounds.grid_measurer.GridMeasurer``;
     group holds the group's models in memory at once."""
     allreduce_sizes_mb: tuple[float, ...]
     """float32 all-reduce sizes in MiB."""
@@ -332,7 +332,7 @@ class GridOptions:
     None: what each rank has (``ddp.bench.memory.predict.device_memory_bytes``)."""
     rank_groups: int = RANK_GROUPS
     """Groups of ranks, each started apart (fresh processes), that every measurement's rounds are
-    spread over (``ddp.bench.rounds.measure.measure_in_groups``): 2 or more measure the spread from one
+    spread over (``ddp.bench.rounds.spread.measure_in_rank_groups``): 2 or more measure the spread from one
     run to the next, which the regression gate needs to call a slowdown; 1 saves a start-up and a
     build per configuration. A torchrun run (``ddp run``) is one group."""
 

@@ -265,7 +265,7 @@ class StepRecord:
     (``ddp.bench.config.shape.StepShape.tokens_per_step``); None in files saved before it was recorded."""
     round_groups: list[int] | None = None
     """Per round, the group of ranks (fresh processes) it ran in, 0 to groups - 1
-    (``ddp.bench.rounds.measure.measure_in_groups``): the intervals of ``step_seconds``, of the
+    (``ddp.bench.rounds.spread.measure_in_rank_groups``): the intervals of ``step_seconds``, of the
     comparison with another run and ``reached_precision`` are two-level bootstraps over them
     (``ddp.bench.results.stats``). All 0: one group (a torchrun run, ``--rank-groups 1``), from which the
     regression gate calls no slowdown; None in files saved before groups were recorded (read as one)."""

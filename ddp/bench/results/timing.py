@@ -1,7 +1,7 @@
 """Hand measured rounds to pytest-benchmark through its public interface.
 
 pytest-benchmark times a target with a timer. The rounds of ddp-bench are measured on the ranks
-(``ddp.bench.rounds.measure``: the slowest rank's step, or all-reduce, of each round), so the timer of a
+(``ddp.bench.rounds.loop``: the slowest rank's step, or all-reduce, of each round), so the timer of a
 ddp-bench benchmark is ``ROUND_CLOCK``, given per test by pytest-benchmark's own marker
 (``benchmark_marker``: ``@pytest.mark.benchmark(timer=...)``), which advances by exactly one
 measured round per call of its target: pytest-benchmark's stats, its saved JSON and

@@ -15,7 +15,7 @@ algbw is what the caller sees; busbw corrects for the 2(n-1)/n of the data that 
 all-reduce moves over each rank's link, so that it compares with the hardware's link bandwidth
 whatever the number of ranks.
 
-Rounds go through the one timing loop (``ddp.bench.rounds.measure.timed_rounds``), every size in every
+Rounds go through the one timing loop (``ddp.bench.rounds.loop.timed_rounds``), every size in every
 round in rotating order, and the buffers are kept between rounds in the rank's ``RankBench``. On
 CPU each rank's threads are bound to its share of the cores while it times
 (``ddp.launcher.bind_to_cores``): unbound, where two ranks' threads met on one core decided a
@@ -36,8 +36,9 @@ import torch.distributed as dist
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.results.records import AllReduceRecord
 from ddp.bench.results.stats import median_interval
-from ddp.bench.rounds.measure import active_groups, group_share, timed_rounds
+from ddp.bench.rounds.loop import timed_rounds
 from ddp.bench.rounds.rank_state import RankBench, release
+from ddp.bench.rounds.spread import active_rank_groups, rank_group_share
 from ddp.launcher import Rank, bind_to_cores, on_rank
 from ddp.strategies.bucketed import BYTES_PER_MB  # sizes are given in MiB, as bucket sizes are
 
@@ -127,12 +128,12 @@ def measure_all_reduces(ranks, sizes_bytes: list[int], policy: RoundOptions, mor
     whole measurement rather than a few seconds of its own (the sizes share one benchmark's
     budget: ``policy.budget_seconds``); with ``more_groups`` (groups of ranks
     of the same size, started apart), a block of rounds on each group in turn, each round keeping
-    its group, as a step's (``ddp.bench.rounds.measure.measure_in_groups``). Raises if any element held a
+    its group, as a step's (``ddp.bench.rounds.spread.measure_in_rank_groups``). Raises if any element held a
     wrong sum."""
-    groups = active_groups([ranks, *more_groups], policy)
+    groups = active_rank_groups([ranks, *more_groups], policy)
     warmup, rounds, labels = [], [], []
     for group_index, group in enumerate(groups):
-        share = group_share(policy, len(groups), group_index)
+        share = rank_group_share(policy, len(groups), group_index)
         group.run(bind_cores, True)  # as MPI binds its ranks: ``ddp.launcher.bind_to_cores``
         try:
             warmup += [group.run(timed_all_reduces, sizes_bytes, index) for index in range(max(1, share.warmup_rounds))]

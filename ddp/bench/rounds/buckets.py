@@ -4,7 +4,7 @@ model's recommendation for larger world sizes beside it).
 
 Each cap is measured through the one timing loop with a round of ``local`` interleaved in every
 round (or, where the two do not fit in memory together, one at a time in alternating blocks of
-rounds: ``ddp.bench.rounds.measure.measure_in_blocks``), so its cost is a paired overhead over ``local``
+rounds: ``ddp.bench.rounds.blocks.measure_in_blocks``), so its cost is a paired overhead over ``local``
 with a 95% interval: caps are compared on what synchronizing costs, not on step times that drift with the machine. The best measured cap is
 the one with the smallest overhead; the sweep says whether the runner-up's interval overlaps it
 (then the data do not tell them apart). ``fitted_link`` measures all-reduces on the same ranks for
@@ -22,7 +22,8 @@ from ddp.bench.memory.predict import device_memory_bytes, fit
 from ddp.bench.results.machine import device_name
 from ddp.bench.results.records import StepRecord
 from ddp.bench.rounds.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.rounds.measure import NotRun, free, measure, measure_in_blocks
+from ddp.bench.rounds.blocks import measure_in_blocks
+from ddp.bench.rounds.loop import NotRun, free, measure
 from ddp.bench.rounds.summary import step_record
 from ddp.strategies.registry import BUCKETED_STRATEGIES
 

@@ -14,7 +14,8 @@ from ddp.bench.results.benchmark_json import allreduce_entry, step_entry
 from ddp.bench.results.machine import device_name
 from ddp.bench.results.records import StepRecord
 from ddp.bench.rounds.allreduce import measure_all_reduces, size_bytes_of
-from ddp.bench.rounds.measure import GridMeasurer, NotRun, free
+from ddp.bench.rounds.grid_measurer import GridMeasurer
+from ddp.bench.rounds.loop import NotRun, free
 from ddp.bench.rounds.summary import step_record
 
 
@@ -23,7 +24,7 @@ def measure_grid(ranks, grid: GridOptions, device, on_step: Callable[[StepConfig
     benchmark once every benchmark is timed (``record`` is the skip reason when it could not be
     measured). The traced steps run last, on the same ranks (``GridMeasurer.trace_all``): this
     process is one of torchrun's ranks and has no group of its own to trace on, and on CUDA no
-    timed round may follow the profiler in a process (``ddp.bench.rounds.measure.trace``)."""
+    timed round may follow the profiler in a process (``ddp.bench.rounds.traced.trace``)."""
     policy = grid.round_options()
     configs = grid.configs()
     benchmarks = []

@@ -4,13 +4,13 @@ DistributedDataParallel, any list of contenders alike.
 Every contender, and ``local`` (the floor with no communication), wraps the same workload built
 from the same seed, with the same bucket size where it takes one, and trains the same shards with
 the same step (``ddp.bench.rounds.trainer``). Every round runs one step of each in an order that rotates
-from round to round (``ddp.bench.rounds.measure``), so that drift in the machine falls on all of them
+from round to round (``ddp.bench.rounds.loop``), so that drift in the machine falls on all of them
 alike; each contender's ratio over the reference (the last contender given: PyTorch's DDP by
 default) and each one's overhead over ``local`` are paired over rounds, with intervals.
 
 When the contenders do not fit in memory together (``ddp.bench.memory.predict``: xl on one 80 GB GPU
 needs about 3 x 35 GiB), they race one at a time in alternating blocks of rounds instead
-(``ddp.bench.rounds.measure.measure_in_blocks``, which states what that pairing guarantees); when even
+(``ddp.bench.rounds.blocks.measure_in_blocks``, which states what that pairing guarantees); when even
 one does not fit alone, the race is refused before anything is built (``CannotRun``).
 
 After the race, every contender must hold the reference's weights (each parameter's norm and
@@ -31,7 +31,8 @@ from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import fit_on
 from ddp.bench.results.records import RaceRecord
-from ddp.bench.rounds.measure import NotRun, free, measure, measure_in_blocks
+from ddp.bench.rounds.blocks import measure_in_blocks
+from ddp.bench.rounds.loop import NotRun, free, measure
 from ddp.bench.rounds.rank_state import OutOfMemory, weights_sample
 from ddp.bench.rounds.summary import race_record
 from ddp.bench.rounds.trainer import CannotRun

@@ -273,7 +273,7 @@ class RankBench:
         the process once done (Kineto tears it down only when TEARDOWN_CUPTI says so, and then
         lazily: pytorch#144455, kineto#1264, #1554), which slows every kernel launched after it by
         10-20% in the reports there. So this runs on ranks that time nothing afterwards
-        (``ddp.bench.rounds.measure.trace``)."""
+        (``ddp.bench.rounds.traced.trace``)."""
 
         def run() -> list[list[dict]]:
             self._build(info, configs, 0 if keep_built else warmup_steps, keep_others=keep_built)

@@ -22,7 +22,7 @@ uncompiled (``--compile on`` rewrites the blocks in place), without activation c
 
 Memory: the copy is one model's parameters and buffers per workload on the rank's device,
 dropped once no configuration being built uses that workload. The parent counts it where it
-decides what fits (``ddp.bench.rounds.measure.GridMeasurer``), and turns reuse off where it does
+decides what fits (``ddp.bench.rounds.grid_measurer.GridMeasurer``), and turns reuse off where it does
 not. On CUDA the copy stays on the GPU so that restoring is a device-to-device copy (xl's 8 GB in
 a few milliseconds at HBM bandwidth) rather than a host transfer that costs what a build does.
 """

@@ -97,7 +97,7 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
 
 def step_record(measurement, backend: str, device: str, index: int = 0, local_index: int | None = None,
                 **counted) -> StepRecord:
-    """The record of configuration ``index`` of a ``ddp.bench.rounds.measure.Measurement``, paired with
+    """The record of configuration ``index`` of a ``ddp.bench.rounds.loop.Measurement``, paired with
     ``local_index`` (its local twin in the same rounds) when given; ``device`` is ``cpu`` or the GPU's
     name; ``counted``: the record's fields only the measurer knows (``builds``, ``warmup_rounds``,
     ``memory_counts``, ``traced_steps``: ``GridMeasurer.record_counts``; ``unpaired_reason``)."""
