@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -241,6 +242,134 @@ def write_report(args: argparse.Namespace, pairs: list[Pair], began: float, fini
     return report
 
 
+# --------------------------------------------------------------------------- default runs
+
+SLOWED_PLUGIN = "examples.slow_registered"
+PART = re.compile(r"^run (?P<run>.+?): (?P<parts>.+)$", re.M)
+
+
+@dataclass
+class DefaultPair:
+    """One pair of default runs, every benchmark judged by the gate."""
+
+    case: str
+    """``unchanged``, or the slowdown injected into the new run (``15% of bucketed``)."""
+    index: int
+    verdicts: dict[str, int]
+    false_alarms: list[str]
+    """Benchmarks judged slower that nothing slowed."""
+    caught: list[str]
+    """Benchmarks of the slowed strategy judged slower."""
+    missed: list[str]
+    """Benchmarks of the slowed strategy not judged slower, with their verdicts."""
+    open: list[str]
+    """Benchmarks judged not resolved, with what would decide them."""
+    exit_status: int
+    """The new run's pytest exit status (it ran with --benchmark-compare and --ddp-fail-slower)."""
+    run_seconds: float
+    rounds_share: float | None
+    """Timed rounds over the step benchmarks' parts (start-up, builds, warm-up, memory counts, rounds,
+    traced steps, predictions), from the run's time by part."""
+    parts: str
+
+
+def rounds_share(stdout: str) -> tuple[float | None, str]:
+    """The timed rounds' share of the step benchmarks' parts, and the time-by-part line
+    (``run 5 min 52 s: start-up 3 s, builds 4 s, ..., other 1 min 9 s``)."""
+    found = PART.search(stdout)
+    if found is None:
+        return None, ""
+    seconds = {}
+    for item in found.group("parts").split(", "):
+        name = re.sub(r" \d.*$", "", item)
+        seconds[name] = sum(int(n) * (60 if unit == "min" else 1) for n, unit in re.findall(r"(\d+) (min|s)\b", item))
+    step_parts = ["start-up", "builds", "warm-up", "memory counts", "rounds", "traced steps", "predictions"]
+    total = sum(seconds.get(part, 0) for part in step_parts)
+    return (seconds.get("rounds", 0) / total if total else None), found.group(0)
+
+
+def default_runs(args: argparse.Namespace, began: float) -> list[DefaultPair]:
+    """u_0 .. u_N default runs (each after the first compared with the one before it, its rounds
+    aimed at the decision, as a user's save-change-compare loop runs them), and after every
+    ``--slowed-every``-th a run with ``--slow`` slowed by 15% after synchronizing, compared with it.
+    Each pair judged again from the saved files by the gate (``ddp.analysis.compare.compare``)."""
+    storage = (args.out / "storage").resolve()
+    saved: dict[str, Path] = {}
+    pairs: list[DefaultPair] = []
+
+    def run(name: str, compared_with: str | None, slowed: bool) -> tuple[subprocess.CompletedProcess, float]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_BENCH_SLOW")}
+        command = [sys.executable, "-m", "pytest", "perf_tests", "-q", "-p", "no:cacheprovider", "-p", SLOWED_PLUGIN,
+                   f"--benchmark-storage=file://{storage}", f"--benchmark-save={name}"]
+        if slowed:
+            env.update(DDP_BENCH_SLOWED=args.slow, DDP_BENCH_SLOWDOWN=str(args.slowdown), DDP_BENCH_SLOWDOWN_AT="sync")
+        if compared_with is not None:
+            command += [f"--benchmark-compare={saved[compared_with].name.split('_', 1)[0]}",
+                        f"--ddp-fail-slower={args.fail_slower}"]
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode not in (0, 1):
+            raise SystemExit(f"run {name} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+        (saved[name],) = storage.glob(f"*/*_{name}.json")
+        (args.out / "logs").mkdir(exist_ok=True)
+        (args.out / "logs" / f"{name}.log").write_text(done.stdout)
+        print(f"  {name}: {seconds:.0f} s, exit {done.returncode}", flush=True)
+        return done, seconds
+
+    def judge(old: str, new: str, done: subprocess.CompletedProcess, seconds: float, case: str, index: int) -> None:
+        rows = compare(load_run(saved[old]), load_run(saved[new]), args.fail_slower)
+        slowed = f"test_step[{args.slow}-" if case != "unchanged" else None
+        share, parts = rounds_share(done.stdout)
+        verdicts = {}
+        for row in rows:
+            verdicts[row.verdict] = verdicts.get(row.verdict, 0) + 1
+        is_slowed = [row for row in rows if slowed and row.name.startswith(slowed)]
+        others = [row for row in rows if row not in is_slowed]
+        pairs.append(DefaultPair(
+            case, index, verdicts,
+            false_alarms=[row.name for row in others if row.verdict == "slower"],
+            caught=[row.name for row in is_slowed if row.verdict == "slower"],
+            missed=[f"{row.name}: {row.verdict} ({row.basis} x{row.ratio or float('nan'):.3f})" for row in is_slowed
+                    if row.verdict != "slower"],
+            open=[f"{row.name}: {row.why}" for row in rows if row.verdict == "not resolved"],
+            exit_status=done.returncode, run_seconds=seconds, rounds_share=share, parts=parts))
+        write_default_report(args, pairs, began)
+
+    for i in range(args.pairs + 1):
+        done, seconds = run(f"u{i}", f"u{i - 1}" if i else None, slowed=False)
+        if i:
+            judge(f"u{i - 1}", f"u{i}", done, seconds, "unchanged", i)
+        if i < args.pairs and i % args.slowed_every == 0:
+            done, seconds = run(f"s{i}", f"u{i}", slowed=True)
+            judge(f"u{i}", f"s{i}", done, seconds, f"{args.slowdown:.0%} of {args.slow}", i)
+    return pairs
+
+
+def write_default_report(args: argparse.Namespace, pairs: list[DefaultPair], began: float, finished: bool = False) -> str:
+    rows = []
+    for case in dict.fromkeys(p.case for p in pairs):
+        group = [p for p in pairs if p.case == case]
+        slowed = case != "unchanged"
+        rows.append([
+            case, len(group),
+            sum(bool(p.false_alarms) for p in group), sum(len(p.false_alarms) for p in group),
+            f"{sum(len(p.caught) for p in group)}/{sum(len(p.caught) + len(p.missed) for p in group)}" if slowed else "",
+            sum(len(p.open) for p in group), sum(p.exit_status == 0 for p in group),
+            f"{statistics.median(p.run_seconds for p in group):.0f} ({max(p.run_seconds for p in group):.0f})",
+            f"{statistics.median(p.rounds_share for p in group if p.rounds_share is not None):.0%}",
+        ])
+    headers = ["case", "pairs", "pairs with a false alarm", "false alarms (benchmarks)", "slowed benchmarks caught",
+               "not resolved (benchmarks)", "second run exit 0", "run seconds: median (max)", "rounds' share: median"]
+    table_text = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
+    state = "Total wall time" if finished else "Unfinished: wall time so far"
+    report = f"Command: `{command}`\n\n{state}: {time.perf_counter() - began:.0f} s\n\n{table_text}\n"
+    (args.out / "power.md").write_text(report)
+    (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,mini", type=lambda t: t.split(","))
@@ -268,6 +397,12 @@ def main() -> int:
     parser.add_argument("--max-rounds", type=int, default=None, help="default: the suite's (ddp.bench.config.parsing.MAX_ROUNDS)")
     parser.add_argument("--round-budget", type=float, default=None,
                         help="seconds of rounds per benchmark (default: the suite's share of its session budget)")
+    parser.add_argument("--default-runs", action="store_true",
+                        help="every run the default perf run (pytest perf_tests, every benchmark); the slowed runs slow "
+                             "the registered strategy --slow by --slowdown after synchronizing (examples.slow_registered)")
+    parser.add_argument("--slow", default="bucketed", help="with --default-runs: the registered strategy slowed")
+    parser.add_argument("--slowdown", type=percent_type("--slowdown"), default=0.15,
+                        help="with --default-runs: its wait, a share of its own median step (default 15%%)")
     parser.add_argument("--out", type=Path, default=Path("power-study"))
     parser.add_argument("--rejudge", type=Path, default=None, metavar="STUDY",
                         help="run nothing: judge the runs an earlier study saved in STUDY again, with the gate as it is "
@@ -280,6 +415,9 @@ def main() -> int:
         raise SystemExit(f"{args.out} is not empty: give a new --out (nothing saved is overwritten)")
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
+    if args.default_runs:
+        print(write_default_report(args, default_runs(args, began), began, finished=True))
+        return 0
     pairs = study(args, began)
     print(write_report(args, pairs, began, finished=True))
     return 0
