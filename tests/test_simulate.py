@@ -102,15 +102,19 @@ def test_bucket_schedule_exposed_time_by_hand() -> None:
     link = Link("slow", latency_seconds=0.0, busbw_bytes_per_second=MB)
     compute = Compute(step_seconds=6.0)  # backward = 2/3 x 6 = 4 s: gradients ready at 1, 2, 4 s
     flag_seconds = 4 / MB
-    # Buckets of 2 MB: [a, b] ready at 2 s, 2 s long -> ends at 4 s (+ 2 flags); [c] starts after
-    # it and ends at 6 s (+ all 3 flags): 2 s exposed after backward.
-    assert plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], 2.0) == [[0, 1], [2]]
+    # Buckets of 2 MB: [a, b] would be ready at 2 s; bucketed's first bucket holds 1 MiB at most
+    # (FIRST_BUCKET_MB, as PyTorch's reducer plans it), so [a] goes at 1 s, 1 s long -> ends at
+    # 2 s (+ its flag); [b] at 2 s after it -> 3 s (+ 2 flags); [c] at 4 s -> 6 s (+ 3 flags): 2 s
+    # exposed after backward, and the flags of the three.
+    sizes, kinds = [g.size_bytes for g in gradients], [g.element_size for g in gradients]
+    assert plan_buckets(sizes, kinds, 2.0) == [[0, 1], [2]]
+    assert plan_buckets(sizes, kinds, 2.0, first_bucket_mb=1.0) == [[0], [1], [2]]
     launches = strategy_launches("bucketed", gradients, ready_times(gradients, 4.0), 0.0, 2.0, link, 2)
-    assert [r for r, _ in launches] == pytest.approx([2.0, 4.0])
-    assert [d for _, d in launches] == pytest.approx([2.0 + 2 * flag_seconds, 2.0 + flag_seconds])
+    assert [r for r, _ in launches] == pytest.approx([1.0, 2.0, 4.0])
+    assert [d for _, d in launches] == pytest.approx([1.0 + flag_seconds, 1.0 + flag_seconds, 2.0 + flag_seconds])
     step, exposed, comm, calls = predict_step("bucketed", 2.0, compute, gradients, link, 2)[:4]
-    assert calls == 2
-    assert exposed == pytest.approx(2.0 + 3 * flag_seconds)
+    assert calls == 3
+    assert exposed == pytest.approx(2.0 + flag_seconds)
     assert step == pytest.approx(6.0 + exposed)
     assert comm == pytest.approx(4.0 + 3 * flag_seconds)
     # One gradient at a time: a 1-2 s, b 2-3 s, c 4-6 s: also 2 s after backward.

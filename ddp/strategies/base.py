@@ -196,10 +196,14 @@ class DataParallel(Strategy):
         """Run ``hook(param)`` once each parameter's gradient is accumulated; ``close`` removes it."""
         self._hook_handles += [p.register_post_accumulate_grad_hook(hook) for p in params]
 
-    def close(self) -> None:
+    def _unhook_gradients(self) -> None:
+        """Remove every hook ``_hook_gradients`` hung (and nothing a subclass's ``close`` also releases)."""
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles = []
+
+    def close(self) -> None:
+        self._unhook_gradients()
 
     def forward(self, *args, **kwargs):
         self._sync_this_backward = self._require_sync

@@ -30,6 +30,12 @@ from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
 DEFAULT_BUCKET_SIZE_MB = 25.0  # PyTorch's DDP's default bucket_cap_mb, and every bucketing strategy's here
+# The first bucket (the last layers' gradients, ready first) holds at most 1 MiB whatever the cap,
+# as PyTorch's reducer plans it (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), so that
+# communication starts early in backward: under a cap larger than the model, one bucket sent once
+# backward is done left every all-reduce exposed (1,000 small tensors on 2 gloo ranks at 25 MiB:
+# bucketed / torch 1.024 [1.009, 1.047] with one bucket, docs/strategies.md).
+FIRST_BUCKET_MB = 1.0
 
 
 @dataclass
@@ -43,37 +49,52 @@ class Bucket:
     params: list[nn.Parameter]
     buffer: torch.Tensor
     views: list[torch.Tensor] = field(default_factory=list)
+    """Each parameter's gradient in ``buffer``, shaped as the parameter."""
+    held: list[bool] = field(default_factory=list)
+    """Per parameter: its view holds a gradient accumulated before this backward (``no_sync()``, or
+    a gradient not zeroed), which this backward's adds to."""
     pending: int = 0
+    """Gradients of this backward not yet in (by hook per gradient, before the plan follows the
+    ready order); 0 once the bucket is complete."""
+    triggered: bool = False
+    """Its trigger's hook ran in this backward (once the plan follows the ready order)."""
     work: dist.Work | None = None
     comm_buffer: torch.Tensor | None = None
     """The buffer in ``comm_dtype`` that is all-reduced instead of ``buffer``; None without one."""
     ready_seconds: float | None = None
     """When its last gradient came in, stamped only while a collective recorder is attached."""
 
-    @property
-    def flags(self) -> torch.Tensor:
-        return self.buffer[-len(self.params) :]
+    flags: torch.Tensor = field(init=False)
+    """``buffer``'s last elements, one per parameter."""
+    gradients: torch.Tensor = field(init=False)
+    """Every gradient of the bucket, back to back: ``buffer`` without its flags."""
+
+    def __post_init__(self) -> None:
+        self.flags = self.buffer[-len(self.params) :]  # views made once, not per step
+        self.gradients = self.buffer[: -len(self.params)]
 
     @property
     def gradient_bytes(self) -> int:
         return sum(p.numel() for p in self.params) * self.buffer.element_size()
 
 
-def plan_buckets(sizes_bytes: Sequence[int], kinds: Sequence[Hashable], bucket_size_mb: float) -> list[list[int]]:
-    """Group tensors, in the given order, into buckets of at most ``bucket_size_mb``; returns each
-    bucket's indices into ``sizes_bytes``.
+def plan_buckets(sizes_bytes: Sequence[int], kinds: Sequence[Hashable], bucket_size_mb: float,
+                 first_bucket_mb: float | None = None) -> list[list[int]]:
+    """Group tensors, in the given order, into buckets of at most ``bucket_size_mb`` (the first of
+    at most ``first_bucket_mb`` where given); returns each bucket's indices into ``sizes_bytes``.
 
     A tensor larger than the cap gets a bucket of its own; tensors of different kinds (for
     gradients: dtype and device) never share a bucket. Takes sizes rather than parameters so that
     the simulator plans a model it never builds with the same rule.
     """
     cap_bytes = bucket_size_mb * BYTES_PER_MB
+    first_bytes = cap_bytes if first_bucket_mb is None else first_bucket_mb * BYTES_PER_MB
     buckets: list[list[int]] = []
     current: list[int] = []
     current_bytes = 0
     for index, (nbytes, kind) in enumerate(zip(sizes_bytes, kinds, strict=True)):
         same_kind = not current or kinds[current[0]] == kind
-        if current and (not same_kind or current_bytes + nbytes > cap_bytes):
+        if current and (not same_kind or current_bytes + nbytes > (cap_bytes if buckets else first_bytes)):
             buckets.append(current)
             current, current_bytes = [], 0
         current.append(index)
@@ -89,7 +110,21 @@ def buffer_bytes(gradient_bytes: int, num_tensors: int, element_size: int) -> in
 
 
 class BucketedDDP(DataParallel):
-    """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass."""
+    """Asynchronous all-reduce of gradient buckets, overlapped with the backward pass.
+
+    Its first synchronizing backward hooks every gradient, to learn the order they come in, and
+    re-plans the buckets in that order. From then on a bucket's gradients come in together, its
+    last one last, and only that one is hooked (the bucket's *trigger*): when it runs, every
+    gradient of the bucket is in, and the bucket is filled and launched at once (``_fill``). A
+    hook per gradient cost a model of 1,000 small tensors about 1.6 us of the host each, a step's
+    share PyTorch's reducer, which hooks in C++, does not pay. Where a backward comes in another
+    order (a gradient of the bucket still missing when its trigger runs), the bucket is launched
+    by ``finish_gradient_synchronization`` instead: later, never wrong.
+
+    So that a trigger can tell a gradient of this backward, every forward sets the gradients
+    already held aside in their buckets (``_set_aside``): backward then makes fresh ones, which
+    the bucket adds to what it holds.
+    """
 
     def __init__(self, module, *, bucket_size_mb: float = DEFAULT_BUCKET_SIZE_MB, comm_dtype: torch.dtype | None = None, process_group=None) -> None:
         """``comm_dtype``: all-reduce gradients in this dtype (None: in their own; see the module docstring)."""
@@ -110,11 +145,11 @@ class BucketedDDP(DataParallel):
         self._slot: dict[int, tuple[Bucket, int]] = {}
         sizes = [p.numel() * p.element_size() for p in order]
         kinds = [(p.dtype, p.device) for p in order]
-        for indices in plan_buckets(sizes, kinds, self.bucket_size_mb):
+        for indices in plan_buckets(sizes, kinds, self.bucket_size_mb, min(self.bucket_size_mb, FIRST_BUCKET_MB)):
             params = [order[i] for i in indices]
             numel = sum(p.numel() for p in params)
             buffer = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
-            bucket = Bucket(params, buffer)
+            bucket = Bucket(params, buffer, held=[False] * len(params))
             if self.comm_dtype is not None and self.comm_dtype != buffer.dtype:
                 # The flags ride along: bf16 holds whole numbers exactly up to 256, so their sum
                 # over up to 256 ranks survives the cast.
@@ -133,7 +168,8 @@ class BucketedDDP(DataParallel):
         than they run would otherwise complete its first bucket only at the end of backward.
 
         Collectives pair up by launch order, so every rank takes rank 0's order. Parameters that
-        got no gradient go last, in reverse registration order.
+        got no gradient go last, in reverse registration order. Then each bucket's last gradient
+        in that order is its trigger, and the only one hooked (the class docstring).
         """
         position = {id(p): i for i, p in enumerate(self.parameters_to_sync)}
         ready = [position[key] for key in self._ready]
@@ -144,15 +180,16 @@ class BucketedDDP(DataParallel):
         src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
         dist.broadcast(order_tensor, src=src, group=self.process_group)
         params = [self.parameters_to_sync[i] for i in order_tensor.tolist()]
-        if [id(p) for p in params] == [id(p) for bucket in self.buckets for p in bucket.params]:
-            return  # registration order was right: keep the buffers
-        old_views = {id(p): bucket.views[index] for bucket in self.buckets for index, p in enumerate(bucket.params)}
-        self._build_buckets(params)
-        for param in params:
-            if param.grad is not None and param.grad.data_ptr() == old_views[id(param)].data_ptr():
-                bucket, index = self._slot[id(param)]
-                bucket.views[index].copy_(param.grad)
-                param.grad = bucket.views[index]
+        if [id(p) for p in params] != [id(p) for bucket in self.buckets for p in bucket.params]:
+            old_views = {id(p): bucket.views[index] for bucket in self.buckets for index, p in enumerate(bucket.params)}
+            self._build_buckets(params)
+            for param in params:
+                if param.grad is not None and param.grad.data_ptr() == old_views[id(param)].data_ptr():
+                    bucket, index = self._slot[id(param)]
+                    bucket.views[index].copy_(param.grad)
+                    param.grad = bucket.views[index]
+        self._unhook_gradients()  # the hook on every gradient, replaced by one per bucket
+        self._hook_gradients([bucket.params[-1] for bucket in self.buckets], self._on_trigger)
 
     @property
     def bucket_sizes_bytes(self) -> list[int]:
@@ -166,46 +203,117 @@ class BucketedDDP(DataParallel):
     def _reset(self) -> None:
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
+            bucket.triggered = False
             bucket.work = None
             bucket.ready_seconds = None
+            bucket.held = [False] * len(bucket.params)
         self._ready: dict[int, None] = {}  # ids of the parameters whose gradient is in, in that order
         self._next_to_launch = 0
 
+    def forward(self, *args, **kwargs):
+        if self._buckets_follow_ready_order:
+            self._set_aside()
+        return super().forward(*args, **kwargs)
+
+    @torch.no_grad()
+    def _set_aside(self) -> None:
+        """Every gradient held now (accumulated inside ``no_sync()``, or not zeroed since the last
+        step) into its bucket's view, marked held, and ``.grad`` None: the next backward makes
+        fresh gradients, which its triggers can tell from these (the class docstring)."""
+        for bucket in self.buckets:
+            for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
+                grad = param.grad
+                if grad is None:
+                    continue
+                if grad.data_ptr() != view.data_ptr():
+                    if bucket.held[index]:
+                        view.add_(grad)
+                    else:
+                        view.copy_(grad)
+                bucket.held[index] = True
+                param.grad = None
+
     def _on_gradient_ready(self, param: nn.Parameter) -> None:
+        # The first synchronizing backward's hook, on every gradient: it notes the order they come
+        # in (the buckets are re-planned in it) and launches each bucket as its last one is in.
         if not self._sync_this_backward:
             self._accumulate_in_bucket(param)
             return
         if id(param) in self._ready:
-            raise RuntimeError(
-                f"the gradient of {self._names.get(id(param), 'a parameter')!r} was produced twice without "
-                "finish_gradient_synchronization() in between: call it after every backward, or "
-                "accumulate inside no_sync()"
-            )
+            raise self._produced_twice(param)
         self._ready[id(param)] = None
-        bucket, index = self._slot[id(param)]
-        view = bucket.views[index]
-        if param.grad.data_ptr() == view.data_ptr():
-            # accumulated in place (after no_sync(), or zero_grad(set_to_none=False))
-            view.mul_(self._grad_scale)
-        else:
-            # autograd made a fresh gradient: the usual case, after zero_grad(set_to_none=True)
-            torch.mul(param.grad, self._grad_scale, out=view)
-            param.grad = view
+        bucket = self._slot[id(param)][0]
         bucket.pending -= 1
         if bucket.pending == 0:
             bucket.ready_seconds = ready_stamp(self.collective_recorder)
             self._launch_complete_buckets()
 
+    def _on_trigger(self, param: nn.Parameter) -> None:
+        # A bucket's last gradient in the ready order is in: on autograd's thread, between two of
+        # backward's kernels, so it does no more than check the bucket and launch it.
+        bucket = self._slot[id(param)][0]
+        if not self._sync_this_backward:
+            self._accumulate_bucket(bucket)
+            return
+        if bucket.triggered:
+            raise self._produced_twice(param)
+        bucket.triggered = True
+        if all(p.grad is not None for p in bucket.params):  # else one comes later: finish launches it
+            bucket.pending = 0
+            bucket.ready_seconds = ready_stamp(self.collective_recorder)
+            self._launch_complete_buckets()
+
+    def _produced_twice(self, param: nn.Parameter) -> RuntimeError:
+        return RuntimeError(
+            f"the gradient of {self._names.get(id(param), 'a parameter')!r} was produced twice without "
+            "finish_gradient_synchronization() in between: call it after every backward, or "
+            "accumulate inside no_sync()"
+        )
+
     def _accumulate_in_bucket(self, param: nn.Parameter) -> None:
-        """Inside ``no_sync()``: a fresh gradient moves into its bucket's view, unscaled, where
-        the next backwards accumulate in place, so accumulating keeps one copy of the gradients,
-        not the buckets and a second set beside them (the synchronizing backward then scales the
-        sum in place)."""
+        """Inside ``no_sync()``, before the plan follows the ready order: a fresh gradient moves
+        into its bucket's view, unscaled, where the next backwards accumulate in place, so
+        accumulating keeps one copy of the gradients, not the buckets and a second set beside them
+        (the synchronizing backward then scales the sum in place)."""
         bucket, index = self._slot[id(param)]
         view = bucket.views[index]
         if param.grad.data_ptr() != view.data_ptr():
             view.copy_(param.grad)
             param.grad = view
+
+    @torch.no_grad()
+    def _accumulate_bucket(self, bucket: Bucket) -> None:
+        """Inside ``no_sync()``, once the plan follows the ready order: the bucket's fresh gradients
+        added to what its views hold (or copied in), each ``.grad`` its view, so that accumulating
+        keeps one copy of the gradients beside the buckets only until each bucket is in."""
+        self._gather(bucket)
+
+    def _gather(self, bucket: Bucket) -> None:
+        """The bucket's fresh gradients into its views, unscaled, by one foreach call for those
+        copied and one for those added to what a view holds; each such ``.grad`` its view."""
+        copied, added = ([], []), ([], [])
+        for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
+            grad = param.grad
+            if grad is None or grad.data_ptr() == view.data_ptr():
+                continue  # none this backward, or accumulated in place already
+            into = added if bucket.held[index] else copied
+            into[0].append(view)
+            into[1].append(grad)
+            param.grad = view
+            bucket.held[index] = True
+        if copied[0]:
+            torch._foreach_copy_(*copied)
+        if added[0]:
+            torch._foreach_add_(*added)
+
+    @torch.no_grad()
+    def _fill(self, bucket: Bucket) -> None:
+        """Every gradient of a complete bucket into its buffer (``_gather``: one foreach call for
+        the fresh ones autograd made, after ``zero_grad(set_to_none=True)``, the usual case), then
+        the whole buffer divided by the world size in one multiply, which also scales what was
+        held before this backward."""
+        self._gather(bucket)
+        bucket.gradients.mul_(self._grad_scale)
 
     def _launch(self, bucket: Bucket) -> None:
         sent = bucket.buffer
@@ -222,6 +330,7 @@ class BucketedDDP(DataParallel):
         # when a rank completes them in another order.
         while self._next_to_launch < len(self.buckets) and self.buckets[self._next_to_launch].pending == 0:
             bucket = self.buckets[self._next_to_launch]
+            self._fill(bucket)
             bucket.flags.fill_(1)
             self._launch(bucket)
 
@@ -230,23 +339,31 @@ class BucketedDDP(DataParallel):
         if not self._sync_this_backward:
             return
         # Buckets still waiting hold parameters that got no gradient in this backward on this
-        # rank. They take part in the same order, contributing zeros, or their share of the
-        # gradient they already hold (accumulated inside no_sync(): used in this accumulation
-        # window, so flagged as used, as PyTorch's reducer keeps its used map over no_sync); what
-        # they held is kept in case no rank has a gradient for them.
+        # rank (or whose trigger ran before them). They take part in the same order, contributing
+        # zeros, or their share of the gradient they already hold (accumulated inside no_sync():
+        # used in this accumulation window, so flagged as used, as PyTorch's reducer keeps its used
+        # map over no_sync); what they held is kept in case no rank has a gradient for them.
         missing: list[tuple[Bucket, int, torch.Tensor | None]] = []
         for bucket in self.buckets[self._next_to_launch :]:
             for index, (param, view) in enumerate(zip(bucket.params, bucket.views)):
-                ready = id(param) in self._ready
-                bucket.flags[index] = 1 if ready or param.grad is not None else 0
-                if ready:
+                grad = param.grad
+                outside = grad is not None and grad.data_ptr() != view.data_ptr()
+                if id(param) in self._ready or (self._buckets_follow_ready_order and outside):
+                    bucket.flags[index] = 1  # produced in this backward (a fresh gradient, once the plan follows the ready order)
                     continue
-                previous = None if param.grad is None else param.grad.clone()
+                if outside:  # held outside its bucket (set by hand): into it, as a held gradient
+                    if bucket.held[index]:
+                        view.add_(grad)
+                    else:
+                        view.copy_(grad)
+                    param.grad = view
+                held = bucket.held[index] or grad is not None
+                bucket.flags[index] = 1 if held else 0
+                previous = view.clone() if held else None
                 if previous is None:
                     view.zero_()
-                else:
-                    torch.mul(previous, self._grad_scale, out=view)
                 missing.append((bucket, index, previous))
+            self._fill(bucket)  # what it holds (the previous gradients too) into the buffer, scaled
             self._launch(bucket)
         for bucket in self.buckets:
             bucket.work.wait()
@@ -267,7 +384,8 @@ class BucketedDDP(DataParallel):
 def buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
     """The buckets of ``plan_buckets`` in backward order, each launched when its last gradient is
     ready (and, on one channel, after its predecessors)."""
-    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb)
+    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb,
+                        min(bucket_size_mb, FIRST_BUCKET_MB))
     return [
         Transfer(
             max(ready_seconds[i] for i in bucket),
@@ -279,9 +397,11 @@ def buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size
 
 def gradients_in_buckets(plan: MemoryPlan) -> StepBuffers:
     """The gradients live in the buckets, whole all step; with ``comm_dtype`` each bucket has a copy
-    in that dtype, kept too."""
+    in that dtype, kept too. In backward, the fresh gradients of the bucket being filled wait
+    beside it until its last one is in (``BucketedDDP._on_trigger``): a bucket's worth at most."""
     copies = plan.gradient_bytes * plan.comm_itemsize // plan.gradient_itemsize if plan.comm_itemsize else 0
-    return StepBuffers(kept_bytes=copies, gradients_kept=True)
+    pending = plan.gradient_bytes if plan.bucket_bytes is None else min(plan.gradient_bytes, plan.bucket_bytes)
+    return StepBuffers(kept_bytes=copies, gradients_kept=True, pending_gradient_bytes=pending)
 
 
 # What the harness, the memory prediction and the cost model read of it (ddp.strategies.declarations).

@@ -124,6 +124,8 @@ class MemoryPlan(NamedTuple):
     """Bytes an element a strategy that takes ``compute_dtype`` gathers its parameters and computes
     their gradients in (2 under bf16, ``ddp.bench.config.precision.sharded_compute_dtype``); None:
     the gradients' own."""
+    bucket_bytes: int | None = None
+    """The cap of a strategy's buckets, in bytes (``bucket_size_mb``); None where it takes none."""
 
     def gathered(self, size_bytes: int) -> int:
         """``size_bytes`` of parameters (in the gradients' dtype) as gathered: in the compute dtype."""
@@ -159,6 +161,10 @@ class StepBuffers(NamedTuple):
     """True where the gradients live in buffers the strategy keeps (``bucketed``'s buckets, each
     gradient a view into one), so they are whole all step: ``zero_grad(set_to_none=True)`` frees
     nothing."""
+    pending_gradient_bytes: int = 0
+    """At most this much of the gradients backward has made so far, held beside the kept ones
+    until the buffer they go into is complete (``bucketed``: the fresh gradients of the bucket
+    being filled, moved into it once its last one is in)."""
 
 
 def bucket_copy_buffers(plan: MemoryPlan, keeps_gradient_buckets: bool) -> StepBuffers:

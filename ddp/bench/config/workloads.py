@@ -83,6 +83,30 @@ def _conv(channels: int, depth: int, side_pixels: int = 6, classes: int = 1000) 
     return build
 
 
+class TensorStack(nn.Module):
+    """``layers`` small layers, alternately Linear(width, width) and LayerNorm(width), two parameter
+    tensors each: a model whose step is many tiny kernels, where a strategy's per-tensor host cost
+    (a Python hook per gradient) is a visible share of the step."""
+
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(width, width) if index % 2 == 0 else nn.LayerNorm(width)
+                                      for index in range(layers)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _tensor_stack(tensors: int, width: int = 64) -> Build:
+    def build(batch_size: int, seq_len: int):
+        def batch(generator: torch.Generator) -> Batch:
+            return torch.randn(batch_size, width, generator=generator), torch.randn(batch_size, width, generator=generator)
+
+        return TensorStack(width, tensors // 2), batch, F.mse_loss
+
+    return build
+
+
 @dataclass(frozen=True)
 class NamedWorkload:
     build: Build
@@ -98,6 +122,11 @@ NAMED_WORKLOADS: dict[str, NamedWorkload] = {
     "wide-mlp": NamedWorkload(_mlp(5120, 4), "wide MLP, 4 x Linear(5120, 5120); batch = rows, seq len unused"),
     # 44 tensors, 74,399,720 parameters (~74M): 20 x Conv2d(640, 640, 3)
     "conv": NamedWorkload(_conv(640, 20), "conv net, 20 x Conv2d(640, 640, 3x3) on 6 x 6 images; batch = images"),
+    # Many small tensors, for a strategy's cost per tensor: 10, 100 and 1,000 parameter tensors of
+    # width 64 (about 10.7K, 107K and 1.07M parameters), alternately Linear and LayerNorm.
+    **{f"tensors-{n}": NamedWorkload(_tensor_stack(n), f"{n} small tensors: {n // 2} layers, alternately Linear(64, 64) "
+                                                          "and LayerNorm(64); batch = rows, seq len unused")
+       for n in (10, 100, 1000)},
 }
 
 

@@ -176,6 +176,7 @@ def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> Step
         gradient_itemsize=shape.gradient_itemsize,
         comm_itemsize=torch.bfloat16.itemsize if config.grad_comm == "bf16" else None,
         compute_itemsize=getattr(sharded_compute_dtype(config.precision, config.strategy), "itemsize", None),
+        bucket_bytes=None if config.bucket_size_mb is None else round(config.bucket_size_mb * 2**20),
     )
     return traits(config.strategy).step_buffers(plan)
 
@@ -209,8 +210,11 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
         temporaries_bytes=0, communication_bytes=buffers.kept_bytes + buffers.forward_bytes, moment="forward",
     )
 
-    def backward_buffers(sample) -> int:  # a unit's whole gradient once backward has made gradients
-        return buffers.kept_bytes + buffers.backward_bytes + (buffers.unit_backward_bytes if sample.gradients > 0 else 0)
+    def backward_buffers(sample) -> int:
+        # a unit's whole gradient once backward has made gradients; the gradients made so far that
+        # wait for their buffer to be complete
+        return (buffers.kept_bytes + buffers.backward_bytes + (buffers.unit_backward_bytes if sample.gradients > 0 else 0)
+                + min(buffers.pending_gradient_bytes, gradients_so_far(sample)))
 
     # Traced with the parameters in the strategy's compute dtype, the gradients so far are in it
     # too; they become the masters' (fp32) once reduced.
