@@ -305,6 +305,29 @@ def test_local_is_the_machines_reference_reported_not_gated(files, capsys):
     assert "machine slower" in out and "NOTE: local, the machine's reference, changed in 1 configuration(s)" in out
 
 
+def allreduce_rounds(seconds: list[float]) -> dict:
+    """A 10 MiB all-reduce on 2 ranks whose rounds were spread over two groups of ranks."""
+    from ddp.bench.results.benchmark_json import allreduce_entry
+    from ddp.bench.results.records import AllReduceRecord
+    from tests.synthetic import ROUNDS as SYNTHETIC_ROUNDS
+
+    median = float(np.median(seconds))
+    record = AllReduceRecord(backend="gloo", world_size=2, size_bytes=10 * 2**20, seconds=median,
+                             seconds_ci95=[median, median], round_seconds=seconds, algbw_gbps=1.0, busbw_gbps=1.0,
+                             wrong=0, round_groups=[index % 2 for index in range(len(seconds))])
+    return allreduce_entry(record, 10.0, SYNTHETIC_ROUNDS)
+
+
+def test_an_all_reduce_is_a_reference_of_the_machine_reported_not_gated(files, capsys):
+    old = files("old.json", run([allreduce_rounds(noisy(0.010, 30, 1, 0.01))]))
+    new = files("new.json", run([allreduce_rounds(noisy(0.013, 30, 2, 0.01))]))  # 30% slower: the machine or gloo
+    (row,) = compare(load_run(old), load_run(new), 0.10)
+    assert row.verdict == "machine slower" and row.basis == "raw (machine reference, not gated)"
+    assert "backend" in row.why and not failed([row])
+    assert ddp_main(["compare", old, new, "--fail-slower", "10%"]) == 0
+    assert "NOTE: 1 all-reduce(s) changed (test_allreduce[n2-10mb] x1.30" in capsys.readouterr().out
+
+
 def compute_and_wait(compute: float, wait: float, n: int, seed: int, speed: float = 1.0) -> tuple[list[float], list[float]]:
     """A step that is part compute (which a machine ``speed`` times faster shortens, as it does its
     local twin, which is that compute alone) and part waiting (communication, a sleep), which it does not."""
