@@ -418,8 +418,8 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
             # 10 rounds at least; more only until the median is within +-1%, which a GPU-bound step
             # (0.3% a round on an H200, fp32 to bf16) reaches in them: the budget is a ceiling.
             # 300 s for the grid's 24 steps, 12.5 s each, is about what +-1% takes at 2% a round
-            # (31 rounds of a pair, ``ddp.bench.rounds.estimate.expected_round_seconds``: 14 s for
-            # an xl pair at 4 x 1,024, 7 at 2 x 1,024; the larger pairs stop a little short).
+            # (31 rounds of a pair: 14 s for an xl pair at 4 x 1,024, 7 at 2 x 1,024, at the H200's
+            # step times; the larger pairs stop a little short).
             rounds=RoundOptions(min_rounds=10, max_rounds=MAX_ROUNDS, warmup_rounds=2, target_precision=0.01,
                                 budget_seconds=None, traced_steps=TRACED_STEPS),
             # Each strategy with its local twin, as on CPU: the paired overhead, local_mfu and
@@ -435,13 +435,14 @@ def grid_defaults(backend: str, device: str) -> GridOptions:
         )
     return GridOptions(
         axes={name: axis.cpu for name, axis in AXES.items()},
-        # 6 rounds at least: the fewest whose median interval covers 95% (``stats.smallest_rounds``)
+        # 24 rounds at least: the regression gate judges a benchmark from 20 rounds a run
+        # (``ddp.analysis.compare``), and two default runs must compare with every step decided.
         rounds=RoundOptions(min_rounds=24, max_rounds=MAX_ROUNDS, warmup_rounds=0, target_precision=0.02, budget_seconds=None,
                             traced_steps=CPU_TRACED_STEPS),
-        # 100 s of rounds for the grid's 20 steps, 5 s each. The rest of a run is fixed costs
-        # that grow with the number of configurations, not with their steps: each one's builds,
-        # warm-ups and memory count on two groups of ranks and its traced steps on a third, about
-        # 11 s of the 16 each took on mini (docs/perf-suite.md: the run's measured length).
+        # 180 s of rounds for the grid's 20 steps, 9 s each: 24 rounds of mini's slowest group of
+        # strategies stepping together (``interleave="group"``: a round steps the group and one
+        # local). Rounds were 68% of the step benchmarks' time in the default run
+        # (docs/perf-suite.md: where a default run's seconds go).
         session_budget_seconds=180.0, interleave="group",
         # Two world sizes: 6 gloo ranks on 2 cores time the scheduler more than gloo, and the
         # default run's minutes belong to its step benchmarks.
