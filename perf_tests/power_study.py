@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from tabulate import tabulate  # noqa: E402
 
-from ddp.analysis.compare import DEFAULT_THRESHOLD, Decision, _decide, compare, settled  # noqa: E402
+from ddp.analysis.compare import DEFAULT_THRESHOLD, MACHINE_REFERENCE, Decision, _decide, compare, settled  # noqa: E402
 from ddp.bench.config.parsing import percent_type  # noqa: E402
 from ddp.bench.results.records import load_run  # noqa: E402
 from ddp.bench.results.stats import groups_to_decide  # noqa: E402
@@ -263,7 +263,8 @@ class DefaultPair:
     missed: list[str]
     """Benchmarks of the slowed strategy not judged slower, with their verdicts."""
     open: list[str]
-    """Benchmarks judged not resolved, with what would decide them."""
+    """Benchmarks judged not resolved, with what would decide them (the machine's references, never
+    gated, left out)."""
     exit_status: int
     """The new run's pytest exit status (it ran with --benchmark-compare and --ddp-fail-slower)."""
     run_seconds: float
@@ -292,7 +293,8 @@ def default_runs(args: argparse.Namespace, began: float) -> list[DefaultPair]:
     """u_0 .. u_N default runs (each after the first compared with the one before it, its rounds
     aimed at the decision, as a user's save-change-compare loop runs them), and after every
     ``--slowed-every``-th a run with ``--slow`` slowed by 15% after synchronizing, compared with it.
-    Each pair judged again from the saved files by the gate (``ddp.analysis.compare.compare``)."""
+    Each pair judged again from the saved files by the gate (``ddp.analysis.compare.compare``). With
+    ``--rejudge STUDY``, nothing runs: the runs STUDY saved are judged again, up to where it stopped."""
     storage = (args.out / "storage").resolve()
     saved: dict[str, Path] = {}
     pairs: list[DefaultPair] = []
@@ -317,6 +319,18 @@ def default_runs(args: argparse.Namespace, began: float) -> list[DefaultPair]:
         print(f"  {name}: {seconds:.0f} s, exit {done.returncode}", flush=True)
         return done, seconds
 
+    def recall(name: str, compared_with: str | None, slowed: bool) -> tuple[subprocess.CompletedProcess, float] | None:
+        # --rejudge: the run an earlier study saved, its log and its seconds; None where it has none (cut short)
+        found, log = sorted((args.rejudge / "storage").glob(f"*/*_{name}.json")), args.rejudge / "logs" / f"{name}.log"
+        if not found or not log.is_file():
+            return None
+        saved[name] = found[0]
+        case, index = ("unchanged", int(name[1:])) if name.startswith("u") else (None, int(name[1:]))
+        earlier = next((p for p in args.earlier_pairs if p["index"] == index
+                        and (p["case"] == "unchanged") == (case == "unchanged")), None)
+        status, seconds = (earlier["exit_status"], earlier["run_seconds"]) if earlier else (0, float("nan"))
+        return subprocess.CompletedProcess([], status, log.read_text(), ""), seconds
+
     def judge(old: str, new: str, done: subprocess.CompletedProcess, seconds: float, case: str, index: int) -> None:
         rows = compare(load_run(saved[old]), load_run(saved[new]), args.fail_slower)
         slowed = f"test_step[{args.slow}-" if case != "unchanged" else None
@@ -332,17 +346,22 @@ def default_runs(args: argparse.Namespace, began: float) -> list[DefaultPair]:
             caught=[row.name for row in is_slowed if row.verdict == "slower"],
             missed=[f"{row.name}: {row.verdict} ({row.basis} x{row.ratio or float('nan'):.3f})" for row in is_slowed
                     if row.verdict != "slower"],
-            open=[f"{row.name}: {row.why}" for row in rows if row.verdict == "not resolved"],
+            open=[f"{row.name}: {row.why}" for row in rows if row.verdict == "not resolved" and row.basis != MACHINE_REFERENCE],
             exit_status=done.returncode, run_seconds=seconds, rounds_share=share, parts=parts))
         write_default_report(args, pairs, began)
 
+    take = recall if args.rejudge else run
     for i in range(args.pairs + 1):
-        done, seconds = run(f"u{i}", f"u{i - 1}" if i else None, slowed=False)
+        taken = take(f"u{i}", f"u{i - 1}" if i else None, slowed=False)
+        if taken is None:
+            break
         if i:
-            judge(f"u{i - 1}", f"u{i}", done, seconds, "unchanged", i)
+            judge(f"u{i - 1}", f"u{i}", *taken, "unchanged", i)
         if i < args.pairs and i % args.slowed_every == 0:
-            done, seconds = run(f"s{i}", f"u{i}", slowed=True)
-            judge(f"u{i}", f"s{i}", done, seconds, f"{args.slowdown:.0%} of {args.slow}", i)
+            taken = take(f"s{i}", f"u{i}", slowed=True)
+            if taken is None:
+                break
+            judge(f"u{i}", f"s{i}", *taken, f"{args.slowdown:.0%} of {args.slow}", i)
     return pairs
 
 
@@ -355,12 +374,13 @@ def write_default_report(args: argparse.Namespace, pairs: list[DefaultPair], beg
             case, len(group),
             sum(bool(p.false_alarms) for p in group), sum(len(p.false_alarms) for p in group),
             f"{sum(len(p.caught) for p in group)}/{sum(len(p.caught) + len(p.missed) for p in group)}" if slowed else "",
-            sum(len(p.open) for p in group), sum(p.exit_status == 0 for p in group),
+            sum(len(p.open) for p in group), sum(o.startswith("test_step[") for p in group for o in p.open),
+            sum(p.exit_status == 0 for p in group),
             f"{statistics.median(p.run_seconds for p in group):.0f} ({max(p.run_seconds for p in group):.0f})",
             f"{statistics.median(p.rounds_share for p in group if p.rounds_share is not None):.0%}",
         ])
     headers = ["case", "pairs", "pairs with a false alarm", "false alarms (benchmarks)", "slowed benchmarks caught",
-               "not resolved (benchmarks)", "second run exit 0", "run seconds: median (max)", "rounds' share: median"]
+               "not resolved (benchmarks)", "of them step benchmarks", "second run exit 0", "run seconds: median (max)", "rounds' share: median"]
     table_text = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
     command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
     state = "Total wall time" if finished else "Unfinished: wall time so far"
