@@ -53,8 +53,9 @@ def machine_reference(record) -> str | None:
     """Why a benchmark is one of the machine's references, reported and never gated, or None where
     it is gated. ``local``: the step with nothing to synchronize. Every all-reduce: it times the
     backend on this machine, which no DDP's code changes, and has no twin in its rounds to take the
-    machine out (two unchanged default runs on this project's 2-core machine, its ``local`` x1.11
-    between them, judged two all-reduces of six slower by 17-35%)."""
+    machine out: between unchanged default runs on this project's 2-core machine, one all-reduce in
+    six or two moved by x1.19 to x1.31 in 3 pairs of 7, ``local`` anywhere from x0.98 to x1.11
+    (docs/regression-gate.md)."""
     if getattr(record, "strategy", None) == FLOOR:
         return "local is the machine's reference"
     if getattr(record, "kind", None) == "allreduce":
