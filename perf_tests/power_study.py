@@ -234,9 +234,14 @@ def table(pairs: list[Pair], threshold: float) -> str:
 def write_report(args: argparse.Namespace, pairs: list[Pair], began: float, finished: bool = False) -> str:
     """power.md (the tables, the command and the wall time so far) and pairs.json (every decision)."""
     rendered = "\n\n".join(table(pairs, threshold) for threshold in [args.fail_slower, *args.also_judge_at])
+    return save_report(args, rendered, pairs, began, finished)
+
+
+def save_report(args: argparse.Namespace, tables: str, pairs: list, began: float, finished: bool) -> str:
+    """power.md (``tables``, the command and the wall time so far) and pairs.json (every pair, as saved)."""
     command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
     state = "Total wall time" if finished else "Unfinished: wall time so far"
-    report = f"Command: `{command}`\n\n{state}: {time.perf_counter() - began:.0f} s\n\n{rendered}\n"
+    report = f"Command: `{command}`\n\n{state}: {time.perf_counter() - began:.0f} s\n\n{tables}\n"
     (args.out / "power.md").write_text(report)
     (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
     return report
@@ -381,13 +386,7 @@ def write_default_report(args: argparse.Namespace, pairs: list[DefaultPair], beg
         ])
     headers = ["case", "pairs", "pairs with a false alarm", "false alarms (benchmarks)", "slowed benchmarks caught",
                "not resolved (benchmarks)", "of them step benchmarks", "second run exit 0", "run seconds: median (max)", "rounds' share: median"]
-    table_text = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
-    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
-    state = "Total wall time" if finished else "Unfinished: wall time so far"
-    report = f"Command: `{command}`\n\n{state}: {time.perf_counter() - began:.0f} s\n\n{table_text}\n"
-    (args.out / "power.md").write_text(report)
-    (args.out / "pairs.json").write_text(json.dumps([asdict(p) for p in pairs], indent=2))
-    return report
+    return save_report(args, tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), pairs, began, finished)
 
 
 def main() -> int:
