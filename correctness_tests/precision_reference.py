@@ -9,8 +9,8 @@ import contextlib
 
 import torch
 
-from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.values import GRAD_COMM, sharded_compute_dtype
 from ddp.bench.config.workloads import build_workload, rank_batches
 from ddp.bench.rounds.trainer import LEARNING_RATE, Trainer
 from ddp.launcher import Rank, on_rank
@@ -48,10 +48,6 @@ def _numerics(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
 
-def _round_bf16(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to(torch.bfloat16).to(tensor.dtype)
-
-
 def _loss(workload, inputs, targets, config: StepConfig, device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The loss of a forward in ``config``'s precision, and the tensors its gradients are taken
     of: the parameters themselves, or, for a strategy that computes in a dtype of its own
@@ -70,7 +66,7 @@ def _loss(workload, inputs, targets, config: StepConfig, device: torch.device) -
 def reference_parameters(config: StepConfig, world_size: int, device: torch.device, split: bool) -> list[torch.Tensor]:
     """One process training ``config``'s whole global batch, every rank's micro-batches at once,
     without checkpointing (``split``: micro-batch by micro-batch, gradients averaged in fp32, each
-    rank's sum rounded as a bf16 all-reduce rounds them when ``config.grad_comm`` is bf16)."""
+    rank's share and their sum rounded as an all-reduce in ``config.grad_comm``'s dtype rounds them)."""
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:
         torch.manual_seed(config.seed)
@@ -90,11 +86,9 @@ def reference_parameters(config: StepConfig, world_size: int, device: torch.devi
                         grads = [g.float() / pieces for g in torch.autograd.grad(loss, taken)]
                         rank_grads = grads if rank_grads is None else [a + g for a, g in zip(rank_grads, grads)]
                     shard_grads.append(rank_grads)
+                sent = GRAD_COMM[config.grad_comm]  # each share rounded to what it is sent in, the sum again
                 for param, *per_shard in zip(model.parameters(), *shard_grads):
-                    if config.grad_comm == "bf16":
-                        param.grad = _round_bf16(sum(_round_bf16(g) for g in per_shard))
-                    else:
-                        param.grad = sum(per_shard)
+                    param.grad = sent.rounded(sum(sent.rounded(g) for g in per_shard))
             else:
                 inputs = torch.cat([inputs for micro_batches in shards for inputs, _ in micro_batches])
                 targets = torch.cat([targets for micro_batches in shards for _, targets in micro_batches])

@@ -9,8 +9,8 @@ independent reference.
 
 **The tolerance** of a precision is derived from a second reference run in it: the same single
 process, but computing the gradient as data parallelism does, each rank's shard on its own and the
-shards' gradients averaged in fp32 (and, for bf16 communication, each shard's share rounded to
-bf16 and their sum rounded again, as a bf16 all-reduce does). That run differs from the whole-batch
+shards' gradients averaged in fp32 (and, for reduced-precision communication, each shard's share
+rounded to its dtype and their sum rounded again, as an all-reduce in that dtype does). That run differs from the whole-batch
 reference only by the reordering and rounding any correct DDP makes, so its distance from the
 reference (the *floor*) is what a correct strategy may differ by. A strategy passes when both its
 largest and its mean absolute difference from the reference are within ``FLOOR_FACTOR`` times the
@@ -19,14 +19,15 @@ Because AdamW moves every weight by about the learning rate whatever its gradien
 largest difference alone cannot tell a strategy that never communicates from a correct one; the
 mean can (``tests/test_precision_harness.py`` checks that the tolerance fails such a strategy).
 
-**bf16 communication, exactly**: on a model with a parameter used on one rank only and one used on
-none, with and without ``no_sync()``, each gradient ``bucketed`` and ``torch`` leave must be the bf16
-sum of the ranks' own gradients, bit for bit (``test_bf16_communication_sums_what_each_rank_sent``).
+**Reduced-precision communication, exactly** (every ``--grad-comm`` of ``GRAD_COMM`` that sends
+another dtype, e.g. bf16): on a model with a parameter used on one rank only and one used on
+none, with and without ``no_sync()``, each gradient ``bucketed`` and ``torch`` leave must be the
+sum in that dtype of the ranks' own gradients, bit for bit (``test_reduced_communication_sums_what_each_rank_sent``).
 
-**bf16 communication against fp32 communication**: ``bucketed`` and ``torch`` run the same steps
-both ways; the relative difference of their parameters is printed (``pytest -s``) and recorded
+**Reduced-precision communication against fp32 communication**: ``bucketed`` and ``torch`` run
+the same steps both ways; the relative difference of their parameters is printed (``pytest -s``) and recorded
 (``record_property``); they must differ (the option does something), no weight by more than AdamW
-can move two runs apart (``ADAMW_REACH``), and in sum by less than ``BF16_COMM_MEAN_SHARE`` of that.
+can move two runs apart (``ADAMW_REACH``), and in sum by less than ``REDUCED_COMM_MEAN_SHARE`` of that.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ from correctness_tests.precision_reference import (
     MODEL,
     SEQ_LEN,
     STEPS,
-    _round_bf16,
     train_and_references,
     within_tolerance,
 )
 from correctness_tests.selection import only_those_taking, strategies_under_test, takes
 from ddp.bench.config.shape import cannot_run
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.values import GRAD_COMM
 from ddp.bench.config.workloads import build_workload, rank_batches
 from ddp.bench.rounds.trainer import LEARNING_RATE, Trainer
 from ddp.launcher import Rank, on_rank
@@ -66,10 +67,10 @@ ADAMW_REACH = 2 * LEARNING_RATE * sum(math.sqrt(step) for step in range(1, STEPS
 whatever their gradients: a bias-corrected Adam step moves a weight by at most ``lr * sqrt(t)`` at
 step t (Cauchy-Schwarz on the moments), each run one way. (Measured: a strategy that never
 communicates reaches 6e-4 = 2 * 3 * lr on some weights.)"""
-BF16_COMM_MEAN_SHARE = 0.01
-"""bf16 communication against fp32: the parameters' summed absolute difference must stay below
-this share of every weight drifting ``ADAMW_REACH`` apart. bf16 rounds each gradient by at most
-2**-9 of itself, which turns round only the updates of gradients near zero; a share of 1% of
+REDUCED_COMM_MEAN_SHARE = 0.01
+"""Reduced-precision communication against fp32: the parameters' summed absolute difference must
+stay below this share of every weight drifting ``ADAMW_REACH`` apart. bf16 rounds each gradient by
+at most 2**-9 of itself, which turns round only the updates of gradients near zero; a share of 1% of
 the worst case leaves room for those and none for a wrong sum (measured on the tiny LM: 0.017% with fp32 steps, 0.007% with bf16)."""
 
 
@@ -83,19 +84,19 @@ def relative_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]
 
 
 def cases(strategies: tuple[str, ...]) -> list:
-    """Every strategy of ``--strategies`` (default: every DDP) in fp32 and bf16, and with bf16
-    communication where it takes ``comm_dtype``; then tf32 and the fused AdamW once each."""
+    """Every strategy of ``--strategies`` (default: every DDP) in fp32 and bf16, and with each
+    reduced-precision communication (``GRAD_COMM``) where it takes ``comm_dtype``; then tf32 and the fused AdamW once each."""
     out = []
     strategies = [s for s in strategies if traits(s).communicates]
     if not strategies:
         return [pytest.param(None, id="none", marks=pytest.mark.skip(reason="no strategy under test communicates"))]
     for strategy in strategies:
         bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
-        comms = ("fp32", "bf16") if takes_comm_dtype(strategy) else ("fp32",)
+        comms = tuple(GRAD_COMM) if takes_comm_dtype(strategy) else ("fp32",)
         for precision in ("fp32", "bf16"):
             for comm in comms:
                 config = StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm)
-                out.append(pytest.param(config, id=f"{strategy}-{precision}{'-bf16comm' if comm == 'bf16' else ''}"))
+                out.append(pytest.param(config, id=f"{strategy}-{precision}{'' if comm == 'fp32' else f'-{comm}comm'}"))
     # tf32 is fp32 on CPU (and TF32 matmuls on GPUs); the fused AdamW is another implementation of the
     # same update: each once, on the first and the last strategy under test
     for strategy, numerics in ((strategies[0], {"precision": "tf32"}), (strategies[-1], {"precision": "bf16", "optimizer": "fused"})):
@@ -135,7 +136,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "config" in metafunc.fixturenames:
         metafunc.parametrize("config", cases(strategies))
     if "comm_dtype_strategy" in metafunc.fixturenames:
-        metafunc.parametrize("comm_dtype_strategy", only_those_taking("comm_dtype", strategies, "bf16 gradient communication"))
+        metafunc.parametrize("comm_dtype_strategy", only_those_taking("comm_dtype", strategies, "reduced gradient communication"))
+    if "reduced_comm" in metafunc.fixturenames:  # every --grad-comm that sends another dtype than the gradients'
+        metafunc.parametrize("reduced_comm", [name for name, comm in GRAD_COMM.items() if comm.dtype is not None])
 
 
 def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepConfig):
@@ -154,11 +157,11 @@ def test_trains_like_one_process_in_the_same_precision(rank_group, config: StepC
 
 
 @on_rank
-def bf16_against_fp32_communication(rank: Rank, strategy: str, precision: str) -> list[dict]:
-    """Runs on every rank: the same steps with fp32 and with bf16 gradient communication."""
+def reduced_against_fp32_communication(rank: Rank, strategy: str, precision: str, reduced: str) -> list[dict]:
+    """Runs on every rank: the same steps with fp32 and with ``reduced`` gradient communication."""
     info = rank.info
     trained = {}
-    for comm in ("fp32", "bf16"):
+    for comm in ("fp32", reduced):
         bucket = BUCKET_SIZE_MB if takes_bucket_size(strategy) else None
         trainer = Trainer(StepConfig(strategy, MODEL, BATCH_SIZE, SEQ_LEN, bucket, precision=precision, grad_comm=comm), info)
         try:
@@ -171,37 +174,41 @@ def bf16_against_fp32_communication(rank: Rank, strategy: str, precision: str) -
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_bf16_communication_error_is_measured_and_bounded(rank_group, comm_dtype_strategy, precision, record_property):
+def test_reduced_communication_error_is_measured_and_bounded(rank_group, comm_dtype_strategy, reduced_comm, precision,
+                                                             record_property):
     strategy = comm_dtype_strategy
-    trained = rank_group.run(bf16_against_fp32_communication, strategy, precision)[0]
-    error = relative_difference(trained["bf16"], trained["fp32"])
-    record_property("bf16_comm_relative_difference", error)
-    print(f"\n{strategy}, {precision} step, {STEPS} steps of {MODEL}: bf16 against fp32 gradient all-reduce, "
+    trained = rank_group.run(reduced_against_fp32_communication, strategy, precision, reduced_comm)[0]
+    reduced, fp32 = trained[reduced_comm], trained["fp32"]
+    error = relative_difference(reduced, fp32)
+    record_property(f"{reduced_comm}_comm_relative_difference", error)
+    print(f"\n{strategy}, {precision} step, {STEPS} steps of {MODEL}: {reduced_comm} against fp32 gradient all-reduce, "
           f"relative difference of the parameters: max {error['max']:.3g}, mean {error['mean']:.3g}")
-    assert error["max"] > 0 and error["mean"] > 0, "bf16 communication changed nothing: is comm_dtype applied?"
-    bf16, fp32 = trained["bf16"], trained["fp32"]
-    largest = max((a - e).abs().max().item() for a, e in zip(bf16, fp32))
+    assert error["max"] > 0 and error["mean"] > 0, f"{reduced_comm} communication changed nothing: is comm_dtype applied?"
+    largest = max((a - e).abs().max().item() for a, e in zip(reduced, fp32))
     assert largest <= ADAMW_REACH, f"a weight moved {largest:.3g} from the fp32-communication run: more than AdamW can ({ADAMW_REACH:.3g})"
-    summed = sum((a - e).abs().sum().item() for a, e in zip(bf16, fp32))
+    summed = sum((a - e).abs().sum().item() for a, e in zip(reduced, fp32))
     worst = ADAMW_REACH * sum(e.numel() for e in fp32)
-    assert summed < BF16_COMM_MEAN_SHARE * worst, (
-        f"bf16 communication moved the weights {summed / worst:.2%} of the furthest AdamW can; bound {BF16_COMM_MEAN_SHARE:.0%}"
+    assert summed < REDUCED_COMM_MEAN_SHARE * worst, (
+        f"{reduced_comm} communication moved the weights {summed / worst:.2%} of the furthest AdamW can; "
+        f"bound {REDUCED_COMM_MEAN_SHARE:.0%}"
     )
     print(f"  summed difference: {summed / worst:.3%} of every weight drifting as far as AdamW can")
 
 
 @on_rank
-def bf16_sync_against_emulation(rank: Rank, strategy: str, accumulate: bool) -> None:
+def reduced_sync_against_emulation(rank: Rank, strategy: str, reduced: str, accumulate: bool) -> None:
     """Runs on every rank: one synchronizing step of ``routed_mlp`` (expert 0 used on rank 0 only,
-    expert 2 on none) with ``comm_dtype=torch.bfloat16``, each gradient checked against what a bf16
-    all-reduce of the ranks' own gradients gives: every rank's share g / world size rounded to bf16,
-    the sum rounded again (exact for 2 ranks: one bf16 addition), a gradient no rank produced left None."""
+    expert 2 on none) with gradients communicated in ``reduced`` (``GRAD_COMM``), each gradient
+    checked against what an all-reduce in that dtype of the ranks' own gradients gives: every
+    rank's share g / world size rounded to it, the sum rounded again (exact for 2 ranks: one
+    addition in that dtype), a gradient no rank produced left None."""
     info = rank.info
+    sent = GRAD_COMM[reduced]
     case = MODEL_CASES["routed_mlp"]
     torch.manual_seed(0)
     module = case.build().to(info.device)
     alone = copy.deepcopy(module)
-    options = {"comm_dtype": torch.bfloat16}
+    options = sent.strategy_options()
     if takes_bucket_size(strategy):
         options["bucket_size_mb"] = 1e-4  # a few small buckets
     if takes(strategy, "find_unused_parameters"):
@@ -226,17 +233,17 @@ def bf16_sync_against_emulation(rank: Rank, strategy: str, accumulate: bool) -> 
         if used.item() == 0:
             assert param.grad is None, f"{strategy}: {name} got a gradient though no rank produced one"
             continue
-        expected = _round_bf16(sum(_round_bf16(share / info.world_size) for share in shares))
+        expected = sent.rounded(sum(sent.rounded(share / info.world_size) for share in shares))
         torch.testing.assert_close(param.grad, expected, rtol=0, atol=0, msg=lambda m: f"{strategy}, {name}: {m}")
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["step", "no_sync"])
-def test_bf16_communication_sums_what_each_rank_sent(rank_group, comm_dtype_strategy, accumulate):
+def test_reduced_communication_sums_what_each_rank_sent(rank_group, comm_dtype_strategy, reduced_comm, accumulate):
     if rank_group.world_size > 2:
-        pytest.skip("the bf16 sum of more than 2 ranks depends on the backend's order of additions: run with --world-size 2")
+        pytest.skip("a reduced-precision sum of more than 2 ranks depends on the backend's order of additions: run with --world-size 2")
     if accumulate and not supports_no_sync(comm_dtype_strategy):
         pytest.skip(f"{comm_dtype_strategy} has no no_sync(): add that context manager to test gradient accumulation")
-    rank_group.run(bf16_sync_against_emulation, comm_dtype_strategy, accumulate)
+    rank_group.run(reduced_sync_against_emulation, comm_dtype_strategy, reduced_comm, accumulate)
 
 
 class _GradientsAfterSync:

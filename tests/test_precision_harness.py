@@ -21,7 +21,7 @@ def test_the_tolerance_catches_a_strategy_that_does_not_communicate(rank_group):
 
 
 def test_each_step_sets_its_precision_and_restores_the_previous_one():
-    from ddp.bench.config.precision import numerics
+    from ddp.bench.config.values import numerics
 
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:

@@ -41,10 +41,11 @@ from torch import nn
 
 from ddp.bench.config.shape import StepShape
 from ddp.bench.config.step_config import AXES
+from ddp.bench.config.values import GRAD_COMM, sharded_compute_dtype
 from ddp.bench.config.workloads import build_workload
 from ddp.bench.results.records import PredictionRecord, Run, RunFileError, ValidationRecord
 from ddp.model import MODEL_SIZES, build_model
-from ddp.strategies.declarations import sharding_of
+from ddp.strategies.declarations import FP32_BYTES, sharding_of
 from ddp.strategies.registry import FLOOR, resolve_strategy, takes_comm_dtype, traits
 
 ALGORITHMS = ("auto", "ring", "tree")
@@ -749,25 +750,27 @@ def predict_grid(
 
 @dataclass(frozen=True)
 class Sent:
-    """What a step communicates, one meaning per value: ``grad_comm`` is what a strategy that takes
-    ``comm_dtype`` (bucketed, torch) all-reduces its gradients in; ``precision`` ``bf16`` makes the
-    sharded strategies (``fsdp``, ``torch_fsdp``) train with FSDP's compute dtype: bf16 weights
-    all-gathered, gradients reduce-scattered in fp32 onto fp32 master shards."""
+    """What a step communicates, each value read from its declaration
+    (``ddp.bench.config.values``): a strategy that takes ``comm_dtype`` (bucketed, torch)
+    all-reduces its gradients in ``GRAD_COMM[grad_comm]``'s dtype; a strategy that takes
+    ``compute_dtype`` (``fsdp``, ``torch_fsdp``) all-gathers its parameters in the precision's
+    ``sharded_compute_dtype`` (FSDP's mixed precision), and reduce-scatters fp32 gradients onto
+    fp32 master shards. Every other strategy sends its gradients and parameters as they are."""
 
     precision: str = "fp32"
     grad_comm: str = "fp32"
 
-    def _shards_parameters(self, strategy: str) -> bool:
-        sharding = sharding_of(resolve_strategy(strategy))
-        return sharding is not None and bool(sharding.parameters)
-
     def gradients(self, strategy: str, gradients: list[Gradient]) -> list[Gradient]:
-        if self.grad_comm != "bf16" or not takes_comm_dtype(strategy):
+        dtype = GRAD_COMM[self.grad_comm].dtype
+        if dtype is None or not takes_comm_dtype(strategy):
             return gradients
-        return [dataclasses.replace(g, size_bytes=g.size_bytes // g.element_size * 2, element_size=2) for g in gradients]
+        return [dataclasses.replace(g, size_bytes=g.size_bytes // g.element_size * dtype.itemsize, element_size=dtype.itemsize)
+                for g in gradients]
 
     def gather_scale(self, strategy: str) -> float:
-        return 0.5 if self.precision == "bf16" and self._shards_parameters(strategy) else 1.0
+        """All-gathered bytes over the fp32 parameters' (1.0 where the strategy gathers fp32)."""
+        dtype = sharded_compute_dtype(self.precision, strategy)
+        return 1.0 if dtype is None else dtype.itemsize / FP32_BYTES
 
 
 RANK_VARIATION = 0.02
@@ -998,7 +1001,7 @@ class PlanAdvice:
     """The model's step at its best cap of ``CANDIDATE_BUCKET_SIZES_MB`` (with the measured cap)."""
     bf16_seconds: float | None
     """The model's step at the best cap with gradients all-reduced in bf16 (None where the step
-    already communicates in bf16)."""
+    already communicates in a reduced dtype, or its strategy takes no ``comm_dtype``)."""
 
     @property
     def gain_seconds(self) -> float:
@@ -1020,13 +1023,10 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
     link = link_of_step(step.collectives, step.world_size)
     gradients = gradients_of(config.model, config.seq_len)
     slowdown = default_overlap_slowdown(step.backend == "gloo" and step.device == "cpu")
-    bf16 = config.grad_comm == "bf16"
-
-    def in_bf16(grads: list[Gradient]) -> list[Gradient]:
-        return [dataclasses.replace(g, size_bytes=g.size_bytes // 2, element_size=2) for g in grads]
-
-    if bf16:
-        gradients = in_bf16(gradients)
+    gradients = Sent(config.precision, config.grad_comm).gradients(config.strategy, gradients)
+    in_bf16 = functools.partial(Sent(config.precision, "bf16").gradients, config.strategy)
+    # the advice's bf16 figure: for a strategy that can send bf16 and does not already send a reduced dtype
+    bf16_possible = takes_comm_dtype(config.strategy) and GRAD_COMM[config.grad_comm].dtype is None
 
     def modelled(cap: float, grads=gradients) -> float:
         return predict_step(config.strategy, cap, Compute.of(local_seconds, config.step_shape), grads, link,
@@ -1037,5 +1037,6 @@ def plan_advice(step, local_seconds: float) -> PlanAdvice:
     best = min(at_cap, key=lambda cap: (at_cap[cap], cap != measured_cap))
     return PlanAdvice(
         link=link, modelled_seconds=at_cap[measured_cap], error=at_cap[measured_cap] / step.step_seconds - 1.0,
-        best_bucket_size_mb=best, best_seconds=at_cap[best], bf16_seconds=None if bf16 else modelled(best, in_bf16(gradients)),
+        best_bucket_size_mb=best, best_seconds=at_cap[best],
+        bf16_seconds=modelled(best, in_bf16(gradients)) if bf16_possible else None,
     )

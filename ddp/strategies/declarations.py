@@ -122,7 +122,7 @@ class MemoryPlan(NamedTuple):
     """Bytes an element a strategy that takes ``comm_dtype`` communicates in; None: the gradients' own."""
     compute_itemsize: int | None = None
     """Bytes an element a strategy that takes ``compute_dtype`` gathers its parameters and computes
-    their gradients in (2 under bf16, ``ddp.bench.config.precision.sharded_compute_dtype``); None:
+    their gradients in (2 under bf16, ``ddp.bench.config.values.sharded_compute_dtype``); None:
     the gradients' own."""
     bucket_bytes: int | None = None
     """The cap of a strategy's buckets, in bytes (``bucket_size_mb``); None where it takes none."""

@@ -35,6 +35,7 @@ from typing import Any
 
 from ddp.bench.config.parsing import OptionError, choice, parse_list, positive_float, positive_int
 from ddp.bench.config.shape import ACTIVATION_CHECKPOINTING, StepShape
+from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, PRECISION
 from ddp.bench.config.workloads import check_workload, max_seq_len
 from ddp.strategies.registry import (
     DEFAULT_GRID_STRATEGIES,
@@ -133,9 +134,10 @@ def _context_length(config: StepConfig) -> str | None:
     return None
 
 
-PRECISIONS = ("fp32", "tf32", "bf16")  # what each means: ddp.bench.rounds.trainer
-OPTIMIZERS = ("foreach", "fused")
-GRAD_COMMS = ("fp32", "bf16")
+# What each value means is declared in ddp.bench.config.values; the axes take their choices from there.
+PRECISIONS = tuple(PRECISION)
+OPTIMIZERS = tuple(OPTIMIZER)
+GRAD_COMMS = tuple(GRAD_COMM)
 COMPILE = ("off", "on")
 
 
@@ -198,12 +200,12 @@ class StepConfig:
     """AdamW's implementation: ``foreach`` or ``fused``."""
     grad_comm: str = _axis(
         "fp32", role="member", flag="--grad-comm", plural="gradient dtypes", choices=GRAD_COMMS, applies=takes_comm_dtype,
-        help="the dtype gradients are all-reduced in by the strategies that take comm_dtype (bucketed, torch): fp32, "
-        "or bf16 accumulated back into fp32 gradients",
+        help="the dtype gradients are all-reduced in by the strategies that take comm_dtype (bucketed, torch), "
+        "accumulated back into fp32 gradients: " + ", ".join(GRAD_COMM),
         parse=choice("--grad-comm", GRAD_COMMS), cpu=("fp32",), gpu=("fp32",),
         text=lambda v: f"{v} comm", id=lambda v: f"{v}comm",
     )
-    """``bf16``: gradients all-reduced in bf16 (strategies that take ``comm_dtype``); ``fp32``: as they are."""
+    """What strategies that take ``comm_dtype`` all-reduce gradients in (``ddp.bench.config.values.GRAD_COMM``)."""
     compile: str = _axis(
         "off", role="option", flag="--compile", plural="compile settings", choices=COMPILE,
         help="on: the model under torch.compile, its forward and backward compiled before the strategy wraps it (the "

@@ -33,8 +33,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ddp.bench.config.precision import forward_autocast  # the step's own autocast, defined once
 from ddp.bench.config.shape import StepShape
+from ddp.bench.config.values import forward_autocast  # the step's own autocast, defined once
 from ddp.bench.config.workloads import build_workload, rank_batches
 
 CATEGORIES = ("activations", "temporaries", "gradients")

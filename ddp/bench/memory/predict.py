@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, sharded_compute_dtype
 from ddp.bench.config.workloads import meta_module
 from ddp.bench.memory.fake_step import FakeStep, run_fake_step
 from ddp.bench.results.records import MemoryPrediction
@@ -51,9 +51,6 @@ GIB = 2**30
 PROCESS_BYTES = {"cuda": int(1.5 * GIB), "cpu": 256 * 2**20}
 MOMENTS = ("forward", "backward", "synchronization", "optimizer", "gather")
 ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
-# Copies of the stepped parameters AdamW holds while it steps, by implementation (MemTracker on
-# mini, torch 2.13: foreach's _foreach_sqrt of exp_avg_sq is one copy; fused computes in place).
-ADAMW_TEMPORARIES = {"foreach": 1, "fused": 0}
 
 
 class NoPrediction(Exception):
@@ -174,7 +171,7 @@ def step_buffers(config: StepConfig, shape: ModelShape, world_size: int) -> Step
         unit_bytes=shape.unit_bytes,
         world_size=world_size,
         gradient_itemsize=shape.gradient_itemsize,
-        comm_itemsize=torch.bfloat16.itemsize if config.grad_comm == "bf16" else None,
+        comm_itemsize=getattr(GRAD_COMM[config.grad_comm].dtype, "itemsize", None),
         compute_itemsize=getattr(sharded_compute_dtype(config.precision, config.strategy), "itemsize", None),
         bucket_bytes=None if config.bucket_size_mb is None else round(config.bucket_size_mb * 2**20),
     )
@@ -238,7 +235,7 @@ def predict_moments(config: StepConfig, world_size: int) -> dict[str, MemoryPred
     )
     optimizer = MemoryPrediction(
         **common, gradients_bytes=gradients_whole, activations_bytes=0,
-        temporaries_bytes=share(ADAMW_TEMPORARIES[config.optimizer] * shape.trainable_bytes, sharding.optimizer_state),
+        temporaries_bytes=share(OPTIMIZER[config.optimizer].temporaries * shape.trainable_bytes, sharding.optimizer_state),
         communication_bytes=buffers.kept_bytes, moment="optimizer",
     )
     gather = MemoryPrediction(

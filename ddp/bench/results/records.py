@@ -329,7 +329,7 @@ class StepRecord:
     not counted (``ddp run``, saved before it was recorded)."""
     compute_dtype: str | None = None
     """The dtype a sharded strategy gathered its parameters and computed in, FSDP's compute dtype
-    (``bfloat16`` under ``--precision bf16``: ``ddp.bench.config.precision.sharded_compute_dtype``);
+    (``bfloat16`` under ``--precision bf16``: ``ddp.bench.config.values.sharded_compute_dtype``);
     None where the parameters computed in their own dtype (every other strategy and precision, and
     every record saved before schema 9)."""
     unpaired_reason: str | None = None

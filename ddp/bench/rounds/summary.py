@@ -13,8 +13,8 @@ import numpy as np
 from ddp.bench.collectives.reading import comm_source
 from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE, usual_tail
 from ddp.bench.collectives.timeline import medians as timeline_medians
-from ddp.bench.config.precision import sharded_compute_dtype
 from ddp.bench.config.shape import step_span
+from ddp.bench.config.values import sharded_compute_dtype
 from ddp.bench.memory.predict import predict_or_none
 from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
 from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, RaceRecord, StateRecord, StepRecord

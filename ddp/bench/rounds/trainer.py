@@ -4,7 +4,7 @@
 alike, in the shape ``ddp.bench.config.shape`` declares: forward, loss and ``loss.backward()`` of
 each micro-batch (all but the last under ``no_sync()``), ``finish_gradient_synchronization()``,
 ``AdamW.step()`` and ``zero_grad(set_to_none=True)``, with the numerics of ``StepConfig.precision``
-set around it (``ddp.bench.config.precision``) and the previous ones restored outside its clock.
+set around it (``ddp.bench.config.values``) and the previous ones restored outside its clock.
 Every rank trains its own shard of a seeded global batch, the same micro-batches every step
 (``ddp.bench.config.workloads.rank_batches``). On CUDA the clock starts after a
 ``torch.cuda.synchronize()`` and stops after another, so it covers the GPU's work.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ddp.bench.config.precision import forward_autocast, numerics, sharded_compute_dtype
 from ddp.bench.config.shape import ACCUMULATE, NO_OBSERVER, StepObserver, cannot_run, repeated_blocks
 from ddp.bench.config.step_config import StepConfig
+from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, forward_autocast, numerics, sharded_compute_dtype
 from ddp.bench.config.workloads import Workload, build_workload, rank_batches
 from ddp.bench.memory.state import StateMemory, measure_memory
 from ddp.launcher import RankInfo
@@ -169,10 +169,21 @@ def drop_parameter_hooks(module: nn.Module) -> None:
                 hooks.clear()
 
 
-def adamw_implementation(optimizer: str) -> dict[str, bool]:
-    """AdamW's keyword for ``StepConfig.optimizer``: ``fused`` or ``foreach``, asked for explicitly
-    (torch's default is foreach on CUDA but its per-tensor loop on CPU)."""
-    return {"fused": True} if optimizer == "fused" else {"foreach": True}
+def strategy_options(config: StepConfig) -> dict:
+    """The keywords ``config``'s strategy is built with: its bucket cap, the dtype it communicates
+    gradients in and the one it computes in, where it takes them (``StepConfig`` leaves the others
+    at their defaults)."""
+    options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
+    options.update(GRAD_COMM[config.grad_comm].strategy_options())
+    if (compute_dtype := sharded_compute_dtype(config.precision, config.strategy)) is not None:
+        options["compute_dtype"] = compute_dtype  # FSDP's mixed precision: bf16 gathered, fp32 masters
+    return options
+
+
+def gradient_bytes_sent(config: StepConfig, params: list[torch.Tensor]) -> int:
+    """Bytes of gradient a rank all-reduces per step, in the dtype they are sent."""
+    comm = GRAD_COMM[config.grad_comm]
+    return sum(p.numel() * comm.itemsize(p.element_size()) for p in params)
 
 
 class Trainer:
@@ -205,17 +216,10 @@ class Trainer:
         params = trainable_parameters(module)
         self.num_parameters = sum(p.numel() for p in params)
         self.num_parameter_tensors = len(params)
-        # Bytes of gradient this rank all-reduces per step, in the dtype they are sent.
-        comm_bytes = {"bf16": torch.bfloat16.itemsize}.get(config.grad_comm)  # None: each gradient's own size
-        self.gradient_bytes = sum(p.numel() * (comm_bytes or p.element_size()) for p in params)
+        self.gradient_bytes = gradient_bytes_sent(config, params)
         del params
-        options = {"bucket_size_mb": config.bucket_size_mb} if config.bucket_size_mb is not None else {}
-        if config.grad_comm == "bf16":
-            options["comm_dtype"] = torch.bfloat16
-        if (compute_dtype := sharded_compute_dtype(config.precision, config.strategy)) is not None:
-            options["compute_dtype"] = compute_dtype  # FSDP's mixed precision: bf16 gathered, fp32 masters
         self.optimizer = self.batches = None
-        self.model = make_ddp(config.strategy, module, **options)
+        self.model = make_ddp(config.strategy, module, **strategy_options(config))
         try:
             if getattr(self.model, "module", None) is not module:
                 raise TypeError(
@@ -225,7 +229,7 @@ class Trainer:
             if before_first_step is not None:
                 before_first_step(self.model)
             self.optimizer = make_optimizer(self.model, torch.optim.AdamW, lr=LEARNING_RATE,
-                                            **adamw_implementation(config.optimizer))
+                                            **OPTIMIZER[config.optimizer].options)
             self.batches = rank_batches(workload, config.seed, info.rank, info.world_size, info.device,
                                         self.shape.micro_batches)
         except BaseException:
