@@ -20,7 +20,7 @@ largest difference alone cannot tell a strategy that never communicates from a c
 mean can (``tests/test_precision_harness.py`` checks that the tolerance fails such a strategy).
 
 **Reduced-precision communication, exactly** (every ``--grad-comm`` of ``GRAD_COMM`` that sends
-another dtype, e.g. bf16): on a model with a parameter used on one rank only and one used on
+another dtype: bf16, fp16): on a model with a parameter used on one rank only and one used on
 none, with and without ``no_sync()``, each gradient ``bucketed`` and ``torch`` leave must be the
 sum in that dtype of the ranks' own gradients, bit for bit (``test_reduced_communication_sums_what_each_rank_sent``).
 
@@ -70,7 +70,7 @@ communicates reaches 6e-4 = 2 * 3 * lr on some weights.)"""
 REDUCED_COMM_MEAN_SHARE = 0.01
 """Reduced-precision communication against fp32: the parameters' summed absolute difference must
 stay below this share of every weight drifting ``ADAMW_REACH`` apart. bf16 rounds each gradient by
-at most 2**-9 of itself, which turns round only the updates of gradients near zero; a share of 1% of
+at most 2**-9 of itself (fp16 by 2**-11, within its range), which turns round only the updates of gradients near zero; a share of 1% of
 the worst case leaves room for those and none for a wrong sum (measured on the tiny LM: 0.017% with fp32 steps, 0.007% with bf16)."""
 
 

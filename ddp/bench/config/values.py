@@ -51,8 +51,9 @@ PRECISION = {
 class GradComm:
     """What the strategies that take ``comm_dtype`` (``bucketed``, ``torch``) all-reduce the
     gradients in, accumulated back into the gradients' own dtype: ``bucketed`` casts each bucket
-    into a buffer of it, ``torch`` registers PyTorch's compress hook of it (``bf16_compress_hook``).
-    On NCCL the all-reduce runs in that dtype; gloo reduces bf16 on CPU too (torch 2.13)."""
+    into a buffer of it, ``torch`` registers PyTorch's compress hook of it (``bf16_compress_hook``,
+    ``fp16_compress_hook``). On NCCL the all-reduce runs in that dtype; gloo reduces bf16 and fp16
+    on CPU too (torch 2.13)."""
 
     dtype: torch.dtype | None
     """None: each gradient in its own dtype."""
@@ -73,6 +74,7 @@ class GradComm:
 GRAD_COMM = {
     "fp32": GradComm(None),
     "bf16": GradComm(torch.bfloat16),
+    "fp16": GradComm(torch.float16),  # 3 more mantissa bits than bf16, not its range: below 6e-8 flushed
 }
 
 
