@@ -397,3 +397,17 @@ def test_a_recorded_nccl_trace_at_world_size_one_names_the_collectives_that_laun
     assert ddp_main(["trace", str(RECORDED)]) == 0
     out = capsys.readouterr().out
     assert f"{len(ranges)} NCCL collectives launched no GPU kernel (all_reduce" in out and "ran no NCCL collective" not in out
+
+
+def test_the_tail_ignores_exposed_time_below_the_resolution():
+    """Float noise of the interval arithmetic (1e-16 s "exposed") makes no collective the tail:
+    the one that held real exposed time does, though it ended first."""
+    from ddp.bench.collectives.timeline import EXPOSED_RESOLUTION_SECONDS, Comm, collective_rows
+
+    compute = [(0.0, 1.0)]
+    held = Comm(0.5, 1.00015, "AllReduce 7", "all_reduce", None, "backward", None)  # 0.15 ms after the compute
+    noise = Comm(0.9, 1.0 + 1.1e-16, "AllReduce 9", "all_reduce", None, "backward", None)
+    rows, _, tail = collective_rows([held, noise], compute, 0.0, optimizer_start=1.001)
+    exposed = {row["name"]: row["exposed_seconds"] for row in rows}
+    assert exposed["AllReduce 9"] < EXPOSED_RESOLUTION_SECONDS < exposed["AllReduce 7"]
+    assert tail == "AllReduce 7"

@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 import statistics
 from bisect import bisect_left, bisect_right
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -67,9 +67,12 @@ HOST_BOUND_SHARE = 0.30
 BOUND_BY_RULE = (f"host when the GPU waits on the host at least {HOST_BOUND_SHARE:.0%} of the window "
                  "(host_wait_seconds >= 0.3 x window_seconds); else whichever of the step's compute, its "
                  "communication alone and copies alone holds the most of the window")
-TAIL_RULE = ("among the collectives holding exposed time that started before the optimizer's first compute kernel "
-             "(or the window's end where no optimizer range is found), the one that ended last, an end after that "
-             "kernel's start counted at it")
+EXPOSED_RESOLUTION_SECONDS = 1e-6
+"""Exposed time below this is none: the interval arithmetic's float noise (a collective "exposed"
+1.1e-16 s, v100_ws2_rank1_alltoall's steps 1013 and 1014), far below a trace's 1 us timestamps."""
+TAIL_RULE = ("among the collectives holding at least 1 us of exposed time that started before the optimizer's first "
+             "compute kernel (or the window's end where no optimizer range is found), the one that ended last, an end "
+             "after that kernel's start counted at it")
 
 # Where a step's communication intervals come from.
 COMM_FROM_NCCL_KERNELS = "nccl_kernels"
@@ -264,7 +267,8 @@ def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: floa
         sums["overlapped_seconds"] += row["overlapped_seconds"]
     # A collective the optimizer's first kernel waited for ends before it on a GPU; on the CPU its
     # completion is stamped by another thread, possibly just after the optimizer began: counted at it.
-    waited = [(c, row) for c, row in zip(comms, rows) if row["exposed_seconds"] > 0 and c.start < optimizer_start]
+    waited = [(c, row) for c, row in zip(comms, rows)
+              if row["exposed_seconds"] >= EXPOSED_RESOLUTION_SECONDS and c.start < optimizer_start]
     tail = max(waited, key=lambda pair: (min(pair[0].end, optimizer_start), pair[0].end))[1]["name"] if waited else None
     return rows, phases, tail
 
@@ -409,6 +413,31 @@ def _is_collective_range(prefix: str):
     return lambda name: name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
 
 
+def _op_key(name: str) -> str:
+    """A collective's name without its namespace, underscores and variants, the same for its
+    launch and its gloo range: ``c10d::_allgather_base_`` and ``gloo:all_gather`` -> ``allgather``."""
+    op = name.split(":")[-1]
+    return re.sub(r"_|base|tensor|coalesced", "", op)
+
+
+def gloo_launches(cpu: list[dict], gloo: list[tuple], to_seconds) -> list[tuple | None]:
+    """``(thread, seconds)`` of the launch of each of ``gloo``'s ranges (by start), None where the
+    trace holds none: gloo runs a collective on a worker thread of its own, where no forward,
+    backward or optimizer range is, so its phase is the one its launch (the caller's ``c10d::``
+    op) lies in. Gloo's workers take the work in the order it was enqueued, so each range is the
+    earliest launch of the same collective not yet taken that started before it. (NCCL launches
+    kernels from the caller's thread: its phases need none of this.)"""
+    pending: dict[str, list] = defaultdict(list)  # by collective, in launch order, reversed to pop the earliest
+    for e in sorted((e for e in cpu if e.get("name", "").startswith("c10d::") and e.get("cat") == "cpu_op"),
+                    key=lambda e: e["ts"], reverse=True):
+        pending[_op_key(e["name"])].append(((e.get("pid"), e.get("tid")), to_seconds(e["ts"])))
+    found = []
+    for start, _, name, _ in gloo:
+        waiting = pending.get(_op_key(name))
+        found.append(waiting.pop() if waiting and waiting[-1][1] <= start else None)
+    return found
+
+
 def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[dict]:
     """The partition of each step window of one trace (module docstring), times in seconds from
     the window's start. ``to_seconds`` maps the trace's µs onto the windows' clock (seconds)."""
@@ -432,6 +461,7 @@ def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> lis
     # gloo over CUDA tensors launches no NCCL kernel: its CPU ranges are the communication.
     gloo = [] if comm_all else _cpu_spans(cpu, to_seconds, _is_collective_range("gloo:"))
     comm_all += [(start, end) for start, end, _, _ in gloo]
+    launched_at = dict(zip(gloo, gloo_launches(cpu, gloo, to_seconds)))
     host_waits = idle_gaps([(e.start_seconds, e.end_seconds, e.launch_seconds) for e in gpu])
     steps = []
     for window, mine in zip(windows, owned):
@@ -448,7 +478,8 @@ def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> lis
         comm_source = COMM_FROM_NCCL_KERNELS if comms else COMM_NONE
         for place, (start, end, name, thread) in enumerate(g for g in gloo if span[0] <= g[0] <= span[1]):
             comm_source, op = COMM_FROM_GLOO_RANGES, _op_of_range(name)
-            comms.append(Comm(start, end, f"{op} {place}", collective_of_op(op or ""), op, *phase_of(thread, start)))
+            at = launched_at[(start, end, name, thread)] or (thread, start)  # no launch in the trace: its own thread
+            comms.append(Comm(start, end, f"{op} {place}", collective_of_op(op or ""), op, *phase_of(*at)))
         own = [(e.start_seconds, e.end_seconds) for e in mine] + [(c.start, c.end) for c in comms]
         w = (min(s for s, _ in own), max(e for _, e in own)) if own else (window.start, window.start)
         own_compute = [(e.start_seconds, e.end_seconds) for e in mine if e.kind == "compute"]
