@@ -192,3 +192,20 @@ def test_without_a_gpu_it_says_to_rehearse_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ})
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "--rehearse" in done.stderr and not (tmp_path / "new").exists()
+
+
+def test_the_layout_samples_the_ranks_by_the_pids_nvidia_smi_gives(monkeypatch):
+    """In a container ``nvidia-smi`` lists the GPU's processes by their host pids, none of them
+    ours: then every process it lists is the stage's (the GPU is lent to the check alone), not
+    none, which let the stage pass having sampled nothing."""
+    host = {4_000_001: 900 * 2**20, 4_000_002: 800 * 2**20}  # pids no process here has
+    assert gpu_stages.ranks_of(host, gpu=True) == (host, True)
+    assert gpu_stages.ranks_of(host, gpu=False) == ({}, False)  # /proc's pids are always ours
+    assert gpu_stages.ranks_of({}, gpu=True) == ({}, False)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a rank of this process group
+    try:
+        monkeypatch.setattr(gpu_stages, "_is_rank", lambda pid: pid == child.pid)
+        assert gpu_stages.ranks_of({child.pid: 5, **host}, gpu=True) == ({child.pid: 5}, False)
+    finally:
+        child.kill()
+        child.wait()

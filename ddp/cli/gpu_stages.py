@@ -221,6 +221,8 @@ class ProcessMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.error: str | None = None
+        self.host_pids = False
+        """True where ``nvidia-smi`` gave the host's process ids (``ranks_of``)."""
 
     def __enter__(self) -> ProcessMemory:
         self._thread.start()
@@ -237,11 +239,10 @@ class ProcessMemory:
             except (OSError, ValueError, subprocess.SubprocessError) as error:
                 self.error = f"{type(error).__name__}: {error}"
                 return
-            group = os.getpgrp()
-            for pid, used in sample.items():
-                if pid != os.getpid() and _process_group(pid) == group and _is_rank(pid):
-                    self.largest[pid] = max(used, self.largest.get(pid, 0))
-                    self.smallest[pid] = min(used, self.smallest.get(pid, used))
+            mine, self.host_pids = ranks_of(sample, self.gpu)
+            for pid, used in mine.items():
+                self.largest[pid] = max(used, self.largest.get(pid, 0))
+                self.smallest[pid] = min(used, self.smallest.get(pid, used))
 
     @staticmethod
     def _gpu_sample() -> dict[int, int]:
@@ -260,6 +261,20 @@ class ProcessMemory:
             if "VmRSS" in fields:
                 sample[int(status.parent.name)] = int(fields["VmRSS"].split()[0]) * 1024
         return sample
+
+
+def ranks_of(sample: dict[int, int], gpu: bool) -> tuple[dict[int, int], bool]:
+    """The rank processes of this stage among a ``sample`` (pid -> bytes), and whether its pids are
+    the host's: each of this process group whose name is a rank's. ``nvidia-smi`` in a container
+    reports the processes on the GPU by their ids outside the container's pid namespace, which
+    match none here: then, where none matches, every process it lists is taken as this stage's
+    (the lent GPU runs the check alone; the stage's own context, if any, is one of them)."""
+    group = os.getpgrp()
+    mine = {pid: used for pid, used in sample.items()
+            if pid != os.getpid() and _process_group(pid) == group and _is_rank(pid)}
+    if gpu and sample and not mine and not any(_process_group(pid) == group for pid in sample):
+        return dict(sample), True
+    return mine, False
 
 
 def _is_rank(pid: int) -> bool:
@@ -311,11 +326,12 @@ def layout(target: Target, out: Path, suite: Path) -> str:
     figure = (f"{len(steps)} steps of {model} on 2 gloo ranks x 2 groups + tracer, {restored} builds from kept copies, "
               f"bound by {dict(Counter(row.bound_by for row in steps))}")
     target.check(restored > 0, f"{figure}: no configuration was built from a kept copy")
-    if sampler.error or not sampler.largest:
-        return f"{figure}; process memory not sampled ({sampler.error or 'no sample'})"
+    # Not sampled is not passed: the stage exists to see what each process holds.
+    target.check(not sampler.error and sampler.largest,
+                 f"{figure}; process memory not sampled ({sampler.error or 'no process of this stage in any sample'})")
     ranks = list(sampler.largest)
     idle = min(sampler.smallest[pid] for pid in ranks)
-    figure += (f"; {len(ranks)} processes sampled, largest {size_text(max(sampler.largest.values()))}, "
+    figure += (f"; {len(ranks)} processes sampled{' (by the host pids nvidia-smi gives)' if sampler.host_pids else ''}, largest {size_text(max(sampler.largest.values()))}, "
                f"together at most {size_text(sum(sampler.largest.values()))}; the least a process held {size_text(idle)}, "
                f"counted per process {size_text(PROCESS_BYTES['cpu' if target.rehearse else 'cuda'])}")
     # 2 timing groups of 2 ranks and, on CUDA, the tracer's 2 (on the CPU a step is traced where it was timed)
