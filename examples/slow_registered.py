@@ -17,7 +17,8 @@ import os
 
 from ddp.launcher import preload_in_ranks
 from ddp.strategies import registry
-from examples.slowed import Slowed
+from ddp.strategies.declarations import declarations, declare
+from examples.slowed import SETTLE_STEPS, Slowed
 
 
 def slow_registered(name: str) -> None:
@@ -28,6 +29,7 @@ def slow_registered(name: str) -> None:
     if not issubclass(original, Slowed):
         slowed = type(f"Slowed{original.__name__}", (Slowed, original), {"__module__": __name__})
         slowed.__signature__ = inspect.signature(original)  # its options (the bucket cap) as the grid reads them
+        declare(slowed, **declarations(original, steps_to_settle=SETTLE_STEPS))  # the strategy, warmed up to calibrate
         registry.STRATEGIES[name] = slowed
 
 

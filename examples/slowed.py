@@ -5,7 +5,9 @@ docs/regression-gate.md), usable with any grid::
     DDP_BENCH_SLOWDOWN=0.15 DDP_BENCH_SLOWDOWN_AT=backward \\
         pytest perf_tests/test_step.py --strategies local,examples.slowed:SlowedBucketed --warmup-rounds 23 ...
 
-``SlowedBucketed`` is ``bucketed`` (and ``Slowed`` makes any strategy class slow the same way).
+``SlowedBucketed`` is ``bucketed`` (and ``Slowed`` makes any strategy class slow the same way:
+mix it in and declare the class as its parent, with the steps its calibration needs, as
+``SlowedBucketed`` is declared below).
 ``DDP_BENCH_SLOWDOWN`` is a fraction f of the configuration's *median step*; unset or 0, nothing
 is slowed and no hook is hung. The wait keeps the core busy, as slower code does: a sleep let the
 core idle, and on a 2-core machine the steps after it ran slower too, ``local`` twins included
@@ -28,9 +30,9 @@ the slowdown from the paired ratio. ``DDP_BENCH_SLOWDOWN_AT`` says where the wai
 **The median step** is each configuration's own, measured in process before any wait: from the
 start of its model's forward (the outermost module call) to the end of its optimizer's step, over
 ``CALIBRATION_STEPS`` steps after ``SKIPPED_STEPS`` (the first steps allocate). The strategy says
-so in ``steps_to_settle``, so the harness's warm-up covers its calibration; in ``machine`` mode the
+so in its declared ``steps_to_settle`` (``SETTLE_STEPS``), so the harness's warm-up covers its calibration; in ``machine`` mode the
 ``local`` twins calibrate during their own warm-up, so give ``--warmup-rounds`` of at least
-``steps_to_settle`` (23).
+``SETTLE_STEPS`` (23).
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ddp.strategies.bucketed import BucketedDDP
+from ddp.strategies.declarations import declarations, declare
 
 PLACES = ("sync", "forward", "backward", "optimizer", "machine")
 SKIPPED_STEPS = 2
 CALIBRATION_STEPS = 20  # a median of 8 steps was off by up to 6% on this 2-core machine (docs/regression-gate.md)
+SETTLE_STEPS = SKIPPED_STEPS + CALIBRATION_STEPS + 1  # untimed steps the harness gives a slowed strategy
 
 
 def slowdown_from_environment() -> tuple[float, str]:
@@ -155,8 +159,6 @@ class _WaitInBackward(torch.autograd.Function):
 class Slowed:
     """Mix in before a strategy class: ``class SlowedFlat(Slowed, FlatDDP)``. See the module docstring."""
 
-    steps_to_settle = SKIPPED_STEPS + CALIBRATION_STEPS + 1
-
     def __init__(self, module: nn.Module, **options) -> None:
         super().__init__(module, **options)
         self.slowdown_fraction, self.slowdown_place = slowdown_from_environment()
@@ -206,3 +208,6 @@ class Slowed:
 
 class SlowedBucketed(Slowed, BucketedDDP):
     """``bucketed``, slowed as ``DDP_BENCH_SLOWDOWN`` and ``DDP_BENCH_SLOWDOWN_AT`` say."""
+
+
+declare(SlowedBucketed, **declarations(BucketedDDP, steps_to_settle=SETTLE_STEPS))

@@ -17,6 +17,7 @@ from ddp.bench.rounds.loop import Measurement, NotRun, measure
 from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.trainer import CannotRun
 from ddp.model import build_model
+from ddp.strategies.declarations import declarations, declare
 from ddp.strategies.local import LocalTraining
 from ddp.strategies.overlap import OverlapDDP
 
@@ -26,6 +27,9 @@ class OutOfMemoryDDP(LocalTraining):
 
     def forward(self, *args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+declare(OutOfMemoryDDP, **declarations(LocalTraining))
 
 
 class CannotRunHereDDP(LocalTraining):
@@ -85,6 +89,9 @@ class OutOfMemoryOnRankOneInBackward(OverlapDDP):
         self._gradients_seen += 1
         if dist.get_rank() == 1 and self._steps > self.steps_before_failing and self._gradients_seen % 3 == 0:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory on one rank only. Tried to allocate 1.00 GiB")
+
+
+declare(OutOfMemoryOnRankOneInBackward, **declarations(OverlapDDP))
 
 
 @pytest.mark.ranks(2, why="one runs out of memory while another waits for it")

@@ -49,6 +49,7 @@ from ddp.bench.rounds.rank_state import release
 from ddp.bench.rounds.summary import collective_trace
 from ddp.bench.rounds.traced import trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
+from ddp.strategies.declarations import declarations, declare
 
 pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow
 
@@ -154,11 +155,13 @@ def _delayed_allreduce(model, bucket):
 class SlowNetworkTorchDDP(TorchDDP):
     """PyTorch's DDP on the slow network: its reducer waits for its buckets inside backward."""
 
-    records_collectives = True  # its hook launches every bucket through ddp.strategies.tracing
-
     def __init__(self, module, *, bucket_size_mb: float = 25.0, **options) -> None:
         super().__init__(module, bucket_size_mb=bucket_size_mb, **options)
         self.ddp.register_comm_hook(self, _delayed_allreduce)
+
+
+# PyTorch's DDP, except that its hook launches every bucket through ddp.strategies.tracing
+declare(SlowNetworkTorchDDP, **declarations(TorchDDP, records_collectives=True))
 
 
 def _on_the_slow_network(name: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.rank_state import prepare, release
-from ddp.strategies.declarations import Sharding
+from ddp.strategies.declarations import Sharding, sharding_of
 from ddp.strategies.registry import STRATEGIES, resolve_strategy, takes_bucket_size
 
 KINDS = ("parameters", "gradients", "optimizer_state")
@@ -31,7 +31,7 @@ def memory_by_strategy(rank_group):
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_memory_per_rank_matches_the_formula(rank_group, memory_by_strategy, strategy):
     setups = memory_by_strategy[strategy]
-    sharding: Sharding = resolve_strategy(strategy).sharding
+    sharding: Sharding = sharding_of(resolve_strategy(strategy))
     world_size = len(setups)
     per_parameter = sharding.bytes_per_parameter(world_size)
     parameters = setups[0].num_parameters

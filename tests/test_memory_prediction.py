@@ -67,6 +67,12 @@ def tracked(rank, config: StepConfig) -> dict[str, int]:
         trainer.close()
 
 
+UNTRACKED = {
+    "torch_powersgd": "MemTracker sees the thread it runs on only: PowerSGD's error feedback is allocated anew each step in a "
+    "callback on gloo's worker thread (tests/test_powersgd_memory.py counts its state instead)",
+}
+
+
 def config_of(strategy: str, model: str, precision: str, optimizer: str = "foreach", shape: dict | None = None) -> StepConfig:
     bucket = 1.0 if takes_bucket_size(strategy) else None  # several buckets on mini
     return StepConfig(strategy, model, 2, 32, bucket, precision=precision, optimizer=optimizer, **(shape or {}))
@@ -132,6 +138,8 @@ def test_prediction_within_10_percent_of_memtracker(rank_group, strategy, model,
     if rank_group.device != "cpu":
         pytest.skip("MemTracker is compared on CPU tensors here; on a GPU each step row sets the prediction beside "
                     "max_memory_allocated (its predicted_memory and peak_memory_bytes)")
+    if strategy in UNTRACKED:
+        pytest.skip(UNTRACKED[strategy])
     config = config_of(strategy, model, precision, optimizer, shape)
     if reason := cannot_run(config):
         pytest.skip(reason)

@@ -19,6 +19,7 @@ from ddp.bench.rounds.grid_measurer import GridMeasurer
 from ddp.bench.rounds.loop import NotRun
 from ddp.bench.rounds.rank_state import RankLost, release
 from ddp.launcher import Rank, RankKilled, on_rank, signal_cause
+from ddp.strategies.declarations import declarations, declare
 from ddp.strategies.local import LocalTraining
 from tests.on_ranks import sum_of_ranks
 
@@ -43,6 +44,9 @@ class KilledOnRankOne(LocalTraining):
     def finish_gradient_synchronization(self) -> None:
         if dist.get_rank(self.process_group) == 1:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+declare(KilledOnRankOne, **declarations(LocalTraining))
 
 
 def assert_gone(pids: list[int]) -> None:

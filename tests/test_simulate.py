@@ -476,3 +476,17 @@ def test_a_one_gpu_run_gives_each_strategy_its_fixed_step_as_the_published_one_g
     torch_rows = {p.world_size: p for p in load_records(predictions, PredictionRecord) if p.strategy == "torch"}
     assert torch_rows[1].step_seconds == pytest.approx(0.100)
     assert torch_rows[8].fixed_step_seconds == pytest.approx(0.003) and torch_rows[8].step_seconds > 0.100
+
+
+def test_powersgd_sends_its_compressed_bytes():
+    """``torch_powersgd``'s schedule: per bucket the tensors it leaves whole, then n r and m r
+    elements a compressed matrix (its Ps and Qs); a matrix too small to shrink 2x goes whole."""
+    from ddp.strategies.torch_powersgd import compressed_buckets, compresses
+
+    gradients = [Gradient("bias", 64 * 4, 0.0, shape=(64,)), Gradient("weight", 64 * 32 * 4, 1.0, shape=(64, 32)),
+                 Gradient("small", 3 * 3 * 4, 1.0, shape=(3, 3))]
+    assert [compresses(g.shape, 1) for g in gradients] == [False, True, False]
+    (whole, ps, qs) = compressed_buckets(gradients, [0.1, 0.2, 0.3], 0.5, 25.0)
+    assert (whole.size_bytes, ps.size_bytes, qs.size_bytes) == ((64 + 9) * 4, 64 * 4, 32 * 4)
+    assert whole.ready_seconds == ps.ready_seconds == qs.ready_seconds == 0.3
+    assert [t.size_bytes for t in compressed_buckets(gradients, [0.1, 0.2, 0.3], 0.5, 25.0, rank=4)][1:] == [64 * 4 * 4, 32 * 4 * 4]

@@ -56,9 +56,9 @@ def slowed_steps(place: str, steps: int) -> dict:
 
 @pytest.mark.parametrize("place", ["sync", "forward", "backward", "optimizer"])
 def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(rank_group, place):
-    from examples.slowed import SlowedBucketed
+    from examples.slowed import SETTLE_STEPS
 
-    settle = SlowedBucketed.steps_to_settle
+    settle = SETTLE_STEPS
     result = rank_group.run(slowed_steps, place, settle + 4)[0]
     median = result["medians"]["slowed"]
     assert median is not None and median > 0
@@ -72,9 +72,9 @@ def test_a_slowed_strategy_waits_a_share_of_its_median_step_in_the_named_place(r
 
 
 def test_a_slower_machine_slows_every_configuration_by_its_own_median(rank_group):
-    from examples.slowed import SlowedBucketed
+    from examples.slowed import SETTLE_STEPS
 
-    settle = SlowedBucketed.steps_to_settle
+    settle = SETTLE_STEPS
     result = rank_group.run(slowed_steps, "machine", settle + 3)[0]
     for name in ("slowed", "twin"):
         waits = [w for w in result["waits"] if w[1] == name]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ddp.strategies.declarations import declarations, declare
 from ddp.strategies.fsdp import FullyShardedDP, Unit
 from ddp.strategies.sharded_optimizer import ShardedOptimizer
 
@@ -55,3 +56,6 @@ class SumsShardedGradients(FullyShardedDP):
         piece = torch.empty_like(unit.shard)
         work = dist.reduce_scatter_tensor(piece, gradient, group=self.process_group, async_op=True)
         unit.pending.append((work, piece))
+
+
+declare(SumsShardedGradients, **declarations(FullyShardedDP))

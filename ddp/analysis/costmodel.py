@@ -283,6 +283,8 @@ class Gradient:
     ready_fraction: float | None = None
     """Share of backward done when it is ready, where a count of the model's FLOPs says
     (``gradients_by_flops``); None: from ``backward_flops_per_token`` in list order."""
+    shape: tuple[int, ...] = ()
+    """The parameter's shape (a compressing strategy's schedule reads it); empty where unknown."""
 
 
 def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]:
@@ -300,7 +302,8 @@ def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]
             # QK^T and AV backward: 2/3 of 12 d_model seq_len per token (model_flops_per_token).
             flops += 8.0 * config.d_model * seq_len
             charged_attention.add(block)
-        gradients.append(Gradient(name, param.numel() * param.element_size(), flops, param.element_size()))
+        gradients.append(Gradient(name, param.numel() * param.element_size(), flops, param.element_size(),
+                                  shape=tuple(param.shape)))
     return gradients
 
 
@@ -316,7 +319,8 @@ def gradients_of_module(module, seq_len: int) -> list[Gradient]:
     the LM's rule without attention's own products, which a model of unknown shape cannot state."""
     named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
     return [
-        Gradient(name, p.numel() * p.element_size(), 4.0 * p.numel() if p.dim() >= 2 else 0.0, p.element_size())
+        Gradient(name, p.numel() * p.element_size(), 4.0 * p.numel() if p.dim() >= 2 else 0.0, p.element_size(),
+                 shape=tuple(p.shape))
         for name, p in reversed(named)
     ]
 
@@ -353,7 +357,7 @@ def gradients_by_flops(module: nn.Module, inputs) -> list[Gradient]:
     previous = {f: (by_readiness[i - 1] if i else 0.0) for i, f in reversed(list(enumerate(by_readiness)))}
     return [
         Gradient(name, p.numel() * p.element_size(), (fractions[name] - previous[fractions[name]]) * total,
-                 p.element_size(), fractions[name])
+                 p.element_size(), fractions[name], tuple(p.shape))
         for name, p in reversed(named)
     ]
 

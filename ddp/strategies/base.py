@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ddp.strategies.declarations import REPLICATED, declare
+from ddp.strategies.declarations import REPLICATED, declare_interface
 from ddp.strategies.tracing import USED_MASK_LABEL, CollectiveRecorder, launch_all_reduce
 
 
@@ -153,8 +153,8 @@ class Strategy(nn.Module, abc.ABC):
         return None
 
 
-# What every strategy written here is unless it declares otherwise: replicated, settled after one step.
-declare(Strategy, sharding=REPLICATED, steps_to_settle=1)
+# What a subclass of the interface is unless it declares otherwise: replicated, settled after one step.
+declare_interface(Strategy, sharding=REPLICATED, steps_to_settle=1)
 
 
 def make_optimizer(model: nn.Module, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
@@ -249,4 +249,4 @@ class DataParallel(Strategy):
         return [bool(flag) for flag in self._used_mask.tolist()]
 
 
-declare(DataParallel, accumulates_locally=True)  # a backward inside no_sync() communicates nothing
+declare_interface(DataParallel, accumulates_locally=True)  # its no_sync(): a backward inside communicates nothing

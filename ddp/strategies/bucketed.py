@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp.strategies.base import DataParallel, check_bucket_size_mb, check_comm_dtype
-from ddp.strategies.declarations import MemoryPlan, StepBuffers, Transfer, declare
+from ddp.strategies.declarations import REPLICATED, MemoryPlan, StepBuffers, Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 BYTES_PER_MB = 2**20  # bucket_size_mb counts MiB, as PyTorch's bucket_cap_mb does
@@ -414,6 +414,9 @@ def gradients_in_buckets(plan: MemoryPlan) -> StepBuffers:
 # What the harness, the memory prediction and the cost model read of it (ddp.strategies.declarations).
 declare(
     BucketedDDP,
+    sharding=REPLICATED,
+    communicates=True,
+    accumulates_locally=True,  # DataParallel.no_sync(): a backward inside it launches nothing
     records_collectives=True,  # every gradient collective through launch_all_reduce
     steps_to_settle=3,  # re-plans its buckets in the order of its first backward (_rebuild_buckets_in_ready_order)
     communication_schedule=buckets_as_they_fill,

@@ -6,9 +6,18 @@ A strategy's file holds its class, the code a student reads, and below it one ``
 communicates and can accumulate without communicating, its collectives for the cost model
 (``communication_schedule``, of ``Transfer``s), its buffers for the memory prediction
 (``step_buffers``, ``StepBuffers`` sized by a ``MemoryPlan``), its sharding units, how the report
-draws and explains it. ``traits_of`` reads them for any class; a user's class may instead set the
-same names as class attributes (or classmethods), and gets ``Traits``' defaults for what it does
-not say. None of the readers names a strategy: a new strategy is one file.
+draws and explains it. ``traits_of`` reads them for any class.
+
+Declarations belong to the exact class that makes them: a subclass of a strategy (a comm hook on
+PyTorch's DDP, PowerSGD) inherits none of its parent's cost schedule, buffers or report style; it
+declares its own, or says in its ``declare`` that it is declared as its parent
+(``declare(Sub, **declarations(Parent, ...))``). ``missing_declarations`` names what a strategy must
+declare; every registered one does (``tests/test_declarations.py``). Only the two interfaces,
+``Strategy`` and ``DataParallel``, declare for their subclasses (``declare_interface``), what
+their own code makes true of any subclass (``DataParallel.no_sync``). A user's class that calls
+no ``declare`` may instead set the same names as class attributes (or classmethods), and gets
+``Traits``' defaults for what it does not say. None of the readers names a strategy: a new
+strategy is one file.
 """
 
 from __future__ import annotations
@@ -76,8 +85,8 @@ REPLICATED = Sharding()
 
 def sharding_of(model_or_class: object) -> Sharding | None:
     """What a strategy (instance or class) shards; None for a user's class that does not say."""
-    sharding = getattr(model_or_class, "sharding", None)
-    return sharding if isinstance(sharding, Sharding) else None
+    cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+    return traits_of(cls).sharding
 
 
 def shards_parameters(model_or_class: object) -> bool:
@@ -94,6 +103,8 @@ class GradientSize(Protocol):
 
     size_bytes: int
     element_size: int
+    shape: tuple[int, ...]
+    """The parameter's shape (empty where unknown)."""
 
 
 class Transfer(NamedTuple):
@@ -195,6 +206,21 @@ def gathered_unit_buffers(plan: MemoryPlan, prefetches_next_unit: bool) -> StepB
 
 
 @dataclass(frozen=True)
+class Approximation:
+    """What a strategy that does not train exactly like one process approximates, as the
+    correctness suite holds it (correctness_tests/test_approximation.py)."""
+
+    exact_steps: int
+    """Steps from the start that synchronize exactly, as every other strategy does (PowerSGD's
+    vanilla all-reduces before ``start_powerSGD_iter``)."""
+    max_rank: int
+    """Afterwards, each gradient it compresses, viewed as a matrix ``(shape[0], -1)``, is
+    synchronized with rank at most this; every other gradient exactly."""
+    compresses: Callable[[tuple[int, ...]], bool]
+    """``compresses(shape)``: whether it compresses a gradient of that shape."""
+
+
+@dataclass(frozen=True)
 class Traits:
     """What the suite reads of a strategy class, each with the default a class that does not say
     gets (``traits_of``)."""
@@ -251,28 +277,89 @@ class Traits:
     step_buffers: Callable[[MemoryPlan], StepBuffers] | None = None
     """``step_buffers(plan)``: the memory the strategy holds beyond its training state, sized by
     ``plan``. Not declared: ``bucket_copy_buffers`` on ``keeps_gradient_buckets``."""
+    approximation: Callable[[nn.Module], Approximation] | None = None
+    """``approximation(strategy)``: what a built strategy that does not train exactly like one
+    process approximates (PowerSGD's compression); None: it is exact. An approximating strategy
+    is left out of the exact correctness tests and of the default grid, and asked for by name."""
 
 
-FUNCTIONS = ("units", "communication_schedule", "step_buffers")
-"""The traits that are functions: declared as plain functions, kept on the class as static methods."""
 DECLARABLE = {f.name for f in fields(Traits)}
+_OWN: dict[type, dict] = {}
+"""What each class declared itself (``declare``), by the exact class."""
+_INTERFACE: dict[type, dict] = {}
+"""What an interface declares for every subclass (``declare_interface``)."""
 
 
-def declare(cls: type, **declared) -> type:
-    """Declare ``cls``'s traits (``Traits``' names), beside the class rather than inside it; its
-    subclasses inherit them and may declare their own. Returns ``cls``."""
+def _check(cls: type, declared: dict) -> None:
     unknown = sorted(set(declared) - DECLARABLE)
     if unknown:
         raise TypeError(f"{cls.__name__}: {', '.join(unknown)} are not traits; a strategy declares {', '.join(sorted(DECLARABLE))}")
-    for name, value in declared.items():
-        setattr(cls, name, staticmethod(value) if name in FUNCTIONS else value)
+
+
+def declare(cls: type, **declared) -> type:
+    """Declare ``cls``'s traits (``Traits``' names), beside the class rather than inside it; they
+    are ``cls``'s alone (its subclasses declare their own). Returns ``cls``."""
+    _check(cls, declared)
+    if cls in _OWN:
+        raise TypeError(f"{cls.__name__} is declared twice: give one declare() beside the class")
+    _OWN[cls] = dict(declared)
     return cls
 
 
+def declare_interface(base: type, **declared) -> type:
+    """What every subclass of the interface ``base`` is unless it declares otherwise: only what
+    ``base``'s own code makes true of them (``DataParallel.no_sync`` skips every collective)."""
+    _check(base, declared)
+    _INTERFACE[base] = dict(declared)
+    return base
+
+
+def declarations(cls: type, **changes) -> dict:
+    """What ``cls`` declared itself with ``changes`` made, for a subclass declared as its parent:
+    ``declare(Sub, **declarations(Parent, line_style=":"))``."""
+    _check(cls, changes)
+    return {**_OWN.get(cls, {}), **changes}
+
+
+def missing_declarations(cls: type) -> list[str]:
+    """The traits a strategy must declare itself that ``cls`` did not: what it shards, whether it
+    communicates and can accumulate without it, how its collectives are recorded, when its plan
+    settles, its buffers; a communicating strategy that gathers no parameters its cost schedule,
+    one that does its units. Every one of them when ``cls`` made no ``declare`` of its own."""
+    own = _OWN.get(cls, {})
+    traits = traits_of(cls)
+    gathers = traits.sharding is not None and traits.sharding.parameters
+    required = ["sharding", "communicates", "accumulates_locally", "records_collectives", "steps_to_settle", "step_buffers"]
+    required += ["units"] if gathers else ["communication_schedule"] if traits.communicates else []
+    return [name for name in required if name not in own]
+
+
+def nothing_sent(*_args, **_kwargs) -> list[Transfer]:
+    """The cost schedule of a strategy that communicates nothing."""
+    return []
+
+
+def no_step_buffers(plan: MemoryPlan) -> StepBuffers:
+    """The buffers of a strategy that holds none beyond its training state."""
+    return StepBuffers()
+
+
+def kept_bucket_copy(plan: MemoryPlan) -> StepBuffers:
+    """A second copy of the gradients, kept in the strategy's buckets (PyTorch's DDP)."""
+    return bucket_copy_buffers(plan, keeps_gradient_buckets=True)
+
+
 def traits_of(cls: type) -> Traits:
-    """The ``Traits`` of any strategy class: what it declares (``declare``, or class attributes of
-    the same names, a user's class included), ``Traits``' defaults for the rest."""
-    given = {name: getattr(cls, name) for name in DECLARABLE if getattr(cls, name, None) is not None}
+    """The ``Traits`` of any strategy class: what its interfaces declare, then what it declares
+    itself (``declare``; for a user's class that makes none, class attributes of the same names),
+    ``Traits``' defaults for the rest."""
+    given = {}
+    for base in reversed(cls.__mro__):
+        given.update(_INTERFACE.get(base, {}))
+    if cls in _OWN:
+        given.update(_OWN[cls])
+    else:
+        given.update({name: value for name in DECLARABLE if (value := getattr(cls, name, None)) is not None})
     if not isinstance(given.get("sharding"), Sharding):
         given.pop("sharding", None)  # a user's attribute of that name that is no Sharding says nothing
     traits = Traits(**given)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel
-from ddp.strategies.declarations import MemoryPlan, StepBuffers, Transfer, declare
+from ddp.strategies.declarations import REPLICATED, MemoryPlan, StepBuffers, Transfer, declare
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
@@ -71,6 +71,10 @@ def after_backward_at_once(gradients, ready_seconds, backward_seconds, bucket_si
 # What the harness, the memory prediction and the cost model read of it (ddp.strategies.declarations).
 declare(
     FlatDDP,
+    sharding=REPLICATED,
+    communicates=True,
+    accumulates_locally=True,  # DataParallel.no_sync(): a backward inside it launches nothing
+    steps_to_settle=1,
     records_collectives=True,  # every gradient collective through launch_all_reduce
     step_buffers=one_flattened_copy,
     communication_schedule=after_backward_at_once,

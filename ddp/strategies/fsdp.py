@@ -280,6 +280,10 @@ def units_and_root_copies(plan: MemoryPlan) -> StepBuffers:
 declare(
     FullyShardedDP,
     sharding=Sharding(parameters=True, gradients=True, optimizer_state=True),
+    communicates=True,
+    accumulates_locally=False,  # every backward reduce-scatters, no_sync() or not
+    records_collectives=False,  # its collectives are c10d's, read from the profiler
+    steps_to_settle=1,
     prefetches_next_unit=False,  # gathers when a unit starts
     units=plan_units,
     step_buffers=units_and_root_copies,

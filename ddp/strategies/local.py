@@ -8,7 +8,7 @@ import contextlib
 from torch import nn
 
 from ddp.strategies.base import Strategy, trainable_parameters
-from ddp.strategies.declarations import declare
+from ddp.strategies.declarations import REPLICATED, declare, no_step_buffers, nothing_sent
 
 
 class LocalTraining(Strategy):
@@ -35,7 +35,12 @@ class LocalTraining(Strategy):
 # What the harness and the report read of it (ddp.strategies.declarations).
 declare(
     LocalTraining,
+    sharding=REPLICATED,
     communicates=False,
+    records_collectives=False,
+    steps_to_settle=1,
+    step_buffers=no_step_buffers,
+    communication_schedule=nothing_sent,
     accumulates_locally=True,  # it never communicates
     line_style=":",  # drawn as the floor under the others
 )

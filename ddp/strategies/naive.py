@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel
-from ddp.strategies.declarations import Transfer, declare
+from ddp.strategies.declarations import REPLICATED, Transfer, declare, no_step_buffers
 from ddp.strategies.tracing import launch_all_reduce, ready_stamp
 
 
@@ -48,6 +48,11 @@ def after_backward_one_by_one(gradients, ready_seconds, backward_seconds, bucket
 # What the harness, the report and the cost model read of it (ddp.strategies.declarations).
 declare(
     NaiveDDP,
+    sharding=REPLICATED,
+    communicates=True,
+    accumulates_locally=True,  # DataParallel.no_sync(): a backward inside it launches nothing
+    steps_to_settle=1,
+    step_buffers=no_step_buffers,  # all-reduces each gradient in place
     records_collectives=True,  # every gradient collective through launch_all_reduce
     reference_in_reports=True,  # the baseline the report measures the fastest strategy against
     communication_schedule=after_backward_one_by_one,

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel
-from ddp.strategies.declarations import Transfer, declare
+from ddp.strategies.declarations import REPLICATED, Transfer, declare, no_step_buffers
 from ddp.strategies.tracing import launch_all_reduce
 
 
@@ -98,6 +98,11 @@ def each_as_it_is_ready(gradients, ready_seconds, backward_seconds, bucket_size_
 # What the harness and the cost model read of it (ddp.strategies.declarations).
 declare(
     OverlapDDP,
+    sharding=REPLICATED,
+    communicates=True,
+    accumulates_locally=True,  # DataParallel.no_sync(): a backward inside it launches nothing
+    steps_to_settle=1,
+    step_buffers=no_step_buffers,  # all-reduces each gradient in place
     records_collectives=True,  # every gradient collective through launch_all_reduce
     communication_schedule=each_as_it_is_ready,
 )

@@ -32,6 +32,7 @@ from ddp.strategies.overlap import OverlapDDP
 from ddp.strategies.sharded_optimizer import ShardedOptimizerDDP, sharded_optimizer_strategy
 from ddp.strategies.torch_ddp import TorchDDP
 from ddp.strategies.torch_fsdp import TorchFSDP
+from ddp.strategies.torch_powersgd import TorchPowerSGD
 from ddp.strategies.zero import ZeroDDP
 
 # The floor: the same training with no communication at all. Every overhead is measured against it
@@ -45,22 +46,29 @@ STRATEGIES: dict[str, type[nn.Module]] = {
     "overlap": OverlapDDP,
     "bucketed": BucketedDDP,
     "torch": TorchDDP,
+    "torch_powersgd": TorchPowerSGD,
     "sharded_optimizer": ShardedOptimizerDDP,
     "zero": ZeroDDP,
     "fsdp": FullyShardedDP,
     "torch_fsdp": TorchFSDP,
 }
 
-# Strategies that train like one process on the whole batch (``local``, which communicates nothing, does not).
-DDP_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if traits_of(cls).communicates)
+# Strategies that train like one process on the whole batch (``local``, which communicates nothing,
+# does not; nor does one that declares an approximation, PowerSGD's compression).
+DDP_STRATEGIES = tuple(name for name, cls in STRATEGIES.items()
+                       if traits_of(cls).communicates and traits_of(cls).approximation is None)
+
+# Strategies that synchronize an approximation of the gradients (``Traits.approximation``).
+APPROXIMATE_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if traits_of(cls).approximation is not None)
 
 # Built-in strategies that split training state over the ranks (ZeRO, FSDP).
 SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_of(cls) is not None and sharding_of(cls).is_sharded)
 
-# What a perf grid runs unless told: the replicated strategies. The sharded ones are asked for by
-# name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add minutes to the
-# default CPU run, and their headline figure, memory, needs no timing.
-DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES if name not in SHARDED_STRATEGIES)
+# What a perf grid runs unless told: the replicated strategies that train exactly. The sharded ones
+# are asked for by name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add
+# minutes to the default CPU run, and their headline figure, memory, needs no timing; an
+# approximating one (``torch_powersgd``) too: it trades accuracy for bytes, a choice of its own.
+DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES if name not in SHARDED_STRATEGIES + APPROXIMATE_STRATEGIES)
 
 # The replicated strategies a race sets side by side unless told, and the report measures sharding
 # against: the hand-written bucketed DDP (which the sharded optimizer builds on) and PyTorch's, the

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp.strategies.bucketed import BucketedDDP, buckets_as_they_fill, gradients_in_buckets
-from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, Transfer, declare
+from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, Transfer, declarations, declare
 
 
 def assign_to_ranks(numels: list[int], load: list[int]) -> list[int]:
@@ -152,15 +152,24 @@ def buckets_and_owners_parameters(plan: MemoryPlan) -> StepBuffers:
 
 
 # What the memory prediction and the cost model read of it (ddp.strategies.declarations).
-declare(ShardedOptimizerDDP, sharding=Sharding(optimizer_state=True), communication_schedule=buckets_then_gather,
-        step_buffers=buckets_and_owners_parameters)
+declare(
+    ShardedOptimizerDDP,
+    sharding=Sharding(optimizer_state=True),
+    communicates=True,
+    accumulates_locally=True,  # bucketed's no_sync(); the optimizer's gathers run in its step, outside backward
+    records_collectives=True,  # bucketed's all-reduces through launch_all_reduce
+    steps_to_settle=3,  # bucketed's re-plan in ready order
+    communication_schedule=buckets_then_gather,
+    step_buffers=buckets_and_owners_parameters,
+)
 
 
 def sharded_optimizer_strategy(optimizer_class: type[torch.optim.Optimizer]) -> type[ShardedOptimizerDDP]:
     """A strategy that trains with a user's sharded optimizer class ``(params, optimizer_cls,
     **kwargs)``: ``bucketed`` averages the gradients, the class does the rest."""
-    return type(
+    strategy = type(
         f"ShardedOptimizerDDP[{optimizer_class.__name__}]",
         (ShardedOptimizerDDP,),
         {"sharded_optimizer_class": optimizer_class, "__module__": __name__, "__doc__": ShardedOptimizerDDP.__doc__},
     )
+    return declare(strategy, **declarations(ShardedOptimizerDDP))  # the same strategy, with the user's optimizer

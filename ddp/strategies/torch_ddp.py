@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp.strategies.base import Strategy, check_bucket_size_mb, check_comm_dtype, require_process_group, trainable_parameters
 from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, buckets_as_they_fill
-from ddp.strategies.declarations import declare
+from ddp.strategies.declarations import REPLICATED, declare, kept_bucket_copy
 
 
 def bf16_compress_any_backend(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -102,6 +102,10 @@ class TorchDDP(Strategy):
 # (ddp.strategies.declarations).
 declare(
     TorchDDP,
+    sharding=REPLICATED,
+    communicates=True,
+    records_collectives=False,  # the reducer's collectives are c10d's, read from the profiler
+    step_buffers=kept_bucket_copy,
     # DDP reduces everything in one bucket in its first step, rebuilds its buckets in the second
     # and records the new plan (which bucket_sizes_bytes reads) in the third.
     steps_to_settle=3,

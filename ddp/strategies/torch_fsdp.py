@@ -103,6 +103,10 @@ def prefetched_units_and_root(plan: MemoryPlan) -> StepBuffers:
 declare(
     TorchFSDP,
     sharding=Sharding(parameters=True, gradients=True, optimizer_state=True),
+    communicates=True,
+    accumulates_locally=False,  # fully_shard reduce-scatters every backward unless told not to
+    records_collectives=False,  # c10d's collectives, read from the profiler
+    steps_to_settle=1,
     prefetches_next_unit=True,  # fully_shard's implicit prefetching
     units=plan_units,  # the units it passes to fully_shard
     step_buffers=prefetched_units_and_root,

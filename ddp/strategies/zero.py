@@ -9,9 +9,10 @@ updated parameters. Memory per rank: 4 + 4 + 8/N bytes a parameter.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from ddp.strategies.bucketed import buckets_as_they_fill
-from ddp.strategies.declarations import Sharding, Transfer, declare
+from ddp.strategies.declarations import Sharding, Transfer, declare, kept_bucket_copy
 from ddp.strategies.sharded_optimizer import parameters_gathered_after
 from ddp.strategies.torch_ddp import TorchDDP
 
@@ -36,4 +37,17 @@ def buckets_then_broadcasts(gradients, ready_seconds, backward_seconds, bucket_s
 
 
 # What the memory prediction and the cost model read of it (ddp.strategies.declarations).
-declare(ZeroDDP, sharding=Sharding(optimizer_state=True), communication_schedule=buckets_then_broadcasts)
+declare(
+    ZeroDDP,
+    sharding=Sharding(optimizer_state=True),
+    communicates=True,
+    records_collectives=False,  # c10d's collectives, read from the profiler
+    accumulates_locally=True,  # DistributedDataParallel.no_sync(); the broadcasts run in the optimizer's step
+    # PyTorch's DDP averages the gradients: its buckets, their plan and the steps it needs to settle
+    steps_to_settle=3,
+    first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES,
+    closes_bucket_after_cap=True,
+    keeps_gradient_buckets=True,
+    step_buffers=kept_bucket_copy,
+    communication_schedule=buckets_then_broadcasts,
+)

@@ -37,6 +37,7 @@ from ddp.bench.collectives.reading import cpu_steps_from_trace, cuda_steps_from_
 from ddp.bench.collectives.timeline import with_timelines
 from ddp.bench.config.shape import StepObserver
 from ddp.strategies import tracing
+from ddp.strategies.declarations import traits_of
 
 # How long to wait, after a step, for completion stamps that gloo's thread has yet to write: wait()
 # may return before the future's callbacks have run.
@@ -114,7 +115,8 @@ def traced_steps(trainer, steps: int) -> list[dict]:
     the partition comes from the recorded phases and collectives (``cpu_partition``); one that
     records none (PyTorch's DDP) runs under the CPU profiler, which sees c10d's calls and gloo's work."""
     nccl = trainer.cuda and dist.is_initialized() and dist.get_backend() == "nccl"
-    if not trainer.cuda and (getattr(trainer.model, "records_collectives", False) or not trainer.communicates):
+    records_its_own = traits_of(type(trainer.model)).records_collectives
+    if not trainer.cuda and (records_its_own or not trainer.communicates):
         return with_timelines([recorded_step(trainer, together=True) for _ in range(steps)])
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if trainer.cuda else [])
     with torch.profiler.profile(activities=activities) as profiler:
@@ -126,7 +128,7 @@ def traced_steps(trainer, steps: int) -> list[dict]:
     buckets = getattr(trainer.model, "bucket_sizes_bytes", None)
     if nccl:
         read = cuda_steps_from_trace(events, records, buckets)
-    elif getattr(trainer.model, "records_collectives", False):
+    elif records_its_own:
         read = records  # gloo over CUDA: the strategy's own records, as on CPU
     else:
         read = cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)
