@@ -388,11 +388,17 @@ class BucketedDDP(DataParallel):
         self._reset()
 
 
+def scheduled_buckets(gradients, bucket_size_mb) -> list[list[int]]:
+    """The cost model's bucket plan of ``gradients`` (``GradientSize``, in backward order): the
+    indices of each bucket, the first capped at ``FIRST_BUCKET_MB``."""
+    return plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb,
+                        min(bucket_size_mb, FIRST_BUCKET_MB))
+
+
 def buckets_as_they_fill(gradients, ready_seconds, backward_seconds, bucket_size_mb) -> list[Transfer]:
     """The buckets of ``plan_buckets`` in backward order, each launched when its last gradient is
     ready (and, on one channel, after its predecessors)."""
-    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb,
-                        min(bucket_size_mb, FIRST_BUCKET_MB))
+    plan = scheduled_buckets(gradients, bucket_size_mb)
     return [
         Transfer(
             max(ready_seconds[i] for i in bucket),

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, FIRST_BUCKET_MB, plan_buckets
+from ddp.strategies.bucketed import DEFAULT_BUCKET_SIZE_MB, scheduled_buckets
 from ddp.strategies.declarations import REPLICATED, Approximation, MemoryPlan, StepBuffers, Transfer, declare
 from ddp.strategies.torch_ddp import TorchDDP
 
@@ -108,10 +108,8 @@ def compressed_buckets(gradients, ready_seconds, backward_seconds, bucket_size_m
     """The all-reduces of a compressed step (after the vanilla ones): PyTorch's bucket plan, each
     bucket sending its uncompressed tensors, then its Ps (n r a matrix), then its Qs (m r), one
     after the other once its last gradient is ready. Gradients without a shape are sent whole."""
-    plan = plan_buckets([g.size_bytes for g in gradients], [g.element_size for g in gradients], bucket_size_mb,
-                        min(bucket_size_mb, FIRST_BUCKET_MB))
     transfers = []
-    for bucket in plan:
+    for bucket in scheduled_buckets(gradients, bucket_size_mb):
         ready = max(ready_seconds[i] for i in bucket)
         whole = ps = qs = 0
         for i in bucket:
