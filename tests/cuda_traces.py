@@ -3,14 +3,24 @@ tests of reading recorded steps, profiles and traces (``test_profile.py``, ``tes
 
 from __future__ import annotations
 
+from ddp.bench.collectives.timeline import read_recorded
+from ddp.bench.config.shape import RecordedStep
+
+
+def read_on_nccl(events: list[dict], steps: list[RecordedStep], plan: list[int] | None = None) -> list[RecordedStep]:
+    """Recorded steps read from their CUDA trace as the suite's traced steps and ``ddp profile``
+    read them on NCCL (``read_recorded``): GPU phases, NCCL's kernels or the records, the timeline."""
+    return read_recorded(events, steps, plan, cuda=True, nccl=True, own_records=True)
+
 
 def collective(launch: float, done: float, size_bytes: int = 4) -> dict:
     return {"label": "c", "size_bytes": size_bytes, "launch_seconds": launch, "done_seconds": done}
 
 
-def step_record(forward, backward, compute_end, sync, optimizer, collectives) -> dict:
-    return {"forward": forward, "backward": backward, "backward_compute_end": compute_end,
-            "gradient_sync": sync, "optimizer": optimizer, "collectives": collectives}
+def hand_step(forward, backward, compute_end, sync, optimizer, collectives) -> RecordedStep:
+    """A recorded step of the default shape, its phases and collectives given."""
+    return RecordedStep({"forward": forward, "backward": backward, "gradient_sync": sync, "optimizer": optimizer},
+                        compute_end, collectives)
 
 
 # Real names from PyTorch CUDA traces (Kineto), long template arguments cut where marked "...".

@@ -10,10 +10,12 @@ test chose.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ddp.bench.collectives.timeline import cpu_partition
 from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.state import StateMemory
 from ddp.bench.results.benchmark_json import allreduce_entry, race_entry, run_document, step_entry
@@ -42,7 +44,7 @@ def _setup(config: StepConfig, rank: int, num_parameters: int, bucket_sizes: lis
 def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float] = 0.0, local_rounds: list[float] | None = None,
          backend: str = "gloo", device: str = "cpu", world_size: int = 2, num_parameters: int = 655_360,
          bucket_sizes: list[int] | None = None, memory: list[StateMemory] | None = None,
-         peak_bytes: int | None = None, traces: list[list[dict]] | None = None,
+         peak_bytes: int | None = None, traces: list[list[RecordedStep]] | None = None,
          groups: int | list[int] = 1) -> StepRecord:
     """A step record of ``config`` with these rounds (seconds, the slowest rank's), each with
     ``exposed`` seconds of timed wait for gradients (``sync_wait_seconds``); paired with ``local_rounds`` when given;
@@ -62,7 +64,7 @@ def step(config: StepConfig, rounds: list[float], *, exposed: float | list[float
     setups = [[_setup(c, rank, num_parameters, bucket_sizes, None if memory is None else memory[rank])
                for rank in range(world_size)] for c in configs]
     if traces is not None:  # each traced step with the partition the suite gives it on CPU
-        traces = [[{**step, "timeline": step.get("timeline") or cpu_partition(step)} for step in steps] for steps in traces]
+        traces = [[step if step.timeline else replace(step, timeline=cpu_partition(step)) for step in steps] for steps in traces]
     traced = None if traces is None else [traces] + [[[] for _ in range(world_size)]] * (len(configs) - 1)
     measurement = Measurement(configs, setups, timings, 0.0, ROUNDS.target_precision, traced, round_groups=list(groups))
     return step_record(measurement, backend, device, 0, 1 if local_rounds is not None else None)

@@ -8,36 +8,37 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 from ddp.analysis import collectives
 from ddp.analysis.costmodel import CANDIDATE_BUCKET_SIZES_MB, Compute, gradients_of, link_of_step, plan_advice, predict_step
 from ddp.analysis.markdown import write_report
-from ddp.bench.collectives.reading import cpu_steps_from_trace
-from ddp.bench.collectives.timeline import cpu_partition
+from ddp.bench.collectives.timeline import cpu_partition, read_recorded
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.results.records import CollectiveTiming, CollectiveTrace, load_run
 from ddp.bench.rounds.summary import collective_trace
 from tests import synthetic
 from tests.synthetic import MIB, config, run_json, write
 
 
-def traced_step(bucket2_done: float, optimizer_end: float = 14.0) -> dict:
+def traced_step(bucket2_done: float, optimizer_end: float = 14.0) -> RecordedStep:
     """One traced step, times in seconds, with the partition the suite gives it on CPU: the training
     thread computes over [0, 10] and from 13 (the optimizer); bucket0 [6, 9] runs beside backward's
     computation; bucket1 [9, 11] and bucket2 [10, ``bucket2_done``] run alone from 10 (sharing
     [10, 11] equally); the used mask [9.5, 9.9] is hidden."""
-    step = {
-        "forward": [0.0, 4.0], "backward": [4.0, 10.0], "gradient_sync": [10.0, 12.9], "optimizer": [13.0, optimizer_end],
-        "backward_compute_end": 10.0,
-        "collectives": [
+    step = RecordedStep(
+        {"forward": [0.0, 4.0], "backward": [4.0, 10.0], "gradient_sync": [10.0, 12.9], "optimizer": [13.0, optimizer_end]},
+        backward_compute_end=10.0,
+        collectives=[
             {"label": "bucket0", "size_bytes": 4 * MIB, "ready_seconds": 6.0, "launch_seconds": 6.0, "done_seconds": 9.0},
             {"label": "bucket1", "size_bytes": 2 * MIB, "ready_seconds": 8.5, "launch_seconds": 9.0, "done_seconds": 11.0},
             {"label": "used_mask", "size_bytes": 84, "ready_seconds": 9.5, "launch_seconds": 9.5, "done_seconds": 9.9},
             {"label": "bucket2", "size_bytes": MIB, "ready_seconds": 9.8, "launch_seconds": 10.0, "done_seconds": bucket2_done},
         ],
-    }
-    return {**step, "timeline": cpu_partition(step)}
+    )
+    return replace(step, timeline=cpu_partition(step))
 
 
 # Rank 1's steps end at 15, rank 0's at 14: rank 1 is the slowest, its figures are the record's.
@@ -72,8 +73,8 @@ def test_each_collective_holds_its_share_of_the_exposed_communication_on_the_slo
 
 def test_a_step_that_communicates_nothing_still_says_what_bounds_it():
     assert collective_trace([[], []]) is None  # nothing traced
-    quiet = {**traced_step(12.5), "collectives": []}
-    quiet["timeline"] = cpu_partition(quiet)
+    quiet = replace(traced_step(12.5), collectives=[])
+    quiet = replace(quiet, timeline=cpu_partition(quiet))
     trace = collective_trace([[quiet], [quiet]])
     assert trace.collectives == [] and trace.exposed_comm_seconds == 0.0 and trace.bound_by == "compute"
 
@@ -166,8 +167,8 @@ def _x(name: str, start_seconds: float, end_seconds: float, tid: int) -> dict:
             "tid": tid, "cat": "cpu_op"}
 
 
-PROFILED_STEP = {"forward": [1.0, 1.1], "backward": [1.1, 1.5], "gradient_sync": [1.5, 1.6], "optimizer": [1.6, 1.7],
-                 "backward_compute_end": 1.5, "collectives": []}
+PROFILED_STEP = RecordedStep({"forward": [1.0, 1.1], "backward": [1.1, 1.5], "gradient_sync": [1.5, 1.6],
+                              "optimizer": [1.6, 1.7]}, backward_compute_end=1.5)
 # DDP's forward broadcasts the module's buffers; its reducer launches two buckets in backward; a
 # barrier is no gradient's. c10d's calls on the training thread (1), gloo's work on its thread (2).
 PROFILED_EVENTS = [
@@ -179,10 +180,16 @@ PROFILED_EVENTS = [
 ]
 
 
+def cpu_steps_from_trace(events: list[dict], steps: list[RecordedStep], bucket_sizes_bytes: list[int] | None) -> list[RecordedStep]:
+    """Recorded steps of a strategy that stamps none of its collectives (PyTorch's DDP) on gloo,
+    read from the CPU profiler's trace around them, as the suite's traced steps read them."""
+    return read_recorded(events, steps, bucket_sizes_bytes, cuda=False, nccl=False, own_records=False)
+
+
 def test_the_profilers_collectives_pair_c10ds_calls_with_gloos_work_in_order():
     (step,) = cpu_steps_from_trace(PROFILED_EVENTS, [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
-    assert step["comm_source"] == "profiler" and not step["unpaired"]
-    got = [(c["label"], c["size_bytes"], c["launch_seconds"], c["done_seconds"]) for c in step["collectives"]]
+    assert step.comm_source == "profiler" and not step.unpaired
+    got = [(c["label"], c["size_bytes"], c["launch_seconds"], c["done_seconds"]) for c in step.collectives]
     # launched at the c10d call, done when gloo's work ended; the all-reduces are the plan's buckets
     assert got == [("broadcast0", 0, pytest.approx(1.05), pytest.approx(1.06)),
                    ("bucket0", 100, pytest.approx(1.2), pytest.approx(1.3)),
@@ -191,7 +198,7 @@ def test_the_profilers_collectives_pair_c10ds_calls_with_gloos_work_in_order():
     shares = {c["label"]: c["exposed_seconds"] for c in cpu_partition(step)["collectives"]}
     assert shares == pytest.approx({"broadcast0": 0.0, "bucket0": 0.0, "bucket1": 0.05})
     (unplanned,) = cpu_steps_from_trace(PROFILED_EVENTS, [PROFILED_STEP], bucket_sizes_bytes=[100])  # another plan
-    assert [c["label"] for c in unplanned["collectives"]] == ["broadcast0", "allreduce1", "allreduce2"]
+    assert [c["label"] for c in unplanned.collectives] == ["broadcast0", "allreduce1", "allreduce2"]
 
 
 def test_gloo_over_cuda_pairs_each_call_with_its_work_once_though_kineto_mirrors_it_on_the_gpu():
@@ -201,10 +208,10 @@ def test_gloo_over_cuda_pairs_each_call_with_its_work_once_though_kineto_mirrors
     step unpaired and without collectives. Only the CPU's ranges pair."""
     mirrored = [{**e, "cat": "gpu_user_annotation", "tid": 7} for e in PROFILED_EVENTS if e["name"].startswith("gloo:")]
     (step,) = cpu_steps_from_trace(PROFILED_EVENTS + mirrored, [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
-    assert not step["unpaired"]
-    assert [c["label"] for c in step["collectives"]] == ["broadcast0", "bucket0", "bucket1"]
+    assert not step.unpaired
+    assert [c["label"] for c in step.collectives] == ["broadcast0", "bucket0", "bucket1"]
 
 
 def test_collectives_the_profiler_cannot_pair_are_none_rather_than_wrong():
     (step,) = cpu_steps_from_trace(PROFILED_EVENTS[:-1], [PROFILED_STEP], bucket_sizes_bytes=[100, 200])
-    assert step["unpaired"] and step["collectives"] == []
+    assert step.unpaired and step.collectives == []

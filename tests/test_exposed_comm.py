@@ -39,9 +39,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp.bench.collectives.reading import cuda_steps_from_trace
-from ddp.bench.collectives.timeline import cuda_partitions, labelled
 from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.stats import median_ci
 from ddp.bench.rounds.loop import Measurement, measure
@@ -50,6 +49,7 @@ from ddp.bench.rounds.summary import collective_trace
 from ddp.bench.rounds.traced import trace
 from ddp.strategies import DDP_STRATEGIES, SHARDED_STRATEGIES, TorchDDP, takes_bucket_size, tracing
 from ddp.strategies.declarations import declarations, declare
+from tests.cuda_traces import read_on_nccl
 
 pytestmark = pytest.mark.slow  # a minute or more on 2 cores: CI runs it with -m slow
 
@@ -292,8 +292,8 @@ def _nccl_step(bucket_ends: list[float]) -> tuple[list[dict], dict]:
                        "args": {"correlation": correlation}})
         events.append({"cat": "kernel", "name": name, "ph": "X", "ts": start * 1e6, "dur": (end - start) * 1e6,
                        "args": {"correlation": correlation}})
-    cpu = {"forward": [0.0, 1.0], "backward": [1.0, 2.2], "backward_compute_end": 2.0, "gradient_sync": [2.2, 2.3],
-           "optimizer": [2.3, 2.7], "collectives": []}
+    cpu = RecordedStep({"forward": [0.0, 1.0], "backward": [1.0, 2.2], "gradient_sync": [2.2, 2.3], "optimizer": [2.3, 2.7]},
+                       backward_compute_end=2.0)
     return events, cpu
 
 
@@ -303,9 +303,8 @@ def test_the_nccl_branch_of_the_check_on_a_recorded_cuda_trace() -> None:
     traces = []
     for rank in range(2):
         events, cpu = _nccl_step([1.8 + 0.01 * rank, 2.1, 2.3 + 0.01 * rank])
-        (step,) = cuda_steps_from_trace(events, [cpu], [4096, 4096, 2048])
-        (timeline,) = labelled(cuda_partitions(events, [cpu]), [step])
-        traces.append([{**step, "timeline": timeline}] * TRACED_STEPS)
+        (step,) = read_on_nccl(events, [cpu], [4096, 4096, 2048])
+        traces.append([step] * TRACED_STEPS)
     trace = collective_trace(traces)
     assert [c.label for c in trace.collectives] == ["broadcast0", "bucket0", "bucket1", "bucket2"]
     assert all(c.ready_seconds is None for c in trace.collectives)

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp.acceptance import gpu_stages
+from ddp.acceptance.gpu_stages import Target
 from ddp.bench.config.options import add_grid_options, add_launch_options, grid_options, launch_options
 from ddp.bench.results.records import RunFileError
-from ddp.cli import gpu_check, gpu_stages
+from ddp.cli import gpu_check
 from ddp.cli import main as ddp_main
-from ddp.cli.gpu_stages import Target
 
 ROOT = Path(__file__).parents[1]
 H100_BYTES = 81_559 * 2**20

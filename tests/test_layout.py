@@ -3,7 +3,7 @@
 Every import in ``ddp/`` is read from the source (function-level imports included) and resolved to
 the module it names; the graph must have no cycle, and each layer may import only the layers
 before it: strategies and the model, then the launcher, then the benchmark core, then analysis,
-then the command line. Inside the benchmark core the folders are layers too: the configuration,
+then the GPU acceptance stages, then the command line. Inside the benchmark core the folders are layers too: the configuration,
 then the results' schema and arithmetic, then memory, then collectives, then the rounds that run
 them all.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "ddp"
 # layer of each top-level part; a module may import its own layer and those below it
-LAYERS = {"importing": 0, "strategies": 0, "model": 0, "launcher": 1, "bench": 2, "analysis": 3, "cli": 4, "__main__": 5}
+LAYERS = {"importing": 0, "strategies": 0, "model": 0, "launcher": 1, "bench": 2, "analysis": 3, "acceptance": 4, "cli": 5,
+          "__main__": 6}
 # the benchmark core's folders, each importing only its own and those before it (type hints under
 # TYPE_CHECKING are read too: an annotation is a dependency a reader follows)
 BENCH_LAYERS = {"config": 0, "results": 1, "memory": 2, "collectives": 3, "rounds": 4}

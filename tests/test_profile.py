@@ -6,13 +6,14 @@ communication all exposed."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from ddp.analysis.overlap import rank_figures, strategy_summary
 from ddp.analysis.profiles import write_profiles
-from ddp.bench.collectives.reading import cuda_steps_from_trace, kernel_kind
-from ddp.bench.collectives.timeline import cpu_partition, intersect, length, subtract, union, with_timelines
+from ddp.bench.collectives.reading import kernel_kind
+from ddp.bench.collectives.timeline import FIGURES, cpu_partition, intersect, length, medians, subtract, union, with_timelines
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import load_profile_summary
 from ddp.bench.rounds.profiling import ProfileConfig, profile_on
@@ -34,7 +35,8 @@ from tests.cuda_traces import (
     TRACE_OFFSET_US,
     collective,
     cuda_trace,
-    step_record,
+    hand_step,
+    read_on_nccl,
 )
 
 
@@ -55,13 +57,13 @@ def test_intersect_and_subtract_count_each_instant_once():
 
 def cuda_read(events: list[dict], steps: list[dict], plan=None) -> list[dict]:
     """Recorded steps read against their CUDA trace, each with its timeline, as ``ddp profile``'s parent reads them."""
-    return with_timelines(cuda_steps_from_trace(events, steps, plan), events, steps)
+    return read_on_nccl(events, steps, plan)
 
 
 def test_the_cpu_partition_of_a_recorded_step_worked_by_hand():
     # forward [0, 1], backward [1, 2] with its last gradient at 1.8, gradient_sync [2, 2.5],
     # optimizer [2.5, 3]; collectives [1.2, 1.9] and [1.9, 2.4]. Compute: [0, 1.8] and [2.5, 3].
-    step = step_record([0, 1], [1, 2], 1.8, [2, 2.5], [2.5, 3],
+    step = hand_step([0, 1], [1, 2], 1.8, [2, 2.5], [2.5, 3],
                        [dict(collective(1.2, 1.9), label="bucket0"), dict(collective(1.9, 2.4), label="bucket1")])
     figures = cpu_partition(step)
     assert figures["window_seconds"] == pytest.approx(3.0)
@@ -77,30 +79,35 @@ def test_the_cpu_partition_of_a_recorded_step_worked_by_hand():
     assert figures["tail"] == "bucket1" and figures["bound_by"] == "compute"
     # naive's all-reduce, launched once backward has returned, is all exposed: bound by communication
     # once it holds more of the window than the compute.
-    naive = cpu_partition(step_record([0, 1], [1, 2], 2.0, [2, 6], [6, 7], [collective(2.1, 6.0)]))
+    naive = cpu_partition(hand_step([0, 1], [1, 2], 2.0, [2, 6], [6, 7], [collective(2.1, 6.0)]))
     assert naive["exposed_comm_seconds"] == pytest.approx(3.9) and naive["bound_by"] == "communication"
     assert naive["collectives"][0]["phase"] == "gradient_sync"
 
 
-def test_rank_figures_average_steps_and_take_the_fraction_of_totals():
-    hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 4.0, 8)])  # 3 s, all hidden
-    exposed = step_record([5, 6], [6, 7], 7, [7, 8], [8, 9], [collective(7.0, 8.0, 8)])  # 1 s, all exposed
-    figures = rank_figures(with_timelines([hidden, exposed]))
-    assert figures["comm_seconds"] == pytest.approx(2.0)
-    assert figures["exposed_comm_seconds"] == pytest.approx(0.5)
-    assert figures["overlap_fraction"] == pytest.approx(0.75)  # 3 of 4 s, not the mean of 1 and 0
-    assert figures["step_seconds"] == pytest.approx(4.5)
+def test_rank_figures_take_medians_over_steps_as_the_suite_does():
+    hidden = hand_step([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 4.0, 8)])  # 3 s, all hidden; a 5 s step
+    exposed = hand_step([5, 6], [6, 7], 7, [7, 8], [8, 9], [collective(7.0, 8.0, 8)])  # 1 s, all exposed; 4 s
+    again = hand_step([9, 10], [10, 11], 11, [11, 12], [12, 13], [collective(11.0, 12.0, 8)])  # the same
+    steps = with_timelines([hidden, exposed, again])
+    figures = rank_figures(steps)
+    assert figures["comm_seconds"] == pytest.approx(1.0)  # the median; the mean would be 5/3
+    assert figures["exposed_comm_seconds"] == pytest.approx(1.0)  # the mean would be 2/3
+    assert figures["overlap_fraction"] == pytest.approx(0.0)  # of the medians: nothing beside compute
+    assert figures["step_seconds"] == pytest.approx(4.0)
     assert figures["collectives_per_step"] == 1 and figures["comm_bytes_per_step"] == 8
+    suite = medians([step.timeline for step in steps])  # the suite's aggregation: the same figures, the same verdict
+    assert {key: figures[key] for key in FIGURES} == pytest.approx({key: suite[key] for key in FIGURES})
+    assert figures["bound_by"] == suite["bound_by"]
 
 
 def test_no_communication_has_no_overlap_fraction():
-    figures = rank_figures(with_timelines([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))
+    figures = rank_figures(with_timelines([hand_step([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))
     assert figures["comm_seconds"] == 0.0 and figures["overlap_fraction"] is None and figures["bound_by"] == "compute"
 
 
 def test_summary_reports_the_slowest_rank():
-    fast = {"rank": 0, "trace_file": "t0", "steps": with_timelines([step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(2, 3)])])}
-    slow = {"rank": 1, "trace_file": "t1", "steps": with_timelines([step_record([0, 1], [1, 3], 3, [3, 4], [4, 6], [collective(2, 4)])])}
+    fast = {"rank": 0, "trace_file": "t0", "steps": with_timelines([hand_step([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(2, 3)])])}
+    slow = {"rank": 1, "trace_file": "t1", "steps": with_timelines([hand_step([0, 1], [1, 3], 3, [3, 4], [4, 6], [collective(2, 4)])])}
     summary = strategy_summary([fast, slow])
     assert summary["slowest_rank"] == 1
     assert summary["step_seconds"] == pytest.approx(6.0)
@@ -142,7 +149,7 @@ def test_kernel_kind_refuses_an_event_that_is_not_a_gpu_event():
 
 
 def test_cuda_intervals_come_from_kernels_by_launch_range():
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
     events = cuda_trace([
         (1, 1.5, 1.6, 2.4, "gemm", "kernel"),  # forward
         (2, 2.1, 2.5, 3.2, "gemm_backward", "kernel"),
@@ -151,22 +158,22 @@ def test_cuda_intervals_come_from_kernels_by_launch_range():
         (5, 3.6, 3.7, 3.9, "adam", "kernel"),
         (6, 4.5, 4.6, 4.7, "gemm", "kernel"),  # launched after the step, inside no phase: ignored
     ])
-    (step,) = cuda_steps_from_trace(events, [cpu])
-    assert step["forward"] == pytest.approx([1.6, 2.4])
-    assert step["backward"] == pytest.approx([2.5, 3.4])
-    assert step["backward_compute_end"] == pytest.approx(3.4)
-    assert step["gradient_sync"] == [3.0, 3.5]  # launched no kernel: keeps its CPU span
-    assert step["optimizer"] == pytest.approx([3.7, 3.9])
-    assert [c["launch_seconds"] for c in step["collectives"]] == pytest.approx([2.6])
-    assert [c["done_seconds"] for c in step["collectives"]] == pytest.approx([3.6])
+    (step,) = read_on_nccl(events, [cpu])
+    assert step.phases["forward"] == pytest.approx([1.6, 2.4])
+    assert step.phases["backward"] == pytest.approx([2.5, 3.4])
+    assert step.backward_compute_end == pytest.approx(3.4)
+    assert step.phases["gradient_sync"] == [3.0, 3.5]  # launched no kernel: keeps its CPU span
+    assert step.phases["optimizer"] == pytest.approx([3.7, 3.9])
+    assert [c["launch_seconds"] for c in step.collectives] == pytest.approx([2.6])
+    assert [c["done_seconds"] for c in step.collectives] == pytest.approx([3.6])
     (read,) = cuda_read(events, [cpu])
-    assert read["timeline"]["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
+    assert read.timeline["overlapped_comm_seconds"] == pytest.approx(0.8)  # [2.6, 3.4]
 
 
 def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
     # The record of an NCCL all-reduce completes when its kernel is enqueued: [2.5, 2.55].
     record = {"label": "bucket0", "size_bytes": 1024, "launch_seconds": 2.5, "done_seconds": 2.55}
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
     events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
@@ -177,18 +184,18 @@ def test_cuda_nccl_kernels_give_communication_and_copies_are_not_compute():
         (7, 3.6, 3.7, 3.9, ADAM, "kernel"),
         (8, 3.95, 3.9, 3.95, "Device Synchronize", "cuda_sync"),  # torch.cuda.synchronize() in optimizer
     ])
-    (step,) = cuda_steps_from_trace(events, [cpu])
-    assert step["comm_source"] == "nccl_kernels"
-    assert step["collectives"] == [
+    (step,) = read_on_nccl(events, [cpu])
+    assert step.comm_source == "nccl_kernels"
+    assert step.collectives == [
         # one kernel per recorded collective: the record names it (its CPU ready stamp is no GPU time)
         {"label": record["label"], "size_bytes": record["size_bytes"], "ready_seconds": None,
          "launch_seconds": pytest.approx(2.6), "done_seconds": pytest.approx(3.6)}
     ]
-    assert step["collective_records"] == [record]
+    assert step.collective_records == [record]
     # Compute kernels only: the memcpy (to 3.8), memset (to 3.7) and sync (to 3.95) do not count.
-    assert step["backward"] == pytest.approx([2.5, 3.4])
-    assert step["backward_compute_end"] == pytest.approx(3.4)
-    assert step["optimizer"] == pytest.approx([3.7, 3.9])
+    assert step.phases["backward"] == pytest.approx([2.5, 3.4])
+    assert step.backward_compute_end == pytest.approx(3.4)
+    assert step.phases["optimizer"] == pytest.approx([3.7, 3.9])
     figures = rank_figures(cuda_read(events, [cpu]))
     # The kernel runs [2.6, 3.6]; compute kernels [2.5, 3.0] and [3.2, 3.4] beside it.
     assert figures["overlapped_comm_seconds"] == pytest.approx(0.6)
@@ -214,7 +221,7 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
         {"label": "bucket0", "size_bytes": 4096, "launch_seconds": 2.5, "done_seconds": 3.2},
         {"label": "bucket1", "size_bytes": 2048, "launch_seconds": 2.8, "done_seconds": 3.4},
     ]
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, records)
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, records)
     events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 2.9, ELEMENTWISE, "kernel"),
@@ -225,18 +232,18 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
         (7, 3.4, 3.45, 3.5, "Memcpy HtoD (Pinned -> Device)", "gpu_memcpy"),
         (8, 3.6, 3.7, 3.9, ADAM, "kernel"),
     ])
-    (step,) = cuda_steps_from_trace(events, [cpu])
-    assert step["comm_source"] == "collective_records"
-    assert step["collectives"] == records  # perf_counter times, labels and sizes as recorded
-    assert step["backward"] == pytest.approx([2.5, 3.1])
-    assert step["backward_compute_end"] == pytest.approx(3.1)
-    assert step["gradient_sync"] == [3.0, 3.5]  # the copies back are not compute: keeps its CPU span
+    (step,) = read_on_nccl(events, [cpu])
+    assert step.comm_source == "collective_records"
+    assert step.collectives == records  # perf_counter times, labels and sizes as recorded
+    assert step.phases["backward"] == pytest.approx([2.5, 3.1])
+    assert step.backward_compute_end == pytest.approx(3.1)
+    assert step.phases["gradient_sync"] == [3.0, 3.5]  # the copies back are not compute: keeps its CPU span
     # gloo's work on its thread, as the profiler records it: the communication on the host.
     events += [{"cat": "cpu_op", "name": "gloo:all_reduce", "ph": "X", "pid": 1, "tid": 9, "ts": at * 1e6 + TRACE_OFFSET_US,
                 "dur": 0.6e6} for at in (2.55, 2.8)]
     (read,) = cuda_read(events, [cpu])
-    assert read["timeline"]["comm_source"] == "gloo_ranges"
-    assert [c["label"] for c in read["timeline"]["collectives"]] == ["bucket0", "bucket1"]
+    assert read.timeline["comm_source"] == "gloo_ranges"
+    assert [c["label"] for c in read.timeline["collectives"]] == ["bucket0", "bucket1"]
     figures = rank_figures([read])
     assert figures["comm_seconds"] == pytest.approx(0.85)  # [2.55, 3.4]
     assert figures["overlapped_comm_seconds"] == pytest.approx(0.55)  # beside the kernels of [2.5, 3.1]
@@ -249,17 +256,17 @@ def test_cuda_gloo_without_nccl_kernels_takes_communication_from_the_collective_
 def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
     # NCCL at world size 1 runs no NCCL kernel: an out-of-place all-reduce is one device copy.
     record = {"label": "bucket0", "size_bytes": 512, "launch_seconds": 2.95, "done_seconds": 3.05}
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [record])
     events = cuda_trace([
         (1, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
         (2, 2.1, 2.5, 3.0, ELEMENTWISE, "kernel"),
         (3, 2.95, 3.0, 3.05, "Memcpy DtoD (Device -> Device)", "gpu_memcpy"),
         (4, 3.6, 3.7, 3.9, ADAM, "kernel"),
     ])
-    (step,) = cuda_steps_from_trace(events, [cpu])
-    assert step["comm_source"] == "collective_records"
-    assert step["collectives"] == [record]
-    assert step["backward"] == pytest.approx([2.5, 3.0])  # not to 3.05, the copy's end
+    (step,) = read_on_nccl(events, [cpu])
+    assert step.comm_source == "collective_records"
+    assert step.collectives == [record]
+    assert step.phases["backward"] == pytest.approx([2.5, 3.0])  # not to 3.05, the copy's end
     figures = rank_figures(cuda_read(events, [cpu]))
     # Nothing communicated on the GPU: no communication, exposed or not (the wait for the host
     # before the optimizer is idle, not communication).
@@ -270,8 +277,8 @@ def test_cuda_world_size_one_without_comm_kernels_takes_the_collective_record():
 
 def test_summary_says_where_communication_times_came_from():
     def rank(rank_id, sources, step_end):
-        steps = with_timelines([{**step_record([0, 1], [1, 2], 2, [2, 3], [3, step_end], [collective(1.5, 2.5)]),
-                                 "comm_source": source} for source in sources])
+        steps = with_timelines([replace(hand_step([0, 1], [1, 2], 2, [2, 3], [3, step_end], [collective(1.5, 2.5)]),
+                                        comm_source=source) for source in sources])
         return {"rank": rank_id, "trace_file": f"t{rank_id}", "steps": steps}
 
     summary = strategy_summary([rank(0, ["nccl_kernels"] * 2, 4), rank(1, ["collective_records"] * 2, 5)])
@@ -280,7 +287,7 @@ def test_summary_says_where_communication_times_came_from():
     summary = strategy_summary([rank(0, ["nccl_kernels", "collective_records"], 4)])
     assert summary["comm_source"] == "mixed"
     # Steps of the CPU path carry no comm_source: their collectives are the records.
-    cpu_steps = with_timelines([step_record([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(1.5, 2.5)])])
+    cpu_steps = with_timelines([hand_step([0, 1], [1, 2], 2, [2, 3], [3, 4], [collective(1.5, 2.5)])])
     assert rank_figures(cpu_steps)["comm_source"] == "collective_records"
 
 
@@ -337,7 +344,7 @@ def test_the_nccl_branch_of_the_profile_check_on_recorded_cuda_traces(tmp_path):
             kernels += [(10 + i, launch, launch + 0.05, launch + 0.15, NCCL_2_19_ALL_REDUCE, "kernel") for i, launch in enumerate(at)]
             path = tmp_path / f"trace_{name}_rank{rank}.json"
             path.write_text(json.dumps({"traceEvents": cuda_trace(kernels)}))
-            step = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [collective(launch, launch + 0.01) for launch in at])
+            step = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [collective(launch, launch + 0.01) for launch in at])
             records.append({"rank": rank, "device": f"cuda:{rank}", "trace_file": str(path), "steps": [step]})
         rank_records.append(records)
     summary = write_profiles(2, "nccl", "cuda", configs, rank_records, tmp_path)
@@ -349,7 +356,7 @@ def test_each_collective_holds_its_share_of_the_exposed_communication_and_the_ta
     # each holds half: b alone [3, 4], b and c [4, 5], c alone [5, 7.5].
     collectives = [dict(collective(1.0, 2.5), label="a"), dict(collective(2.0, 5.0), label="b"),
                    dict(collective(4.0, 7.5, 16), label="c")]
-    step = step_record([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
+    step = hand_step([0, 1], [1, 3], 3.0, [3, 8], [8, 9], collectives)
     timeline = cpu_partition(step)
     shares = {c["label"]: c["exposed_seconds"] for c in timeline["collectives"]}
     assert shares == pytest.approx({"a": 0.0, "b": 1.5, "c": 3.0})
@@ -359,7 +366,7 @@ def test_each_collective_holds_its_share_of_the_exposed_communication_and_the_ta
     assert figures["tail"] == "c"  # the last to end among those holding exposed time
     assert figures["unattributed_exposed_seconds"] == pytest.approx(0.0)
     assert sum(shares.values()) == pytest.approx(timeline["exposed_comm_seconds"])
-    hidden = step_record([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 3.0)])
+    hidden = hand_step([0, 1], [1, 4], 4, [4, 4], [4, 5], [collective(1.0, 3.0)])
     figures = rank_figures(with_timelines([hidden]))
     assert figures["tail"] is None and figures["collective_exposed_seconds"] == {"c": 0.0}  # nothing waited for
-    assert rank_figures(with_timelines([step_record([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))["tail"] is None
+    assert rank_figures(with_timelines([hand_step([0, 1], [1, 2], 2, [2, 2], [2, 3], [])]))["tail"] is None

@@ -24,6 +24,7 @@ from ddp.analysis.figures import (
     winners,
 )
 from ddp.analysis.markdown import render_markdown, write_report
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.memory.state import StateMemory
 from ddp.bench.results.records import SCHEMA_VERSION, RunFileError, load_run
 from ddp.cli import main as ddp_main
@@ -33,15 +34,15 @@ from tests.synthetic import MIB, allreduce_benchmark, config, race_benchmark, ru
 TOTAL_BYTES = 5 * MIB // 2  # 2.5 MiB of gradients
 
 
-def traced(step_ms: float, comm_ms: float) -> dict:
+def traced(step_ms: float, comm_ms: float) -> RecordedStep:
     """A traced step of ``step_ms`` whose one collective runs alone for ``comm_ms`` once backward's
     computation is done (none where ``comm_ms`` is 0), times in seconds."""
     step, comm = step_ms / 1e3, comm_ms / 1e3
     end = step - comm - 0.01  # backward's last gradient; the optimizer takes the last 10 ms
     collectives = [{"label": "bucket0", "size_bytes": MIB, "ready_seconds": end, "launch_seconds": end,
                     "done_seconds": end + comm}] if comm_ms else []
-    return {"forward": [0.0, end / 2], "backward": [end / 2, end], "backward_compute_end": end,
-            "gradient_sync": [end, end + comm], "optimizer": [end + comm, step], "collectives": collectives}
+    return RecordedStep({"forward": [0.0, end / 2], "backward": [end / 2, end], "gradient_sync": [end, end + comm],
+                         "optimizer": [end + comm, step]}, end, collectives)
 
 
 def step_bench(strategy, step_ms, comm_ms, *, bucket_mb=None, sizes=None, batch=2, seq=32, rounds_ms=None, local_ms=None,

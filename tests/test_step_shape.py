@@ -14,12 +14,11 @@ from ddp.bench.collectives.recording import PhaseRecorder, recorded_step
 from ddp.bench.config.shape import (
     ACCUMULATE,
     PHASES,
+    RecordedStep,
     StepShape,
     cannot_run,
     checkpoint_blocks,
-    phases_of,
     repeated_blocks,
-    step_span,
 )
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.workloads import build_workload, rank_batches
@@ -59,11 +58,12 @@ def test_shape_axes_name_a_configuration_only_away_from_their_defaults():
 def test_phases_in_order_and_the_span_of_a_step():
     assert StepShape(2, 8).phases == PHASES
     assert StepShape(2, 8, micro_batches=3).phases == (ACCUMULATE, *PHASES)
-    step = {"accumulate": [1.0, 2.0], "forward": [2.0, 2.5], "backward": [2.5, 3.5], "gradient_sync": [3.5, 3.6],
-            "optimizer": [3.6, 4.0]}
-    assert step_span(step) == (1.0, 4.0) and phases_of(step)[0] == ACCUMULATE
-    del step["accumulate"]
-    assert step_span(step) == (2.0, 4.0) and phases_of(step) == PHASES
+    phases = {"accumulate": [1.0, 2.0], "forward": [2.0, 2.5], "backward": [2.5, 3.5], "gradient_sync": [3.5, 3.6],
+              "optimizer": [3.6, 4.0]}
+    step = RecordedStep(phases, backward_compute_end=3.5)
+    assert step.span == (1.0, 4.0) and step.seconds == pytest.approx(3.0) and next(iter(step.phases)) == ACCUMULATE
+    del phases["accumulate"]
+    assert step.span == (2.0, 4.0) and tuple(step.phases) == PHASES
 
 
 def test_a_phase_entered_per_micro_batch_spans_them_all():
@@ -158,10 +158,10 @@ def recorded_accumulating_step(rank: Rank, config: StepConfig) -> dict:
 def test_a_recorded_step_holds_every_micro_batch_and_communicates_in_the_last(rank_group):
     config = StepConfig("bucketed", "tiny", 2, 32, 0.05, grad_accum=3)
     step = rank_group.run(recorded_accumulating_step, config)[0]
-    assert phases_of(step) == (ACCUMULATE, *PHASES)
-    starts = [step[phase][0] for phase in phases_of(step)]
-    assert starts == sorted(starts) and step[ACCUMULATE][1] <= step["forward"][0]
+    assert tuple(step.phases) == (ACCUMULATE, *PHASES)
+    starts = [start for start, _ in step.phases.values()]
+    assert starts == sorted(starts) and step.phases[ACCUMULATE][1] <= step.phases["forward"][0]
     # the buckets once, all launched by the synchronizing micro-batch: nothing inside no_sync()
-    labels = [c["label"] for c in step["collectives"]]
+    labels = [c["label"] for c in step.collectives]
     assert len(labels) == len(set(labels)) and any(label.startswith("bucket") for label in labels)
-    assert all(c["launch_seconds"] >= step["forward"][0] for c in step["collectives"])
+    assert all(c["launch_seconds"] >= step.phases["forward"][0] for c in step.collectives)

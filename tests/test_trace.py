@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp.bench.collectives.reading import cuda_steps_from_trace, nccl_collective
-from ddp.bench.collectives.timeline import BOUND_BY_RULE, PARTS, TAIL_RULE, WHOLE_TRACE, read_trace
+from ddp.bench.collectives.reading import nccl_collective
+from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, PARTS, TAIL_RULE, WHOLE_TRACE, medians, over_steps, read_trace
 from ddp.cli import main as ddp_main
 from tests.cuda_traces import (
     ADAM,
@@ -27,7 +27,8 @@ from tests.cuda_traces import (
     SYNC,
     TRACE_OFFSET_US,
     cuda_trace,
-    step_record,
+    hand_step,
+    read_on_nccl,
 )
 
 # Real kernel names from PyTorch CUDA traces, NCCL before 2.19 (the A100 trace's: NCCL 2.17) and since.
@@ -86,7 +87,7 @@ def test_ddp_buffer_broadcast_leaves_the_plan_buckets_named():
     # one Broadcast kernel), its backward all-reduces the plan's 2 buckets; an all-reduce launched by
     # the optimizer (a gradient norm) is no bucket either. 4 kernels for a plan of 2 buckets.
     plan = [4096, 2048]
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])  # DDP records no collective itself
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])  # DDP records no collective itself
     events = cuda_trace([
         (1, 1.1, 1.15, 1.2, NCCL_2_18_BROADCAST, "kernel"),
         (2, 1.5, 1.6, 2.4, AMPERE_GEMM, "kernel"),
@@ -97,17 +98,17 @@ def test_ddp_buffer_broadcast_leaves_the_plan_buckets_named():
     ])
     _with_args(events, 1, **{"Collective name": "broadcast", "In msg nelems": 53120, "dtype": "Float"})
     _with_args(events, 6, **{"Collective name": "allreduce", "In msg nelems": 1, "dtype": "Double"})
-    (step,) = cuda_steps_from_trace(events, [cpu], plan)
-    assert [(c["label"], c["size_bytes"]) for c in step["collectives"]] == [
+    (step,) = read_on_nccl(events, [cpu], plan)
+    assert [(c["label"], c["size_bytes"]) for c in step.collectives] == [
         ("broadcast0", 53120 * 4), ("bucket0", 4096), ("bucket1", 2048), ("allreduce3", 8)]
-    assert [c["launch_seconds"] for c in step["collectives"]] == pytest.approx([1.15, 2.4, 2.8, 3.9])
-    assert [c["done_seconds"] for c in step["collectives"]] == pytest.approx([1.2, 2.8, 3.3, 3.95])
+    assert [c["launch_seconds"] for c in step.collectives] == pytest.approx([1.15, 2.4, 2.8, 3.9])
+    assert [c["done_seconds"] for c in step.collectives] == pytest.approx([1.2, 2.8, 3.3, 3.95])
 
 
 def test_a_generic_kernel_is_named_by_the_nccl_range_on_its_own_thread():
     # Two ncclDevKernel_Generic: one launched inside the training thread's nccl:broadcast range, one
     # at the same time from another thread (not that collective's launch: no range says what it is).
-    cpu = step_record(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
+    cpu = hand_step(FORWARD, BACKWARD, 3.0, SYNC, OPTIMIZER, [])
     events = cuda_trace([
         (1, 1.1, 1.15, 1.2, NCCL_GENERIC, "kernel"),
         (2, 1.1, 1.25, 1.3, NCCL_GENERIC, "kernel"),
@@ -117,8 +118,8 @@ def test_a_generic_kernel_is_named_by_the_nccl_range_on_its_own_thread():
         e.update(pid=7, tid=2 if e["cat"] == "cuda_runtime" and e["args"]["correlation"] == 2 else 1)
     events.append({"cat": "user_annotation", "name": "nccl:broadcast", "ph": "X", "pid": 7, "tid": 1,
                    "ts": 1.05 * 1e6 + TRACE_OFFSET_US, "dur": 0.1 * 1e6})
-    (step,) = cuda_steps_from_trace(events, [cpu])
-    assert [c["label"] for c in step["collectives"]] == ["broadcast0", "collective1"]
+    (step,) = read_on_nccl(events, [cpu])
+    assert [c["label"] for c in step.collectives] == ["broadcast0", "collective1"]
 
 
 # A user's own trace, built by hand: (correlation, launch µs, GPU start µs, GPU end µs, kernel name,
@@ -185,11 +186,11 @@ def test_a_user_trace_step_is_partitioned_and_worked_by_hand():
     assert step["other_steps_seconds"] == 0.0
     assert sum(step[part] for part in PARTS) == pytest.approx(step["window_seconds"])
     assert [(c["name"], c["phase"]) for c in step["collectives"]] == [
-        ("Broadcast 0", "forward"), ("AllReduce 1", "backward"), ("AllReduce 2", "backward")]
+        ("broadcast0", "forward"), ("allreduce1", "backward"), ("allreduce2", "backward")]
     assert [c["exposed_seconds"] for c in step["collectives"]] == pytest.approx([10 * US, 80 * US, 50 * US])
     assert [c["overlapped_seconds"] for c in step["collectives"]] == pytest.approx([0.0, 140 * US, 0.0])
     assert step["phases"]["backward"]["exposed_seconds"] == pytest.approx(130 * US)
-    assert step["tail"] == "AllReduce 2" and step["tail_rule"] == TAIL_RULE
+    assert step["tail"] == "allreduce2" and step["tail_rule"] == TAIL_RULE
     assert step["bound_by"] == "compute" and step["bound_by_rule"] == BOUND_BY_RULE  # host wait 16% of the window
 
 
@@ -232,11 +233,11 @@ def test_forward_all_to_all_and_all_gather_and_optimizer_all_gather_are_exposed_
               ("autograd::engine::evaluate_function: MmBackward0", 1300, 1460, 2), ("Optimizer.step#AdamW.step", 1600, 1900, 1)]
     (step,) = _read(kernels, ranges, copy=False)
     assert [(c["name"], c["cpu_collective"], c["phase"]) for c in step["collectives"]] == [
-        ("SendRecv 0", "all_to_all", "forward"), ("AllGather 1", None, "forward"), ("AllGather 2", None, "optimizer")]
+        ("alltoall0", "all_to_all", "forward"), ("allgather1", None, "forward"), ("allgather2", None, "optimizer")]
     assert step["exposed_comm_seconds"] == pytest.approx(160 * US)
     assert step["phases"]["forward"]["exposed_seconds"] == pytest.approx(110 * US)
     assert step["phases"]["optimizer"]["exposed_seconds"] == pytest.approx(50 * US)
-    assert step["tail"] == "AllGather 1"  # the optimizer's all-gather ends after the optimizer's first compute kernel
+    assert step["tail"] == "allgather1"  # the optimizer's all-gather ends after the optimizer's first compute kernel
 
 
 def test_overlapping_step_windows_own_their_events_by_launch():
@@ -300,7 +301,7 @@ def test_gloo_over_cuda_communicates_in_its_ranges_on_the_host():
               ("gloo:all_reduce", 1400, 1600, 3)]
     (step,) = _read(kernels, ranges, copy=False)
     assert step["comm_source"] == "gloo_ranges"
-    assert [(c["name"], c["phase"]) for c in step["collectives"]] == [("all_reduce 0", "other")]
+    assert [(c["name"], c["phase"]) for c in step["collectives"]] == [("allreduce0", "other")]
     assert step["overlapped_comm_seconds"] == pytest.approx(100 * US)  # beside [1330, 1500]
     assert step["exposed_comm_seconds"] == pytest.approx(100 * US)
     assert step["window_seconds"] == pytest.approx(490 * US)  # [1110, 1600], the range's end included
@@ -323,11 +324,11 @@ def test_ddp_trace_reads_a_gzipped_hand_built_trace_and_writes_json(tmp_path, ca
     assert ddp_main(["trace", str(path), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.splitlines()[0] == "rank1.pt.trace.json.gz: rank 1 of 4, backend nccl, GPU NVIDIA H100 80GB HBM3; 1 step"
-    assert "bound by compute: the step's compute runs 63.6% of the window" in printed
+    assert "bound by compute: compute 63.6% of the window" in printed
     assert "communication alone 18.2%: backward AllReduce 16.9%, forward Broadcast 1.3%" in printed
     (step,) = json.loads(out.read_text())["steps"]
-    assert [c["name"] for c in step["collectives"]] == ["Broadcast 0", "AllReduce 1", "AllReduce 2"]
-    assert step["exposed_comm_seconds"] == pytest.approx(140e-6) and step["tail"] == "AllReduce 2"
+    assert [c["name"] for c in step["collectives"]] == ["broadcast0", "allreduce1", "allreduce2"]
+    assert step["exposed_comm_seconds"] == pytest.approx(140e-6) and step["tail"] == "allreduce2"
     # --json never overwrites
     with pytest.raises(SystemExit) as exit_:
         ddp_main(["trace", str(path), "--json", str(out)])
@@ -402,12 +403,93 @@ def test_a_recorded_nccl_trace_at_world_size_one_names_the_collectives_that_laun
 def test_the_tail_ignores_exposed_time_below_the_resolution():
     """Float noise of the interval arithmetic (1e-16 s "exposed") makes no collective the tail:
     the one that held real exposed time does, though it ended first."""
-    from ddp.bench.collectives.timeline import EXPOSED_RESOLUTION_SECONDS, Comm, collective_rows
+    from ddp.bench.collectives.timeline import EXPOSED_RESOLUTION_SECONDS, Comm, collective_rows, tail
 
     compute = [(0.0, 1.0)]
-    held = Comm(0.5, 1.00015, "AllReduce 7", "all_reduce", None, "backward", None)  # 0.15 ms after the compute
-    noise = Comm(0.9, 1.0 + 1.1e-16, "AllReduce 9", "all_reduce", None, "backward", None)
-    rows, _, tail = collective_rows([held, noise], compute, 0.0, optimizer_start=1.001)
+    held = Comm(0.5, 1.00015, "allreduce7", "AllReduce", None, "backward", None)  # 0.15 ms after the compute
+    noise = Comm(0.9, 1.0 + 1.1e-16, "allreduce9", "AllReduce", None, "backward", None)
+    rows, _ = collective_rows([held, noise], compute, 0.0)
     exposed = {row["name"]: row["exposed_seconds"] for row in rows}
-    assert exposed["AllReduce 9"] < EXPOSED_RESOLUTION_SECONDS < exposed["AllReduce 7"]
-    assert tail == "AllReduce 7"
+    assert exposed["allreduce9"] < EXPOSED_RESOLUTION_SECONDS < exposed["allreduce7"]
+    assert tail([held, noise], rows, optimizer_start=1.001) == "allreduce7"
+
+
+def test_gpu_events_launched_before_the_trace_are_other_work_not_idle():
+    """A kernel whose launch the trace does not hold (the profiler started while it was queued)
+    still runs: the instants it covers in a step's window are another's work, not idle, and the
+    GPU did not wait on the host for it."""
+    kernels = [(1, 1100, 1110, 1200, AMPERE_GEMM, 1), (2, 1300, 1400, 1500, AMPERE_GEMM, 1)]
+    trace = _user_trace(kernels=kernels, ranges=[("ProfilerStep#1", *STEP, 1)], copy=False)
+    trace["traceEvents"].append({"ph": "X", "cat": "kernel", "name": ELEMENTWISE, "pid": 0, "tid": 8, "ts": 1250, "dur": 100,
+                                 "args": {"correlation": 77, "device": 0}})  # no cudaLaunchKernel 77 in the trace
+    reading = read_trace(trace)
+    (step,) = reading.steps
+    assert reading.gpu_events == 3
+    assert step["window_seconds"] == pytest.approx(390 * US)  # its own events: [1110, 1500]
+    assert step["gpu_compute_seconds"] == pytest.approx(190 * US)
+    assert step["other_steps_seconds"] == pytest.approx(100 * US)  # [1250, 1350] was idle before
+    assert step["idle_seconds"] == pytest.approx(100 * US)  # [1200, 1250] and [1350, 1400]
+    # Neither gap waited on the host: the first ends at the unlaunched kernel, the second at kernel 2,
+    # launched at 1300 before it began (dropping the unlaunched kernel made [1200, 1400] a host wait).
+    assert step["host_wait_seconds"] == 0.0
+
+
+def test_ddp_trace_prints_its_rules_once_a_summary_over_steps_and_bus_bandwidth(tmp_path, capsys):
+    """Three steps: each with two buckets of 64 MiB all-reduced on 4 ranks; the rules print once,
+    the summary gives medians, spread and the verdicts' count, each all-reduce its busbw."""
+    kernels, ranges = [], []
+    for i, lasts in enumerate((100, 300, 100)):  # the second step's last bucket is exposed longer
+        t = 10_000 * i
+        ranges += [(f"ProfilerStep#{i + 1}", t + 1000, t + 2000, 1),
+                   ("autograd::engine::evaluate_function: MmBackward0", t + 1100, t + 1500, 2)]
+        kernels += [(10 * i + 1, t + 1100, t + 1110, t + 1500, AMPERE_GEMM, 2),
+                    (10 * i + 2, t + 1200, t + 1210, t + 1410, NCCL_2_19_ALL_REDUCE, 2),
+                    (10 * i + 3, t + 1400, t + 1500, t + 1500 + lasts, NCCL_2_19_ALL_REDUCE, 2)]
+    trace = _user_trace(kernels=kernels, ranges=ranges, copy=False, distributedInfo={"backend": "nccl", "rank": 0, "world_size": 4})
+    for e in trace["traceEvents"]:
+        if e["cat"] == "kernel" and "nccl" in e["name"]:
+            e["args"].update({"In msg nelems": 16 * 2**20, "dtype": "Float"})  # 64 MiB
+    path = _write(tmp_path / "t.json", trace)
+    out = tmp_path / "figures.json"
+    assert ddp_main(["trace", str(path), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(BOUND_BY_RULE) == 1 and printed.count(TAIL_RULE) == 1
+    assert "over 3 steps" in printed and "bound by, step by step: compute in 3" in printed
+    written = json.loads(out.read_text())
+    summary = written["summary"]
+    assert summary["steps"] == 3 and summary["bound_by_steps"] == {"compute": 3}
+    assert summary["median"]["exposed_comm_seconds"] == pytest.approx(100 * US)
+    assert summary["lowest"]["exposed_comm_seconds"] == pytest.approx(100 * US)
+    assert summary["highest"]["exposed_comm_seconds"] == pytest.approx(300 * US)
+    # nccl-tests' busbw: 64 MiB over 200 us x 2(n-1)/n, n = 4: 503.3 GB/s.
+    first = written["steps"][0]["collectives"][0]
+    assert first["bus_bandwidth_bytes_per_second"] == pytest.approx(64 * 2**20 / 200e-6 * 1.5)
+    assert "503.3" in printed
+
+
+def test_ddp_trace_and_the_suite_read_the_same_steps_alike():
+    """One reader: two recorded steps of the suite, and the same trace given to ``ddp trace`` with a
+    ``ProfilerStep#N`` range over each step's phases, give the same partition, collectives, tail
+    and verdict, step by step and over the steps (the second step's all-reduce runs 0.3 s longer)."""
+    steps, kernels = [], []
+    for i, shift in enumerate((0.0, 5.0)):
+        steps.append(hand_step([1 + shift, 2 + shift], [2 + shift, 3 + shift], 3 + shift, [3 + shift, 3.5 + shift],
+                               [3.5 + shift, 4 + shift], []))
+        kernels += [(10 * i + 1, 1.1 + shift, 1.2 + shift, 1.9 + shift, AMPERE_GEMM, "kernel"),
+                    (10 * i + 2, 2.1 + shift, 2.2 + shift, 2.9 + shift, AMPERE_GEMM, "kernel"),
+                    (10 * i + 3, 2.5 + shift, 2.6 + shift, 3.2 + shift + 0.3 * i, NCCL_2_19_ALL_REDUCE, "kernel"),
+                    (10 * i + 4, 3.6 + shift, 3.7 + shift, 3.9 + shift, ADAM, "kernel")]
+    events = cuda_trace(kernels)
+    events += [{"name": f"ProfilerStep#{i}", "cat": "user_annotation", "ph": "X", "ts": s.span[0] * 1e6 + TRACE_OFFSET_US,
+                "dur": s.seconds * 1e6} for i, s in enumerate(steps)]
+    suite = [step.timeline for step in read_on_nccl(events, steps)]
+    user = read_trace({"traceEvents": events}).steps
+    assert len(suite) == len(user) == 2
+    for ours, theirs in zip(suite, user):
+        assert {key: ours[key] for key in FIGURES} == pytest.approx({key: theirs[key] for key in FIGURES}, abs=1e-9)
+        assert (ours["bound_by"], ours["tail"]) == (theirs["bound_by"], theirs["tail"])
+        assert [(r["name"], r["phase"]) for r in ours["collectives"]] == [(r["name"], r["phase"]) for r in theirs["collectives"]]
+    assert suite[1]["exposed_comm_seconds"] == pytest.approx(0.6)  # [2.9, 3.5] of its step: alone, past backward
+    ours, theirs = medians(suite), over_steps(user)["median"]
+    assert {key: ours[key] for key in FIGURES} == pytest.approx({key: theirs[key] for key in FIGURES}, abs=1e-9)
+    assert ours["bound_by"] == theirs["bound_by"]

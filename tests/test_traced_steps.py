@@ -33,7 +33,7 @@ def attached_after_traced_steps(rank: Rank, strategy: str) -> dict:
         before = _hooks(trainer.workload.module)
         steps = traced_steps(trainer, 3)
         return {
-            "collectives": sum(len(step["collectives"]) for step in steps),
+            "collectives": sum(len(step.collectives) for step in steps),
             "profiler_on": torch.autograd.profiler._is_profiler_enabled,
             "recorder": getattr(trainer.model, "collective_recorder", None) is not None,
             "hooks_added": _hooks(trainer.workload.module) - before,
@@ -96,6 +96,6 @@ def test_a_grid_traces_on_its_tracer_and_never_on_the_ranks_it_times(rank_group)
         assert tracer.run(traced_so_far) == [8] * tracer.world_size  # 4 of local, 4 of bucketed
         assert rank_group.run(traced_so_far) == [0] * rank_group.world_size
     assert len(measurement.rounds) == 3
-    assert all(len(steps) == 4 and not steps[0]["collectives"] and steps[0]["timeline"]["bound_by"] == "compute"
+    assert all(len(steps) == 4 and not steps[0].collectives and steps[0].timeline["bound_by"] == "compute"
                for steps in measurement.traces[twin])
-    assert all(len(steps) == 4 and steps[0]["collectives"] for steps in measurement.traces[index])
+    assert all(len(steps) == 4 and steps[0].collectives for steps in measurement.traces[index])

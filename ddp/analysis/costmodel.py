@@ -39,12 +39,13 @@ from typing import NamedTuple
 import numpy as np
 from torch import nn
 
+from ddp.bench.collectives.reading import bus_factor
 from ddp.bench.config.shape import StepShape
 from ddp.bench.config.step_config import AXES
 from ddp.bench.config.values import GRAD_COMM, sharded_compute_dtype
-from ddp.bench.config.workloads import build_workload
+from ddp.bench.config.workloads import build_workload, meta_module, meta_workload
 from ddp.bench.results.records import PredictionRecord, Run, RunFileError, ValidationRecord
-from ddp.model import MODEL_SIZES, build_model
+from ddp.model import MODEL_SIZES
 from ddp.strategies.declarations import FP32_BYTES, sharding_of
 from ddp.strategies.registry import FLOOR, resolve_strategy, takes_comm_dtype, traits
 
@@ -83,7 +84,7 @@ class Link:
         ``auto``: the faster of ring and tree."""
         if world_size <= 1:
             return 0.0
-        bus_bytes = size_bytes * 2 * (world_size - 1) / world_size
+        bus_bytes = size_bytes * bus_factor("AllReduce", world_size)
         algorithms = ("ring", "tree") if self.algorithm == "auto" else (self.algorithm,)
         return min(self.latency_seconds * latency_steps(world_size, a) for a in algorithms) + bus_bytes / self.busbw_at(world_size)
 
@@ -258,7 +259,7 @@ def fit_link(samples: list[tuple[int, int, float]], algorithm: str = "ring", nam
             "fitting a link needs all-reduce timings at two sizes or more on more than one rank; run "
             "perf_tests/test_allreduce.py (or `ddp run --allreduce-sizes-mb 0.1,1,10`), or give --link"
         )
-    design = np.array([[latency_steps(n, algorithm), b * 2 * (n - 1) / n] for b, n, _ in samples], dtype=float)
+    design = np.array([[latency_steps(n, algorithm), b * bus_factor("AllReduce", n)] for b, n, _ in samples], dtype=float)
     seconds = np.array([s for _, _, s in samples], dtype=float)
     (alpha, beta), *_ = np.linalg.lstsq(design, seconds, rcond=None)
     if alpha < 0:
@@ -289,7 +290,7 @@ class Gradient:
 
 def gradients_in_backward_order(model_size: str, seq_len: int) -> list[Gradient]:
     """The model's gradients in reverse registration order, with the backward FLOPs before each."""
-    model = build_model(model_size, device="meta")
+    model = meta_module(model_size, 1, seq_len)
     config = model.config
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     charged_attention: set[str] = set()
@@ -368,16 +369,11 @@ def workload_on_meta(name: str, batch_size: int, seq_len: int) -> tuple[nn.Modul
     shapes its ``batch`` gives on the CPU."""
     import torch
 
-    from ddp.bench.config.workloads import NAMED_WORKLOADS, _import_build
-
-    build = NAMED_WORKLOADS[name].build if name in NAMED_WORKLOADS else _import_build(name)
-    with torch.device("meta"):
-        module, batch, _ = build(batch_size, seq_len)
-    module = module.to("meta")
-    inputs, _ = batch(torch.Generator().manual_seed(0))
+    workload = meta_workload(name, batch_size, seq_len)
+    inputs, _ = workload.batch(torch.Generator().manual_seed(0))
     inputs = tuple(x.to("meta") for x in inputs) if isinstance(inputs, tuple | list) else inputs.to("meta")
     with torch.no_grad():
-        return module, gradients_by_flops(module, inputs)
+        return workload.module, gradients_by_flops(workload.module, inputs)
 
 
 def subject_of(model, batch_size: int, seq_len: int) -> tuple[nn.Module, list[Gradient]]:
@@ -398,7 +394,7 @@ def gradients_of(model, seq_len: int) -> list[Gradient]:
 
 def module_of(model) -> nn.Module:
     """A built-in LM size by name, built on the meta device (nothing allocated), or the module itself."""
-    return build_model(model, device="meta") if isinstance(model, str) else model
+    return meta_module(model, 1, 1) if isinstance(model, str) else model
 
 
 def ready_times(gradients: list[Gradient], backward_seconds: float) -> list[float]:
@@ -987,7 +983,7 @@ def link_of_step(trace, world_size: int) -> Link:
     try:
         return fit_link(samples, name="fitted on this step's collectives")
     except ValueError:
-        bus = sum(b * 2 * (n - 1) / n for b, n, _ in samples)
+        bus = sum(b * bus_factor("AllReduce", n) for b, n, _ in samples)
         return Link("fitted on this step's collectives (bandwidth only)", 0.0, bus / sum(s for *_, s in samples))
 
 

@@ -11,55 +11,52 @@ completion of each), all on the ``time.perf_counter`` clock, one clock for every
 
 from __future__ import annotations
 
+from statistics import median
+
 from ddp.bench.collectives.reading import comm_source, trace_offset_us
-from ddp.bench.collectives.timeline import FIGURES, bound_by, usual_tail
-from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
+from ddp.bench.collectives.timeline import medians, usual_tail
+from ddp.bench.config.shape import RecordedStep
 
 # Thread id of the track that add_collective_track adds to each trace; no real thread has it.
 COLLECTIVE_TRACK_TID = 1_000_000_000
 
 
-def rank_figures(steps: list[dict]) -> dict:
-    """Per-step means over the profiled steps of one rank: each phase's length, each figure of the
-    partition (``FIGURES``), ``bound_by`` by its rule applied to them, ``overlap_fraction`` (a
-    ratio of totals: communication beside compute over all of it; None when nothing was
-    communicated), each collective's exposed share and the tail (``exposure_figures``).
-    ``collectives_per_step`` and ``comm_bytes_per_step`` count what the strategy launched (the
-    records), whatever gave the times."""
-    n = len(steps)
-    timelines = [step["timeline"] for step in steps]
-    # CUDA steps keep the records beside the kernel intervals; on the CPU path they are one list.
-    records = [step.get("collective_records", step["collectives"]) for step in steps]
-    means = {key: sum(t[key] for t in timelines) / n for key in FIGURES}
+def rank_figures(steps: list[RecordedStep]) -> dict:
+    """Medians over the profiled steps of one rank, the suite's aggregation (``timeline.medians``):
+    each phase's length, each figure of the partition (``FIGURES``), ``bound_by`` by its rule
+    applied to them, ``overlap_fraction`` (communication beside compute over all of it, of the
+    medians; None when nothing was communicated), each collective's exposed share and the tail
+    (``exposure_figures``). ``collectives_per_step`` and ``comm_bytes_per_step`` count what the
+    strategy launched (the records), whatever gave the times."""
+    timelines = [step.timeline for step in steps]
+    records = [step.launched for step in steps]
+    figures = medians(timelines)
     return {
-        "step_seconds": sum(step_span(s)[1] - step_span(s)[0] for s in steps) / n,
-        **{f"{phase}_seconds": sum(s[phase][1] - s[phase][0] for s in steps) / n for phase in phases_of(steps[0])},
-        "backward_compute_seconds": sum(s["backward_compute_end"] - s["backward"][0] for s in steps) / n,
-        **means,
-        "bound_by": bound_by(means),
-        "overlap_fraction": means["overlapped_comm_seconds"] / means["comm_seconds"] if means["comm_seconds"] > 0 else None,
+        "step_seconds": median(s.seconds for s in steps),
+        **{f"{phase}_seconds": median(s.phases[phase][1] - s.phases[phase][0] for s in steps) for phase in steps[0].phases},
+        "backward_compute_seconds": median(s.backward_compute_end - s.phases["backward"][0] for s in steps),
+        **figures,
+        "overlap_fraction": (figures["overlapped_comm_seconds"] / figures["comm_seconds"]
+                             if figures["comm_seconds"] > 0 else None),
         **exposure_figures(timelines),
-        "collectives_per_step": sum(len(r) for r in records) / n,
-        "comm_bytes_per_step": sum(c["size_bytes"] for r in records for c in r) / n,
+        "collectives_per_step": median(len(r) for r in records),
+        "comm_bytes_per_step": median(sum(c["size_bytes"] for c in r) for r in records),
         "comm_source": comm_source(steps),
     }
 
 
 def exposure_figures(timelines: list[dict]) -> dict:
-    """Per collective label (in the order of the first step's), its share of the step's exposed
-    communication, averaged over steps; the ``tail`` the steps most often had (None if none);
-    and the exposed seconds no collective's share accounts for (none where every collective was read)."""
-    per_label: dict[str, float] = {}
-    attributed = 0.0
-    for timeline in timelines:
-        for row in timeline["collectives"]:
-            per_label[row["label"]] = per_label.get(row["label"], 0.0) + row["exposed_seconds"]
-            attributed += row["exposed_seconds"]
-    total = sum(t["exposed_comm_seconds"] for t in timelines)
+    """Per collective label (in the order of the first step's), the median over steps of its share
+    of the step's exposed communication (0 in a step without it); the ``tail`` the steps most
+    often had (None if none); and the median exposed seconds no collective's share accounts for
+    (none where every collective was read)."""
+    labels = list(dict.fromkeys(row["label"] for t in timelines for row in t["collectives"]))
+    shares = [{row["label"]: row["exposed_seconds"] for row in t["collectives"]} for t in timelines]
+    unattributed = [t["exposed_comm_seconds"] - sum(row["exposed_seconds"] for row in t["collectives"]) for t in timelines]
     return {
-        "collective_exposed_seconds": {label: seconds / len(timelines) for label, seconds in per_label.items()},
+        "collective_exposed_seconds": {label: median(share.get(label, 0.0) for share in shares) for label in labels},
         "tail": usual_tail(timelines),
-        "unattributed_exposed_seconds": max(0.0, total - attributed) / len(timelines),
+        "unattributed_exposed_seconds": max(0.0, median(unattributed)),
     }
 
 
@@ -73,7 +70,7 @@ def strategy_summary(rank_records: list[dict]) -> dict:
     return {**{key: slowest[key] for key in keys}, "slowest_rank": slowest["rank"], "ranks": ranks}
 
 
-def add_collective_track(trace: dict, steps: list[dict]) -> None:
+def add_collective_track(trace: dict, steps: list[RecordedStep]) -> None:
     """Add each collective, launch to completion, as an async event on a track of its own.
 
     The profiler's own "gloo:all_reduce" events on gloo's threads show only the time a worker
@@ -87,7 +84,7 @@ def add_collective_track(trace: dict, steps: list[dict]) -> None:
                    "args": {"name": "collectives in flight (ddp-bench)"}})
     index = 0
     for step_index, step in enumerate(steps):
-        for c in step["collectives"]:
+        for c in step.collectives:
             common = {"cat": "ddp_bench_collective", "name": c["label"], "id": index, "pid": pid, "tid": tid}
             args = {"size_bytes": c["size_bytes"], "step": step_index}
             events.append({**common, "ph": "b", "ts": c["launch_seconds"] * 1e6 + offset, "args": args})
@@ -100,15 +97,16 @@ def add_collective_track(trace: dict, steps: list[dict]) -> None:
 
 
 def timeline_record(strategy: str, summary: dict, rank_records: list[dict]) -> dict:
-    """What ``ddp.analysis.timeline`` draws: every rank's steps, in seconds since the earliest rank's first step."""
-    origin = min(step_span(r["steps"][0])[0] for r in rank_records)
+    """What ``ddp.analysis.timeline`` draws (JSON): every rank's steps, each its phases by name,
+    ``backward_compute_end`` and ``collectives``, in seconds since the earliest rank's first step."""
+    origin = min(r["steps"][0].span[0] for r in rank_records)
 
-    def shift(step: dict) -> dict:
-        shifted = {phase: [t - origin for t in step[phase]] for phase in phases_of(step)}
-        shifted["backward_compute_end"] = step["backward_compute_end"] - origin
+    def shift(step: RecordedStep) -> dict:
+        shifted = {phase: [t - origin for t in span] for phase, span in step.phases.items()}
+        shifted["backward_compute_end"] = step.backward_compute_end - origin
         shifted["collectives"] = [
             {**c, "launch_seconds": c["launch_seconds"] - origin, "done_seconds": c["done_seconds"] - origin}
-            for c in step["collectives"]
+            for c in step.collectives
         ]
         return shifted
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ddp.analysis import timeline
 from ddp.analysis.overlap import add_collective_track, strategy_summary, timeline_record
-from ddp.bench.collectives.reading import cuda_steps_from_trace
-from ddp.bench.collectives.timeline import with_timelines
+from ddp.bench.collectives.timeline import read_recorded, with_timelines
 from ddp.bench.results.records import ProfileRecord, ProfileSummary, file_stem, write_profile_summary
 
 
@@ -24,8 +23,9 @@ def read_traces(rank_records: list[dict]) -> list[dict]:
         path = Path(record["trace_file"])
         trace = json.loads(path.read_text())
         if record["device"].startswith("cuda"):
-            read = cuda_steps_from_trace(trace["traceEvents"], record["steps"])
-            record = {**record, "steps": with_timelines(read, trace["traceEvents"], record["steps"])}
+            # On CUDA ddp profile runs NCCL (it refuses gloo there): NCCL's kernels, else the records.
+            record = {**record, "steps": read_recorded(trace["traceEvents"], record["steps"], cuda=True, nccl=True,
+                                                       own_records=True)}
         else:
             add_collective_track(trace, record["steps"])
             path.write_text(json.dumps(trace))

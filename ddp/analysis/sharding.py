@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
+from ddp.bench.config.workloads import meta_module
 from ddp.bench.results.records import StepRecord
-from ddp.model import MODEL_SIZES, build_model, num_parameters
+from ddp.model import MODEL_SIZES, num_parameters
 from ddp.strategies.declarations import Sharding, sharding_of
 from ddp.strategies.registry import STRATEGIES
 
@@ -31,8 +30,7 @@ FIT_WORLD_SIZES = (1, 2, 8, 64, 512)
 
 def model_parameters(size: str) -> int:
     """Trainable parameters of a named LM size, counted on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        return num_parameters(build_model(size))
+    return num_parameters(meta_module(size, 1, 1))
 
 
 @dataclass(frozen=True)

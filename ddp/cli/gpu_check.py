@@ -2,7 +2,7 @@
 command that finishes within 8 minutes on one H100; ``--rehearse`` runs the same stages on the CPU
 at ``tiny`` sizes (CI does), ``--dry-run`` prints the stages and their limits.
 
-The stages (``ddp.cli.gpu_stages`` says what each holds the suite to) run one after the other,
+The stages (``ddp.acceptance.gpu_stages`` says what each holds the suite to) run one after the other,
 each in a process of its own started in a session of its own (``run_stage``), with a time limit;
 past it the whole process group is killed (the stage's pytest runs in that process, and its ranks
 go with it), and the next stage runs. Each stage writes its log, its pytest-benchmark JSON where it runs the
@@ -34,9 +34,10 @@ from pathlib import Path
 
 import torch
 
+from ddp.acceptance import gpu_stages
+from ddp.acceptance.gpu_stages import CheckFailed, Target
 from ddp.analysis.tables import table
-from ddp.cli import UsageError, gpu_stages
-from ddp.cli.gpu_stages import CheckFailed, Target
+from ddp.cli import UsageError
 
 TOTAL_LIMIT_SECONDS = 480
 SUITES = ("correctness_tests", "tests", "perf_tests")  # the folders of a checkout that the stages run

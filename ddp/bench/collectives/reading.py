@@ -1,13 +1,11 @@
-"""Reading the suite's recorded steps (``ddp.bench.collectives.recording``) against the profiler's
-traces, and what every reader of a trace shares: GPU events classified as Holistic Trace Analysis
-classes them (``kernel_kind``), NCCL's kernels named by the collective they run
-(``nccl_collective``), a trace file loaded (``load_trace``). Pure functions of step records and
-trace events: no tensors, no ranks (the report and ``ddp profile``'s parent read them too).
+"""What every reader of a PyTorch profiler trace shares: GPU events classified as Holistic Trace
+Analysis classes them (``kernel_kind``), NCCL's kernels named by the collective they run
+(``nccl_collective``) with their bytes, a collective's bus bandwidth factor, where a step's
+communication times come from (``COMM_FROM_*``), a trace file loaded (``load_trace``). Pure
+functions of trace events: no tensors, no ranks.
 
-The suite's traces carry its steps' ``forward``, ``backward``, ``gradient_sync`` and
-``optimizer`` ranges, on the ``perf_counter`` clock of its step records: ``cpu_steps_from_trace``
-and ``cuda_steps_from_trace`` give each step's collectives their times from them. What bounds a
-step, for the suite's traces and a user's alike, is ``ddp.bench.collectives.timeline``.
+The one reader of a trace, for the suite's traced steps, ``ddp profile`` and ``ddp trace`` alike,
+is ``ddp.bench.collectives.timeline``.
 """
 
 from __future__ import annotations
@@ -20,75 +18,29 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
-from ddp.bench.config.shape import phases_of, step_span  # the step's phases, named once
+from ddp.bench.config.shape import RecordedStep
 
 # Where a step's communication intervals come from (the "comm_source" of steps and records):
 COMM_FROM_NCCL_KERNELS = "nccl_kernels"  # GPU time of the NCCL kernels in a CUDA trace
-COMM_FROM_COLLECTIVE_RECORDS = "collective_records"  # ddp.strategies.tracing's stamps
-COMM_FROM_PROFILER = "profiler"  # c10d's calls and gloo's work in the profiler's record
+COMM_FROM_COLLECTIVE_RECORDS = "collective_records"  # ddp.strategies.tracing's stamps, launch to completion
+COMM_FROM_PROFILER = "profiler"  # c10d's calls paired with gloo's work in the profiler's record
+COMM_FROM_GLOO_RANGES = "gloo_ranges"  # a partition's: gloo's work on the host (gloo over CUDA tensors)
+COMM_NONE = "none"  # a partition's: the step communicated nothing
 COMM_FROM_MIXED = "mixed"  # steps that did not all use the same source
 
 
-def _is_collective(name: str, prefix: str) -> bool:
-    return name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
-
-
-def _buckets_at(positions: list[int], bucket_sizes_bytes: list[int] | None) -> dict[int, tuple[str, int]]:
-    """The strategy's buckets, ``(label, bytes)`` by place among a step's collectives, where the
-    collectives at ``positions`` are as many as its plan has buckets; else none."""
-    if bucket_sizes_bytes is None or len(bucket_sizes_bytes) != len(positions):
-        return {}
-    return {i: (f"bucket{b}", bucket_sizes_bytes[b]) for b, i in enumerate(positions)}
-
-
-def cpu_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_bytes: list[int] | None) -> list[dict]:
-    """The step records with their ``collectives`` read from a CPU profiler trace (gloo): c10d's
-    calls (``c10d::allreduce_``, ...) are the launches, gloo's executions (``gloo:all_reduce``, ...,
-    on gloo's threads, in the order they were queued) the completions, paired in order. A step whose
-    collectives cannot be paired keeps none (``comm_source`` "profiler", with ``unpaired``)."""
-    offset = trace_offset_us(events, steps)
-
-    def spans(prefix: str) -> list[tuple[float, float, str]]:
-        # The CPU's ranges only: with CUDA activity Kineto mirrors every annotation (gloo's work
-        # among them) on the GPU's timeline as "gpu_user_annotation", which would count each twice
-        # (seen with gloo over CUDA tensors on an H200, torch 2.11).
-        return sorted(((e["ts"] - offset) / 1e6, (e["ts"] + e.get("dur", 0) - offset) / 1e6, e["name"])
-                      for e in events if e.get("ph") == "X" and e.get("cat") in CPU_RANGE_CATEGORIES
-                      and _is_collective(e.get("name", ""), prefix))
-
-    calls, executions = spans("c10d::"), spans("gloo:")
-    paired = len(calls) == len(executions)
-    read = []
-    for step in steps:
-        window = step_span(step)
-        mine = [(call[0], execution[1], call[2].removeprefix("c10d::").strip("_"))
-                for call, execution in zip(calls, executions) if window[0] <= call[0] <= window[1]]
-        # All-reduces are the buckets where there are as many as the plan has (DDP's forward may
-        # also broadcast the module's buffers); any other collective is named by its operator.
-        buckets = _buckets_at([i for i, (*_, op) in enumerate(mine) if op == "allreduce"], bucket_sizes_bytes)
-        collectives = [
-            {"label": buckets[i][0] if i in buckets else f"{op}{i}", "size_bytes": buckets[i][1] if i in buckets else 0,
-             "ready_seconds": launch, "launch_seconds": launch, "done_seconds": done}
-            for i, (launch, done, op) in enumerate(mine)
-        ] if paired else []
-        read.append({**step, "collectives": collectives, "comm_source": COMM_FROM_PROFILER, "unpaired": not paired})
-    return read
-
-
-def comm_source(steps: list[dict]) -> str:
-    """Where the communication times of these steps came from: a ``COMM_FROM_*`` value.
-
-    Steps built on the CPU path carry no "comm_source": their collectives are the records.
-    """
-    sources = {step.get("comm_source", COMM_FROM_COLLECTIVE_RECORDS) for step in steps}
+def comm_source(steps: list[RecordedStep]) -> str:
+    """Where the communication times of these steps came from: a ``COMM_FROM_*`` value (a step
+    without one holds the strategy's own records)."""
+    sources = {step.comm_source or COMM_FROM_COLLECTIVE_RECORDS for step in steps}
     return sources.pop() if len(sources) == 1 else COMM_FROM_MIXED
 
 
-def trace_offset_us(events: list[dict], steps: list[dict]) -> float:
+def trace_offset_us(events: list[dict], steps: list[RecordedStep]) -> float:
     """Trace time (µs) minus ``perf_counter`` time (µs), from the first profiled "forward" range,
     whose start was stamped on both clocks within microseconds."""
     forward = min((e for e in events if e.get("name") == "forward" and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
-    return forward["ts"] - steps[0]["forward"][0] * 1e6
+    return forward["ts"] - steps[0].phases["forward"][0] * 1e6
 
 
 # GPU event categories of a PyTorch (Kineto) CUDA trace; kernel_kind classifies these only.
@@ -185,7 +137,9 @@ class GpuEvent(NamedTuple):
     traces, from the trace's first event for a user's (``read_trace``)."""
 
     launch_seconds: float
-    """When the CPU launched it (its cuda_runtime/cuda_driver event with the same correlation id)."""
+    """When the CPU launched it (its cuda_runtime/cuda_driver event with the same correlation id);
+    ``LAUNCHED_BEFORE_THE_TRACE`` where the trace holds no launch (the profiler started while it
+    was queued): no step owns it and the GPU did not wait on the host for it."""
     start_seconds: float
     end_seconds: float
     name: str
@@ -196,7 +150,12 @@ class GpuEvent(NamedTuple):
     size_bytes: int | None = None
     """An NCCL kernel's input in bytes where its arguments give it (``nccl_message_bytes``), else None."""
     thread: tuple | None = None
-    """``(pid, tid)`` of the thread that launched it."""
+    """``(pid, tid)`` of the thread that launched it; None where the launch is not in the trace."""
+    nccl_range: str | None = None
+    """An NCCL kernel's innermost ``nccl:<op>`` range around its launch on its thread, else None."""
+
+
+LAUNCHED_BEFORE_THE_TRACE = float("-inf")
 
 
 # Categories of the CPU's ranges: operators (the autograd engine's among them) and record_function's
@@ -205,13 +164,19 @@ class GpuEvent(NamedTuple):
 CPU_RANGE_CATEGORIES = ("cpu_op", "user_annotation")
 
 
+def is_collective_range(name: str, prefix: str) -> bool:
+    """Whether a CPU range named ``name`` is one collective's (``nccl:all_reduce``, ``gloo:broadcast``,
+    ``c10d::allreduce_``): its ``prefix``, and neither a barrier nor a coalesced group's range."""
+    return name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
+
+
 def _innermost_nccl_ranges(events: list[dict]):
     """A function of a launch event: the name of the innermost ``nccl:<op>`` range on its thread
     that contains it, or None. A collective's range and its kernel's launch are on the thread
     that called it (NCCL launches from the caller), so the thread is matched."""
     by_thread: dict[tuple, list[tuple[float, float, str]]] = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in CPU_RANGE_CATEGORIES and e.get("name", "").startswith("nccl:"):
+        if e.get("ph") == "X" and e.get("cat") in CPU_RANGE_CATEGORIES and is_collective_range(e.get("name", ""), "nccl:"):
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
     ranges = {thread: sorted(mine) for thread, mine in by_thread.items()}
     starts = {thread: [start for start, _, _ in mine] for thread, mine in ranges.items()}
@@ -228,10 +193,11 @@ def _innermost_nccl_ranges(events: list[dict]):
 
 
 def read_gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
-    """Every GPU event whose CPU launch is in the trace, classified, times in seconds of trace
-    time minus ``offset_us``. Launches are the "cuda_runtime" (cudaLaunchKernel,
-    cudaLaunchKernelExC: NCCL's, cudaMemcpyAsync, ...) and "cuda_driver" (cuLaunchKernelEx) events,
-    paired with their GPU event by correlation id, as Kineto writes them."""
+    """Every GPU event of the trace, classified, times in seconds of trace time minus
+    ``offset_us``. Launches are the "cuda_runtime" (cudaLaunchKernel, cudaLaunchKernelExC: NCCL's,
+    cudaMemcpyAsync, ...) and "cuda_driver" (cuLaunchKernelEx) events, paired with their GPU event
+    by correlation id, as Kineto writes them; an event whose launch the trace does not hold keeps
+    ``LAUNCHED_BEFORE_THE_TRACE`` (it still runs, and covers what it runs beside)."""
     launches = {
         e["args"]["correlation"]: e
         for e in events
@@ -240,114 +206,52 @@ def read_gpu_events(events: list[dict], offset_us: float) -> list[GpuEvent]:
     nccl_range_around = _innermost_nccl_ranges(events)
     gpu_events = []
     for e in events:
-        correlation = e.get("args", {}).get("correlation")
-        if e.get("cat") in GPU_EVENT_CATEGORIES and correlation in launches:
-            launch = launches[correlation]
-            kind = kernel_kind(e["name"], e["cat"])
-            collective = size_bytes = None
-            if kind == "communication":
-                collective = nccl_collective(e["name"], e["args"], nccl_range_around(launch))
-                size_bytes = nccl_message_bytes(e["args"])
-            start = (e["ts"] - offset_us) / 1e6
-            gpu_events.append(GpuEvent(
-                launch_seconds=(launch["ts"] - offset_us) / 1e6,
-                start_seconds=start,
-                end_seconds=start + e.get("dur", 0) / 1e6,
-                name=e["name"],
-                kind=kind,
-                collective=collective,
-                size_bytes=size_bytes,
-                thread=(launch.get("pid"), launch.get("tid")),
-            ))
+        if e.get("cat") not in GPU_EVENT_CATEGORIES or "ts" not in e:
+            continue
+        launch = launches.get((e.get("args") or {}).get("correlation"))
+        kind = kernel_kind(e["name"], e["cat"])
+        collective = size_bytes = nccl_range = None
+        if kind == "communication":
+            nccl_range = nccl_range_around(launch) if launch else None
+            collective = nccl_collective(e["name"], e.get("args"), nccl_range)
+            size_bytes = nccl_message_bytes(e.get("args") or {})
+        start = (e["ts"] - offset_us) / 1e6
+        gpu_events.append(GpuEvent(
+            launch_seconds=(launch["ts"] - offset_us) / 1e6 if launch else LAUNCHED_BEFORE_THE_TRACE,
+            start_seconds=start,
+            end_seconds=start + e.get("dur", 0) / 1e6,
+            name=e["name"],
+            kind=kind,
+            collective=collective,
+            size_bytes=size_bytes,
+            thread=(launch.get("pid"), launch.get("tid")) if launch else None,
+            nccl_range=nccl_range,
+        ))
     return gpu_events
 
 
-def gpu_events_from_trace(events: list[dict], steps: list[dict]) -> list[GpuEvent]:
-    """Every GPU event of the suite's trace whose CPU launch is in the trace, classified by
-    ``kernel_kind`` (NCCL's kernels by ``nccl_collective`` too), on the steps' ``perf_counter`` clock."""
-    return read_gpu_events(events, trace_offset_us(events, steps))
+# Bus bandwidth (nccl-tests' doc/PERFORMANCE.md): what a collective of S bytes moves over the
+# slowest link of a ring of n ranks, as a multiple of S / time (algbw). S is the buffer nccl-tests
+# names: an all-reduce's buffer, an all-gather's output and a reduce-scatter's input (n times the
+# other side), a broadcast's or reduce's buffer.
+def bus_factor(collective: str, world_size: int) -> float | None:
+    """busbw / algbw of ``collective`` (one of ``NCCL_COLLECTIVES``) on ``world_size`` ranks: 2(n-1)/n
+    for an all-reduce, (n-1)/n for an all-gather and a reduce-scatter, 1 for a broadcast and a
+    reduce; None for point-to-point (SendRecv: its bytes per peer are not in the kernel's name)."""
+    n = world_size
+    return {"AllReduce": 2 * (n - 1) / n, "AllGather": (n - 1) / n, "ReduceScatter": (n - 1) / n,
+            "Broadcast": 1.0, "Reduce": 1.0}.get(collective)
 
 
-def _collective_label(collective: str | None, place: int) -> str:
-    """A kernel named by its collective and its place among its step's NCCL kernels: ``broadcast0``,
-    ``allreduce3`` (c10d's names for them, as ``cpu_steps_from_trace`` gives them); ``collective{i}``
-    where nothing says which collective it runs."""
-    return f"{(collective or 'collective').lower()}{place}"
-
-
-def _kernel_labels(kernels: list[GpuEvent], optimizer_start: float,
-                   bucket_sizes_bytes: list[int] | None) -> list[tuple[str, int]]:
-    """``(label, bytes)`` of a step's NCCL kernels, in launch order. The plan's buckets are the
-    all-reduces launched before the optimizer, where the plan has as many (``_buckets_at``);
-    every other kernel is named by its collective and place, with its bytes from its arguments
-    where they give them. PyTorch's DDP broadcasts the module's buffers in every forward
-    (``broadcast_buffers=True``: an NCCL Broadcast kernel before the buckets), and an optimizer may
-    gather parameters: neither is a bucket, and neither must stop the buckets from being named."""
-    gradients = [i for i, k in enumerate(kernels) if k.collective == "AllReduce" and k.launch_seconds < optimizer_start]
-    buckets = _buckets_at(gradients, bucket_sizes_bytes)
-    return [buckets.get(i, (_collective_label(k.collective, i), k.size_bytes or 0)) for i, k in enumerate(kernels)]
-
-
-def _named_kernels(kernels: list[GpuEvent], step: dict, bucket_sizes_bytes: list[int] | None) -> list[dict]:
-    """A step's NCCL kernels as collectives, in launch order: named by the step's records where
-    there is one per kernel; else by ``_kernel_labels`` (the plan's buckets, the others by
-    collective and place)."""
-    records = step["collectives"]
-    if len(records) != len(kernels):
-        labels = _kernel_labels(kernels, step["optimizer"][0], bucket_sizes_bytes)
-        records = [{"label": label, "size_bytes": size_bytes} for label, size_bytes in labels]
-    return [{"label": r["label"], "size_bytes": r["size_bytes"], "ready_seconds": None, "launch_seconds": k.start_seconds,
-             "done_seconds": k.end_seconds} for k, r in zip(kernels, records)]
-
-
-def cuda_steps_from_trace(events: list[dict], steps: list[dict], bucket_sizes_bytes: list[int] | None = None) -> list[dict]:
-    """Step records whose phases and collectives are GPU time, read from a CUDA trace.
-
-    A GPU event belongs to the CPU range (phase) in which it was launched, through the launch's
-    correlation id; one launched inside no phase is ignored. Each phase runs from the first to the
-    last compute kernel (``kernel_kind``) launched inside it; memcpy, memset and sync events never
-    count. Backward compute ends with the last compute kernel launched inside "backward".
-
-    Communication: the NCCL kernels launched during the step, if there are any
-    (``comm_source`` "nccl_kernels"); else the step's own collective records, kept as recorded
-    (``comm_source`` "collective_records"). The second is the case of gloo over CUDA, which copies
-    each bucket to the host, reduces it there and copies it back (only memcpys on the GPU), and of
-    NCCL at world size 1. A record runs from the CPU's call to the completion of the work's future
-    (gloo: once the copy back is enqueued), so it includes any wait for the GPU to produce the
-    gradient. The records stay under "collective_records" in both cases. Times stay on the
-    ``perf_counter`` clock.
-    """
-    gpu_events = gpu_events_from_trace(events, steps)
-    gpu_steps = []
-    for step in steps:
-
-        def launched_in(window, kind: str) -> list[GpuEvent]:
-            return [e for e in gpu_events if e.kind == kind and window[0] <= e.launch_seconds <= window[1]]
-
-        nccl_kernels = sorted(launched_in(step_span(step), "communication"),
-                              key=lambda k: k.launch_seconds)
-        if nccl_kernels:
-            gpu_step = {"comm_source": COMM_FROM_NCCL_KERNELS,
-                        "collectives": _named_kernels(nccl_kernels, step, bucket_sizes_bytes)}
-        else:
-            gpu_step = {"comm_source": COMM_FROM_COLLECTIVE_RECORDS, "collectives": list(step["collectives"])}
-        gpu_step["collective_records"] = step["collectives"]
-        phases = phases_of(step)
-        gpu_step.update({key: value for key, value in step.items() if key not in gpu_step and key not in phases})
-        for phase in phases:
-            compute = launched_in(step[phase], "compute")
-            # A phase that launched no compute kernel (gradient_sync of most strategies) keeps its CPU span.
-            gpu_step[phase] = (
-                [min(k.start_seconds for k in compute), max(k.end_seconds for k in compute)] if compute else step[phase]
-            )
-        # Backward's computation: the kernels launched before the engine's end-of-compute callback,
-        # not those a reducer launches while it waits inside backward (gloo over CUDA copies back).
-        backward_compute = launched_in((step["backward"][0], step["backward_compute_end"]), "compute")
-        gpu_step["backward_compute_end"] = (  # replaces the CPU's stamp kept above
-            max(k.end_seconds for k in backward_compute) if backward_compute else gpu_step["backward"][1]
-        )
-        gpu_steps.append(gpu_step)
-    return gpu_steps
+def bus_bandwidth(collective: str, input_bytes: int, seconds: float, world_size: int) -> float | None:
+    """Bytes per second of bus bandwidth of one collective whose rank gave ``input_bytes`` (an NCCL
+    kernel's "In msg nelems" x its dtype's size) and ran ``seconds``: S / seconds x ``bus_factor``,
+    S the input except for an all-gather, whose buffer is n inputs. None where the factor is none."""
+    factor = bus_factor(collective, world_size)
+    if factor is None or seconds <= 0:
+        return None
+    size = input_bytes * world_size if collective == "AllGather" else input_bytes
+    return size / seconds * factor
 
 
 # ---------------------------------------------------------------------------------------------

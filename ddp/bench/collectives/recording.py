@@ -15,9 +15,9 @@ Where the collectives' times come from (a step's ``comm_source``):
   end is the completion); bucket labels and sizes from the strategy's ``bucket_sizes_bytes``
   where their number matches;
 - ``nccl_kernels``: on NCCL the futures complete when the kernels are enqueued, so the GPU times of
-  NCCL's kernels (``cuda_steps_from_trace``), and the compute kernels' for the phases.
+  NCCL's kernels, and the compute kernels' for the phases.
 
-Reading them (the sources, each collective's share of the exposed window) is ``ddp.bench.collectives.reading``.
+The trace is read once, by the reader of every trace (``ddp.bench.collectives.timeline.read_recorded``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp.bench.collectives.reading import cpu_steps_from_trace, cuda_steps_from_trace
-from ddp.bench.collectives.timeline import with_timelines
-from ddp.bench.config.shape import StepObserver
+from ddp.bench.collectives.timeline import read_recorded, with_timelines
+from ddp.bench.config.shape import RecordedStep, StepObserver
 from ddp.strategies import tracing
 from ddp.strategies.declarations import traits_of
 
@@ -45,7 +44,8 @@ COMPLETION_STAMP_TIMEOUT_SECONDS = 10.0
 
 
 class PhaseRecorder(StepObserver):
-    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``:
+    """Profiler and NVTX ranges around each phase, and their ``[start, end]`` into ``self.step``
+    (a ``RecordedStep``'s ``phases``):
     each of the step's phases (``ddp.bench.config.shape.StepShape.phases``) once; a phase entered
     again in the same step (``accumulate``, once per micro-batch) spans from its first start to its
     last end, never only the last."""
@@ -79,13 +79,13 @@ def wait_for_completion_stamps(recorder: tracing.CollectiveRecorder) -> None:
         time.sleep(0.001)
 
 
-def recorded_step(trainer, together: bool = False) -> dict:
+def recorded_step(trainer, together: bool = False) -> RecordedStep:
     """One step of ``trainer`` (a ``ddp.bench.rounds.trainer.Trainer``: handed in, not imported, as
-    the rounds that drive it sit above this folder) with its phases and its collectives recorded: ``[start, end]`` of each
-    phase, ``backward_compute_end`` and the strategy's ``collectives`` (``CollectiveSpan`` fields; empty for a strategy that records none).
-    ``together``: every rank starts it at once (a barrier first, as a timed round of several
-    configurations does). ``RuntimeError`` where the step entered other phases than its shape
-    declares (``StepShape.phases``): the readers of the record find each phase by that name."""
+    the rounds that drive it sit above this folder) with its phases and its collectives recorded
+    (a ``RecordedStep``; no collectives for a strategy that records none). ``together``: every rank
+    starts it at once (a barrier first, as a timed round of several configurations does).
+    ``RuntimeError`` where the step entered other phases than its shape declares
+    (``StepShape.phases``): the readers of the record find each phase by that name."""
     if together:
         dist.barrier()
     observer = PhaseRecorder(trainer.cuda)
@@ -96,15 +96,12 @@ def recorded_step(trainer, together: bool = False) -> dict:
         wait_for_completion_stamps(collectives)
     finally:
         trainer.model.collective_recorder = None
-    step = observer.step
-    if tuple(step) != trainer.shape.phases:  # the record is read by the phases the shape declares
-        raise RuntimeError(f"the step entered the phases {', '.join(step)}; its shape declares {', '.join(trainer.shape.phases)}")
-    step["backward_compute_end"] = trainer.backward_compute_end.seconds
-    step["collectives"] = [asdict(span) for span in collectives.spans]
-    return step
+    if tuple(observer.step) != trainer.shape.phases:  # the record is read by the phases the shape declares
+        raise RuntimeError(f"the step entered the phases {', '.join(observer.step)}; its shape declares {', '.join(trainer.shape.phases)}")
+    return RecordedStep(observer.step, trainer.backward_compute_end.seconds, [asdict(span) for span in collectives.spans])
 
 
-def traced_steps(trainer, steps: int) -> list[dict]:
+def traced_steps(trainer, steps: int) -> list[RecordedStep]:
     """``steps`` recorded steps, each started by every rank at once, each with its collectives'
     times from the best source (module docstring) and its ``timeline``: the partition of its
     window (``ddp.bench.collectives.timeline``). Always ``steps`` training steps, whatever the source.
@@ -125,11 +122,5 @@ def traced_steps(trainer, steps: int) -> list[dict]:
         path = Path(folder) / "trace.json"
         profiler.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
-    buckets = getattr(trainer.model, "bucket_sizes_bytes", None)
-    if nccl:
-        read = cuda_steps_from_trace(events, records, buckets)
-    elif records_its_own:
-        read = records  # gloo over CUDA: the strategy's own records, as on CPU
-    else:
-        read = cpu_steps_from_trace(events, records, buckets)  # gloo, on CPU tensors or CUDA ones (reduced on the host)
-    return with_timelines(read, events, records) if trainer.cuda else with_timelines(read)
+    return read_recorded(events, records, getattr(trainer.model, "bucket_sizes_bytes", None), cuda=trainer.cuda, nccl=nccl,
+                         own_records=records_its_own)

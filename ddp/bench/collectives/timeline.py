@@ -23,10 +23,17 @@ with its own share: instants where several run are split equally among them, so 
 to the step's figures; its phase is where its launch lies (``phase_of``).
 
 Where the trace has no NCCL kernel but gloo ran (gloo over CUDA tensors reduces on the host),
-communication is gloo's CPU ranges (``COMM_FROM_GLOO_RANGES``), placed on the same clock.
+communication is gloo's CPU ranges (``COMM_FROM_GLOO_RANGES``), placed on the same clock, each
+owned by the step that launched it (its ``c10d::`` call).
 
-**Inferences**, each with its rule (``TAIL_RULE``, ``BOUND_BY_RULE``): the tail, and what bounds
-the step.
+**One reader.** ``read_steps`` is the only reader of a trace's events: ``ddp trace``
+(``read_trace``), ``ddp profile`` and the suite's traced steps (``read_recorded``, which takes the
+recorded steps' GPU phases and collectives from the same reading) all go through it. Every
+collective is named one way (``collective_label``).
+
+**Inferences**, each computed from the facts by its own function with its rule (``tail``:
+``TAIL_RULE``; ``bound_by``: ``BOUND_BY_RULE``): the tail, and what bounds the step; over several
+steps, ``medians`` and ``usual_tail``, the one aggregation of the suite and ``ddp profile``.
 
 **On CPU with gloo** (``cpu_partition``) nothing runs on a GPU: compute is the training thread's
 phases (forward, backward until its last gradient, optimizer, accumulation), communication each
@@ -43,17 +50,25 @@ import statistics
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import NamedTuple
 
 from ddp.bench.collectives.reading import (
+    COMM_FROM_COLLECTIVE_RECORDS,
+    COMM_FROM_GLOO_RANGES,
+    COMM_FROM_NCCL_KERNELS,
+    COMM_FROM_PROFILER,
+    COMM_NONE,
     CPU_RANGE_CATEGORIES,
     GpuEvent,
+    bus_bandwidth,
     collective_of_op,
+    is_collective_range,
     read_gpu_events,
     trace_header,
     trace_offset_us,
 )
-from ddp.bench.config.shape import ACCUMULATE, phases_of, step_span
+from ddp.bench.config.shape import ACCUMULATE, RecordedStep
 
 Interval = tuple[float, float]
 
@@ -73,12 +88,6 @@ EXPOSED_RESOLUTION_SECONDS = 1e-6
 TAIL_RULE = ("among the collectives holding at least 1 us of exposed time that started before the optimizer's first "
              "compute kernel (or the window's end where no optimizer range is found), the one that ended last, an end "
              "after that kernel's start counted at it")
-
-# Where a step's communication intervals come from.
-COMM_FROM_NCCL_KERNELS = "nccl_kernels"
-COMM_FROM_GLOO_RANGES = "gloo_ranges"  # gloo over CUDA tensors: gloo's CPU ranges
-COMM_FROM_RECORDS = "collective_records"  # CPU: the strategy's or the profiler's launch and completion
-COMM_NONE = "none"
 
 # The phases a collective is placed in (``StepPlaces.phase_of``).
 PHASES = ("forward", "backward", "accumulate", "gradient_sync", "optimizer", "other")
@@ -166,7 +175,7 @@ class Comm(NamedTuple):
     start: float
     end: float
     name: str
-    """Its collective and place among the step's (``AllReduce 3``)."""
+    """Its label: its collective and place among the step's (``collective_label``: ``allreduce3``)."""
     collective: str | None
     cpu_collective: str | None
     """The CPU range's collective (``all_to_all``) where it names another than the kernel, else None."""
@@ -174,6 +183,8 @@ class Comm(NamedTuple):
     range: str | None
     """For phase ``other``: the innermost CPU range its launch lies in."""
     size_bytes: int | None = None
+    launch: float | None = None
+    """When the host launched it (an NCCL kernel's launch, gloo's ``c10d::`` call), None where unknown."""
 
 
 def split_shares(comms: list[Comm], compute: list[Interval]) -> list[tuple[float, float]]:
@@ -230,7 +241,6 @@ def partition(window: Interval, own_compute: list[Interval], all_compute: list[I
         "comm_seconds": length(comm_mine),
         "overlapped_comm_seconds": length(intersect(comm_mine, compute_all)),
     }
-    figures["bound_by"] = bound_by(figures)
     return figures
 
 
@@ -251,9 +261,9 @@ def idle_gaps(events: list[tuple[float, float, float]]) -> list[Interval]:
     return gaps
 
 
-def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: float, optimizer_start: float) -> tuple:
-    """Each communication interval as a row of the step's ``collectives`` (times from ``origin``),
-    the sums per phase, and the tail (``TAIL_RULE``)."""
+def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: float) -> tuple[list[dict], dict]:
+    """Each communication interval as a row of the step's ``collectives`` (times from ``origin``)
+    with its overlapped and exposed shares (``split_shares``), and the sums per phase."""
     shares = split_shares(comms, compute_all)
     rows = [{"name": c.name, "label": c.name, "collective": c.collective, "cpu_collective": c.cpu_collective, "phase": c.phase,
              "range": c.range, "size_bytes": c.size_bytes, "start_seconds": c.start - origin,
@@ -265,12 +275,16 @@ def collective_rows(comms: list[Comm], compute_all: list[Interval], origin: floa
         sums["collectives"] += 1
         sums["exposed_seconds"] += row["exposed_seconds"]
         sums["overlapped_seconds"] += row["overlapped_seconds"]
+    return rows, phases
+
+
+def tail(comms: list[Comm], rows: list[dict], optimizer_start: float) -> str | None:
+    """The name of the step's tail (``TAIL_RULE``) among ``comms`` and their ``rows``; None if none."""
     # A collective the optimizer's first kernel waited for ends before it on a GPU; on the CPU its
     # completion is stamped by another thread, possibly just after the optimizer began: counted at it.
     waited = [(c, row) for c, row in zip(comms, rows)
               if row["exposed_seconds"] >= EXPOSED_RESOLUTION_SECONDS and c.start < optimizer_start]
-    tail = max(waited, key=lambda pair: (min(pair[0].end, optimizer_start), pair[0].end))[1]["name"] if waited else None
-    return rows, phases, tail
+    return max(waited, key=lambda pair: (min(pair[0].end, optimizer_start), pair[0].end))[1]["name"] if waited else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +392,14 @@ class StepPlaces:
 # Reading a trace
 
 
+def collective_label(op: str | None, place: int) -> str:
+    """A collective named by what it runs and its place among its step's (by start): ``allreduce3``,
+    ``broadcast0``, ``alltoall2``; ``collective1`` where nothing says. ``op`` is c10d's, gloo's or
+    NCCL's name for it (``all_reduce``, ``_allgather_base``, ``AllReduce``); one scheme for every
+    reader, and the suite's records name the plan's buckets ``bucket0``, ... instead."""
+    return f"{re.sub(r'_|base', '', op).lower() if op else 'collective'}{place}"
+
+
 def _op_of_range(name: str | None) -> str | None:
     """A collective's name as PyTorch's range gives it: ``nccl:all_to_all`` -> ``all_to_all``."""
     if not name:
@@ -403,14 +425,10 @@ class StepWindow(NamedTuple):
     thread: tuple | None
 
 
-def _cpu_spans(cpu: list[dict], to_seconds, matches) -> list[tuple[float, float, str, tuple]]:
-    """``(start, end, name, thread)`` of the CPU ranges whose name ``matches``, by start."""
+def _cpu_spans(cpu: list[dict], to_seconds, prefix: str) -> list[tuple[float, float, str, tuple]]:
+    """``(start, end, name, thread)`` of one collective's CPU ranges (``is_collective_range``), by start."""
     return sorted((to_seconds(e["ts"]), to_seconds(e["ts"] + e.get("dur", 0)), e["name"], (e.get("pid"), e.get("tid")))
-                  for e in cpu if matches(e.get("name", "")))
-
-
-def _is_collective_range(prefix: str):
-    return lambda name: name.startswith(prefix) and "barrier" not in name and "coalesced" not in name
+                  for e in cpu if is_collective_range(e.get("name", ""), prefix))
 
 
 def _op_key(name: str) -> str:
@@ -420,31 +438,59 @@ def _op_key(name: str) -> str:
     return re.sub(r"_|base|tensor|coalesced", "", op)
 
 
-def gloo_launches(cpu: list[dict], gloo: list[tuple], to_seconds) -> list[tuple | None]:
-    """``(thread, seconds)`` of the launch of each of ``gloo``'s ranges (by start), None where the
-    trace holds none: gloo runs a collective on a worker thread of its own, where no forward,
-    backward or optimizer range is, so its phase is the one its launch (the caller's ``c10d::``
-    op) lies in. Gloo's workers take the work in the order it was enqueued, so each range is the
-    earliest launch of the same collective not yet taken that started before it. (NCCL launches
-    kernels from the caller's thread: its phases need none of this.)"""
+class GlooRun(NamedTuple):
+    """One collective gloo ran on the host: its range on gloo's worker thread, and its launch (the
+    caller's ``c10d::`` op), None where the trace holds none."""
+
+    start: float
+    end: float
+    op: str | None
+    """The range's collective (``all_reduce``)."""
+    launch_thread: tuple | None
+    launch_seconds: float | None
+
+
+def gloo_runs(cpu: list[dict], to_seconds) -> tuple[list[GlooRun], list[float]]:
+    """gloo's collectives in a trace's CPU ranges, by start, each with its launch, and the launch
+    times that no range took (their work is not in the trace). Gloo runs a collective on a worker
+    thread of its own, where no forward, backward or optimizer range is, so its phase is the one
+    its launch lies in. Gloo's workers take the work in the order it was enqueued, so each range
+    is the earliest launch of the same collective not yet taken that started before it. (NCCL
+    launches kernels from the caller's thread: its phases need none of this.)"""
     pending: dict[str, list] = defaultdict(list)  # by collective, in launch order, reversed to pop the earliest
-    for e in sorted((e for e in cpu if e.get("name", "").startswith("c10d::") and e.get("cat") == "cpu_op"),
+    for e in sorted((e for e in cpu if e.get("cat") == "cpu_op" and is_collective_range(e.get("name", ""), "c10d::")),
                     key=lambda e: e["ts"], reverse=True):
         pending[_op_key(e["name"])].append(((e.get("pid"), e.get("tid")), to_seconds(e["ts"])))
-    found = []
-    for start, _, name, _ in gloo:
+    runs = []
+    for start, end, name, thread in _cpu_spans(cpu, to_seconds, "gloo:"):
         waiting = pending.get(_op_key(name))
-        found.append(waiting.pop() if waiting and waiting[-1][1] <= start else None)
-    return found
+        launch = waiting.pop() if waiting and waiting[-1][1] <= start else (None, None)
+        runs.append(GlooRun(start, end, _op_of_range(name), *launch))
+    return runs, sorted(seconds for waiting in pending.values() for _, seconds in waiting)
 
 
-def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[dict]:
-    """The partition of each step window of one trace (module docstring), times in seconds from
-    the window's start. ``to_seconds`` maps the trace's µs onto the windows' clock (seconds)."""
+class StepReading(NamedTuple):
+    """One step of a trace as ``read_steps`` reads it."""
+
+    facts: dict
+    """The partition and each collective's row (module docstring), times from the window's start,
+    with the inferences (``bound_by``, the tail) and their rules."""
+    events: list[GpuEvent]
+    """The GPU events the step owns (launched in its window), on the reading's clock."""
+    comms: list[Comm]
+    """Its communication intervals on the reading's clock, in the order of ``facts["collectives"]``."""
+    unpaired: bool
+    """gloo only: a collective launched in the step ran outside the trace, or ran without a launch in it."""
+
+
+def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[StepReading]:
+    """Each step window of one trace read (module docstring): the one reader of a trace, for
+    ``ddp trace``, ``ddp profile`` and the suite's traced steps. ``to_seconds`` maps the trace's
+    µs onto the windows' clock (seconds)."""
     gpu = [e for e in read_gpu_events(events, -to_seconds(0.0) * 1e6) if e.kind != "sync"]
     cpu = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") in CPU_RANGE_CATEGORIES]
     places = _Places(cpu, to_seconds)
-    nccl_ranges = _cpu_spans(cpu, to_seconds, _is_collective_range("nccl:"))
+    nccl_ranges = _cpu_spans(cpu, to_seconds, "nccl:")
     starts = [w.start for w in windows]
 
     def owner(t: float) -> int | None:
@@ -458,56 +504,55 @@ def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> lis
     compute_all = union((e.start_seconds, e.end_seconds) for e in gpu if e.kind == "compute")
     copies = [(e.start_seconds, e.end_seconds) for e in gpu if e.kind == "memory"]
     comm_all = [(e.start_seconds, e.end_seconds) for e in gpu if e.kind == "communication"]
-    # gloo over CUDA tensors launches no NCCL kernel: its CPU ranges are the communication.
-    gloo = [] if comm_all else _cpu_spans(cpu, to_seconds, _is_collective_range("gloo:"))
-    comm_all += [(start, end) for start, end, _, _ in gloo]
-    launched_at = dict(zip(gloo, gloo_launches(cpu, gloo, to_seconds)))
+    # gloo over CUDA tensors (or on the CPU) launches no NCCL kernel: its CPU ranges are the communication.
+    runs, unlaunched = ([], []) if comm_all else gloo_runs(cpu, to_seconds)
+    comm_all += [(run.start, run.end) for run in runs]
+    gloo_owned: list[list[GlooRun]] = [[] for _ in windows]
+    for run in runs:  # a step owns what it launched; a run without a launch in the trace, where it starts
+        if (i := owner(run.start if run.launch_seconds is None else run.launch_seconds)) is not None:
+            gloo_owned[i].append(run)
     host_waits = idle_gaps([(e.start_seconds, e.end_seconds, e.launch_seconds) for e in gpu])
     steps = []
-    for window, mine in zip(windows, owned):
+    for window, mine, gloo in zip(windows, owned, gloo_owned):
         span = (window.start, window.end)
         phase_of = places.step(span, window.thread).phase_of
 
         comms = []
         kernels = sorted((e for e in mine if e.kind == "communication"), key=lambda e: e.start_seconds)
         for place, k in enumerate(kernels):
-            op = _op_of_range(_innermost(nccl_ranges, k.thread, k.launch_seconds))
-            comms.append(Comm(k.start_seconds, k.end_seconds, f"{k.collective or 'collective'} {place}", k.collective,
-                              op if _names_another(k.collective, op) else None, *phase_of(k.thread, k.launch_seconds),
-                              k.size_bytes))
+            op = _op_of_range(k.nccl_range)
+            cpu_op = op if _names_another(k.collective, op) else None
+            comms.append(Comm(k.start_seconds, k.end_seconds, collective_label(cpu_op or k.collective, place), k.collective,
+                              cpu_op, *phase_of(k.thread, k.launch_seconds), k.size_bytes, k.launch_seconds))
         comm_source = COMM_FROM_NCCL_KERNELS if comms else COMM_NONE
-        for place, (start, end, name, thread) in enumerate(g for g in gloo if span[0] <= g[0] <= span[1]):
-            comm_source, op = COMM_FROM_GLOO_RANGES, _op_of_range(name)
-            at = launched_at[(start, end, name, thread)] or (thread, start)  # no launch in the trace: its own thread
-            comms.append(Comm(start, end, f"{op} {place}", collective_of_op(op or ""), op, *phase_of(*at)))
+        for place, run in enumerate(gloo):
+            comm_source = COMM_FROM_GLOO_RANGES
+            at = (run.launch_thread, run.launch_seconds) if run.launch_seconds is not None else (None, run.start)
+            comms.append(Comm(run.start, run.end, collective_label(run.op, place), collective_of_op(run.op or ""), run.op,
+                              *phase_of(*at), None, run.launch_seconds))
         own = [(e.start_seconds, e.end_seconds) for e in mine] + [(c.start, c.end) for c in comms]
         w = (min(s for s, _ in own), max(e for _, e in own)) if own else (window.start, window.start)
         own_compute = [(e.start_seconds, e.end_seconds) for e in mine if e.kind == "compute"]
         figures = partition(w, own_compute, compute_all, comms, comm_all, copies, host_waits)
+        figures["bound_by"] = bound_by(figures)
         optimizer_start = min((e.start_seconds for e in mine if e.kind == "compute"
                                and any(_is_optimizer(name) for name in places.names_at(e.thread, e.launch_seconds))),
                               default=w[1])
-        rows, phases, tail = collective_rows(comms, compute_all, window.start, optimizer_start)
+        rows, phases = collective_rows(comms, compute_all, window.start)
         launched = [(k.thread, k.launch_seconds) for k in kernels]
         without = [{"name": _op_of_range(name), "phase": phase_of(thread, start)[0],
                     "start_seconds": start - window.start, "end_seconds": end - window.start}
                    for start, end, name, thread in nccl_ranges
                    if span[0] <= start <= span[1] and not any(t == thread and start <= at <= end for t, at in launched)]
-        steps.append({
+        facts = {
             "name": window.name, "step_seconds": window.end - window.start, "window_start_seconds": w[0] - window.start,
             **figures, "bound_by_rule": BOUND_BY_RULE, "comm_source": comm_source,
-            "collectives": rows, "phases": phases, "collectives_without_kernel": without, "tail": tail, "tail_rule": TAIL_RULE,
-        })
+            "collectives": rows, "phases": phases, "collectives_without_kernel": without,
+            "tail": tail(comms, rows, optimizer_start), "tail_rule": TAIL_RULE,
+        }
+        unpaired = any(run.launch_seconds is None for run in gloo) or any(span[0] <= t <= span[1] for t in unlaunched)
+        steps.append(StepReading(facts, mine, comms, unpaired))
     return steps
-
-
-def _innermost(spans: list[tuple[float, float, str, tuple]], thread, t: float) -> str | None:
-    """The name of the latest-starting of ``spans`` on ``thread`` that contains ``t``."""
-    i = bisect_right(spans, (t, float("inf")))
-    for start, end, name, on in reversed(spans[:i]):
-        if on == thread and end >= t:
-            return name
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,7 +569,7 @@ class TraceReading(NamedTuple):
     """world_size, rank, backend, nccl_version (``distributedInfo``), gpu (its ``deviceProperties``
     name, of the device its kernels ran on), each None where the trace does not say."""
     steps: list[dict]
-    """One partition per ``ProfilerStep#N`` (``read_steps``), in order."""
+    """Each ``ProfilerStep#N``'s facts (``StepReading.facts``), in order."""
     from_profiler_steps: bool
     """False where the trace has no ``ProfilerStep#N`` annotation: one step spans it (``WHOLE_TRACE``)."""
     gpu_events: int
@@ -533,12 +578,12 @@ class TraceReading(NamedTuple):
 
 
 def read_trace(trace: dict) -> TraceReading:
-    """The steps of one rank's PyTorch profiler trace of real training, each partitioned
-    (``read_steps``): a step is a ``ProfilerStep#N`` range (``torch.profiler.schedule`` writes
-    one per ``profiler.step()``); a trace without any is one step spanning it (``WHOLE_TRACE``).
-    Times in seconds from the trace's first event (a trace's µs since the epoch, 1.7e15, kept in
-    seconds would keep only about 0.2 µs of a float's precision); the CPU's and the GPU's events
-    share one clock in Kineto's traces."""
+    """The steps of one rank's PyTorch profiler trace of real training, each read (``read_steps``):
+    a step is a ``ProfilerStep#N`` range (``torch.profiler.schedule`` writes one per
+    ``profiler.step()``); a trace without any is one step spanning it (``WHOLE_TRACE``). Times in
+    seconds from the trace's first event (a trace's µs since the epoch, 1.7e15, kept in seconds
+    would keep only about 0.2 µs of a float's precision); the CPU's and the GPU's events share one
+    clock in Kineto's traces."""
     events = trace["traceEvents"]
     timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
     origin_us = min((e["ts"] for e in timed), default=0)
@@ -554,7 +599,14 @@ def read_trace(trace: dict) -> TraceReading:
     if not windows and timed:
         windows = [StepWindow(0.0, max(to_seconds(e["ts"] + e.get("dur", 0)) for e in timed), WHOLE_TRACE, None)]
     gpu = read_gpu_events(events, origin_us)
-    return TraceReading(header=trace_header(trace), steps=read_steps(events, windows, to_seconds),
+    header = trace_header(trace)
+    steps = [s.facts for s in read_steps(events, windows, to_seconds)]
+    for step in steps:  # the bus bandwidth of each collective whose size and world size the trace gives
+        for row in step["collectives"]:
+            known = row["size_bytes"] and row["collective"] and header["world_size"]
+            row["bus_bandwidth_bytes_per_second"] = bus_bandwidth(
+                row["collective"], row["size_bytes"], row["end_seconds"] - row["start_seconds"], header["world_size"]) if known else None
+    return TraceReading(header=header, steps=steps,
                         from_profiler_steps=from_profiler_steps, gpu_events=len(gpu),
                         nccl_kernels=sum(e.kind == "communication" for e in gpu))
 
@@ -563,69 +615,137 @@ def read_trace(trace: dict) -> TraceReading:
 # The suite's traced steps
 
 
-def cuda_partitions(events: list[dict], steps: list[dict]) -> list[dict]:
-    """The partition of each of the suite's recorded steps (``ddp.bench.collectives.recording``)
-    from the CUDA trace recorded around them: each step's window is its phases' span on the
-    ``perf_counter`` clock, mapped onto the trace's by the first "forward" range (``trace_offset_us``)."""
-    offset_us = trace_offset_us(events, steps)
+def _buckets_at(positions: list[int], bucket_sizes_bytes: list[int] | None) -> dict[int, tuple[str, int]]:
+    """The strategy's buckets, ``(label, bytes)`` by place among a step's collectives, where the
+    collectives at ``positions`` are as many as its plan has buckets; else none."""
+    if bucket_sizes_bytes is None or len(bucket_sizes_bytes) != len(positions):
+        return {}
+    return {i: (f"bucket{b}", bucket_sizes_bytes[b]) for b, i in enumerate(positions)}
+
+
+def _gpu_phases(record: RecordedStep, events: list[GpuEvent]) -> dict:
+    """A recorded step's phases as GPU time (``RecordedStep`` fields): each from the first to the
+    last compute kernel launched inside it (memcpy and memset never count; a phase that launched
+    none keeps its CPU span), and ``backward_compute_end`` the end of the last compute kernel
+    launched before the engine's end-of-compute callback (not those a reducer launches while it
+    waits in backward)."""
+    def launched_in(window) -> list[GpuEvent]:
+        return [e for e in events if e.kind == "compute" and window[0] <= e.launch_seconds <= window[1]]
+
+    phases = {}
+    for phase, span in record.phases.items():
+        compute = launched_in(span)
+        phases[phase] = [min(k.start_seconds for k in compute), max(k.end_seconds for k in compute)] if compute else span
+    backward = launched_in((record.phases["backward"][0], record.backward_compute_end))
+    return {"phases": phases,
+            "backward_compute_end": max(k.end_seconds for k in backward) if backward else phases["backward"][1]}
+
+
+def _read_collectives(record: RecordedStep, reading: StepReading, buckets: list[int] | None, *, nccl: bool,
+                      own_records: bool) -> tuple[dict, list[str | None]]:
+    """A recorded step's collectives from the best source (``ddp.bench.collectives.recording``), as
+    ``RecordedStep`` fields, and the label of each of ``reading.comms`` (None where none is its):
+    NCCL's kernels in launch order, named by the step's records where there is one per kernel,
+    else the plan's buckets (the all-reduces launched before the optimizer, where the plan has as
+    many) and the others named by the reading; without NCCL and without records of its own,
+    gloo's runs paired with c10d's launches (``profiler``); else the records as recorded."""
+    comms, records = reading.comms, record.collectives
+    order = sorted(range(len(comms)), key=lambda i: (comms[i].start if comms[i].launch is None else comms[i].launch,
+                                                     comms[i].start))
+    source = reading.facts["comm_source"]
+    if source == COMM_FROM_NCCL_KERNELS or (source == COMM_FROM_GLOO_RANGES and not own_records and not nccl):
+        if source == COMM_FROM_GLOO_RANGES and reading.unpaired:
+            return {"collectives": [], "comm_source": COMM_FROM_PROFILER, "unpaired": True}, [None] * len(comms)
+        if source == COMM_FROM_NCCL_KERNELS and len(records) == len(comms):
+            named = [(r["label"], r["size_bytes"]) for r in records]
+        else:
+            gradients = [p for p, i in enumerate(order) if comms[i].collective == "AllReduce"
+                         and comms[i].launch < record.phases["optimizer"][0]]
+            planned = _buckets_at(gradients, buckets)
+            named = [planned.get(p, (comms[i].name, comms[i].size_bytes or 0)) for p, i in enumerate(order)]
+        labels: list[str | None] = [None] * len(comms)
+        collectives = []
+        gloo = source == COMM_FROM_GLOO_RANGES
+        for (label, size_bytes), i in zip(named, order):
+            c = comms[i]
+            labels[i] = label
+            collectives.append({"label": label, "size_bytes": size_bytes, "ready_seconds": c.launch if gloo else None,
+                                "launch_seconds": c.launch if gloo else c.start, "done_seconds": c.end})
+        if gloo:
+            return {"collectives": collectives, "comm_source": COMM_FROM_PROFILER}, labels
+        return {"collectives": collectives, "comm_source": source, "collective_records": records}, labels
+    # The records as recorded: NCCL without kernels (world size 1), or gloo over CUDA with a strategy's
+    # own records, whose i-th to launch is gloo's i-th run of the step where the two count alike.
+    by_launch = sorted(records, key=lambda c: c["launch_seconds"])
+    labels = [None] * len(comms)
+    if len(by_launch) == len(comms):
+        for record_collective, i in zip(by_launch, order):
+            labels[i] = record_collective["label"]
+    read = {"comm_source": COMM_FROM_COLLECTIVE_RECORDS}
+    return ({**read, "collective_records": records} if nccl else read), labels
+
+
+def read_recorded(events: list[dict], records: list[RecordedStep], bucket_sizes_bytes: list[int] | None = None, *,
+                  cuda: bool, nccl: bool, own_records: bool) -> list[RecordedStep]:
+    """The suite's recorded steps (``ddp.bench.collectives.recording``) read from the profiler's
+    trace recorded around them, in one reading (``read_steps`` over their windows: each step's
+    span on the ``perf_counter`` clock, mapped onto the trace's by the first "forward" range,
+    ``trace_offset_us``). Each comes back with its collectives from the best source
+    (``_read_collectives``) and its ``timeline``; on NCCL (``nccl``) its phases are GPU time
+    (``_gpu_phases``). The timeline is the partition of its GPU window on CUDA (``cuda``: the same
+    reading as ``ddp trace``'s, its rows labelled as the step's collectives), else
+    ``cpu_partition`` of the step read. ``own_records``: the strategy stamps its own collectives."""
+    offset_us = trace_offset_us(events, records)
     main = next(((e.get("pid"), e.get("tid")) for e in events if e.get("name") == "forward"
                  and e.get("cat") == "user_annotation"), None)
-    windows = [StepWindow(*step_span(step), f"step {i}", main) for i, step in enumerate(steps)]
-    return read_steps(events, windows, lambda us: (us - offset_us) / 1e6)
-
-
-def labelled(partitions: list[dict], steps: list[dict]) -> list[dict]:
-    """``partitions`` with each collective row given the ``label`` of the step record's collective
-    it is (``bucket0``, ``broadcast0``), and the tail named by it: the i-th to start of each, where
-    the two count alike (NCCL's kernels read into the record, gloo's ranges against the strategy's
-    records); else its name."""
+    windows = [StepWindow(*record.span, f"step {i}", main) for i, record in enumerate(records)]
     out = []
-    for partition, step in zip(partitions, steps):
-        records = sorted(step["collectives"], key=lambda c: c["launch_seconds"])
-        rows = partition["collectives"]
-        labels = [c["label"] for c in records] if len(records) == len(rows) else [row["name"] for row in rows]
-        label_of = {row["name"]: label for row, label in zip(rows, labels)}
-        out.append({**partition, "collectives": [{**row, "label": label} for row, label in zip(rows, labels)],
-                    "tail": label_of.get(partition["tail"], partition["tail"])})
+    for record, reading in zip(records, read_steps(events, windows, lambda us: (us - offset_us) / 1e6)):
+        read, labels = _read_collectives(record, reading, bucket_sizes_bytes, nccl=nccl, own_records=own_records)
+        step = replace(record, **(_gpu_phases(record, reading.events) if nccl else {}), **read)
+        if not cuda:
+            out.append(replace(step, timeline=cpu_partition(step)))
+            continue
+        facts = reading.facts
+        names = {row["name"]: label or row["name"] for row, label in zip(facts["collectives"], labels)}
+        timeline = {**facts, "collectives": [{**row, "label": names[row["name"]]} for row in facts["collectives"]],
+                    "tail": names.get(facts["tail"], facts["tail"])}
+        out.append(replace(step, timeline=timeline))
     return out
 
 
-def _compute_spans(step: dict) -> list[Interval]:
+def _compute_spans(step: RecordedStep) -> list[Interval]:
     """What the training thread computes in a recorded step: every phase but the wait for
     gradients (``gradient_sync``), backward until its last gradient."""
-    spans = [tuple(step[phase]) for phase in phases_of(step) if phase not in ("backward", "gradient_sync")]
-    return [*spans, (step["backward"][0], step["backward_compute_end"])]
+    spans = [tuple(span) for phase, span in step.phases.items() if phase not in ("backward", "gradient_sync")]
+    return [*spans, (step.phases["backward"][0], step.backward_compute_end)]
 
 
-def cpu_partition(step: dict) -> dict:
+def cpu_partition(step: RecordedStep) -> dict:
     """The partition of one recorded step on CPU (gloo), without a profiler: the training thread's
     phases are the compute (``_compute_spans``), each collective's launch to completion the
     communication, nothing else; times from the step's start. A collective's phase is the phase
     its launch lies in (``backward`` where it lies in the accumulating micro-batches' backward too)."""
-    span = step_span(step)
+    span = step.span
     compute = _compute_spans(step)
-    phases = [(step[phase][0], step[phase][1], phase) for phase in phases_of(step)]
     comms = []
-    for place, c in enumerate(sorted(step["collectives"], key=lambda c: c["launch_seconds"])):
-        phase = next((name for start, end, name in phases if start <= c["launch_seconds"] <= end), "other")
+    for place, c in enumerate(sorted(step.collectives, key=lambda c: c["launch_seconds"])):
+        phase = next((name for name, (start, end) in step.phases.items() if start <= c["launch_seconds"] <= end), "other")
         # Within the step: a completion stamped by gloo's thread after the step ended is the step's end.
         comms.append(Comm(max(c["launch_seconds"], span[0]), min(c["done_seconds"], span[1]), c.get("label", f"collective{place}"),
                           None, None, phase, None if phase != "other" else "between phases", c.get("size_bytes")))
     figures = partition(span, compute, [], comms, [], [], [])
-    rows, by_phase, tail = collective_rows(comms, union(compute), span[0], step["optimizer"][0])
+    figures["bound_by"] = bound_by(figures)
+    rows, by_phase = collective_rows(comms, union(compute), span[0])
     return {"step_seconds": span[1] - span[0], "window_start_seconds": 0.0, **figures, "bound_by_rule": BOUND_BY_RULE,
-            "comm_source": COMM_FROM_RECORDS if comms else COMM_NONE, "collectives": rows, "phases": by_phase,
-            "collectives_without_kernel": [], "tail": tail, "tail_rule": TAIL_RULE}
+            "comm_source": COMM_FROM_COLLECTIVE_RECORDS if comms else COMM_NONE, "collectives": rows, "phases": by_phase,
+            "collectives_without_kernel": [], "tail": tail(comms, rows, step.phases["optimizer"][0]), "tail_rule": TAIL_RULE}
 
 
-def with_timelines(read: list[dict], events: list[dict] | None = None, recorded: list[dict] | None = None) -> list[dict]:
-    """Step records with their ``timeline``: on CPU (no ``events``) each one's ``cpu_partition``;
-    on CUDA the partition of the trace ``events`` over the ``recorded`` steps (their phases on the
-    CPU's clock, which own the GPU events), its collectives labelled by ``read`` (the same steps
-    with their collectives read from the trace: ``labelled``)."""
-    if events is None:
-        return [{**step, "timeline": cpu_partition(step)} for step in read]
-    return [{**step, "timeline": t} for step, t in zip(read, labelled(cuda_partitions(events, recorded), read))]
+def with_timelines(steps: list[RecordedStep]) -> list[RecordedStep]:
+    """Recorded steps without a trace (on CPU, a strategy that stamps its own collectives), each
+    with its ``timeline``: its ``cpu_partition``. With a trace: ``read_recorded``."""
+    return [replace(step, timeline=cpu_partition(step)) for step in steps]
 
 
 def usual_tail(timelines: list[dict]) -> str | None:
@@ -640,3 +760,17 @@ def medians(partitions: list[dict]) -> dict:
     """Each ``FIGURES`` figure's median over steps, and ``bound_by`` by the rule applied to them."""
     figures = {key: statistics.median(p[key] for p in partitions) for key in FIGURES}
     return {**figures, "bound_by": bound_by(figures)}
+
+
+def over_steps(partitions: list[dict]) -> dict:
+    """A summary over steps: each ``FIGURES`` figure's median and its spread (lowest, highest),
+    ``bound_by`` by its rule applied to the medians (``medians``), how many steps each verdict had,
+    and the tail the steps most often had (``usual_tail``)."""
+    return {
+        "steps": len(partitions),
+        "median": medians(partitions),
+        "lowest": {key: min(p[key] for p in partitions) for key in FIGURES},
+        "highest": {key: max(p[key] for p in partitions) for key in FIGURES},
+        "bound_by_steps": dict(Counter(p["bound_by"] for p in partitions).most_common()),
+        "tail": usual_tail(partitions),
+    }

@@ -39,7 +39,7 @@ every backward, nor a user's class that does not say); checkpointing needs a mod
 blocks.
 
 Every consumer reads the shape here instead of re-enacting the step: the trainer's loop
-(``micro_batches``, ``scaled``), the recorder of phases (``phases``, ``step_span``), the record's
+(``micro_batches``, ``scaled``), the recorder of phases (``phases``, ``RecordedStep``), the record's
 tokens and FLOPs (``tokens_per_step``), the memory prediction (gradients held across micro-batches,
 the trace made with the checkpointing applied), the cost model (compute per micro-batch, overlap in
 the last backward only) and the correctness references.
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
@@ -144,16 +144,45 @@ class StepObserver:
 NO_OBSERVER = StepObserver()
 
 
-def step_span(step: dict) -> tuple[float, float]:
-    """``(start, end)`` of one recorded step (phases by name, ``[start, end]`` each): from its first
-    phase's start to the optimizer's end."""
-    first = step[ACCUMULATE] if ACCUMULATE in step else step["forward"]
-    return first[0], step["optimizer"][1]
+@dataclass
+class RecordedStep:
+    """One training step as a rank recorded it (``ddp.bench.collectives.recording``), every time in
+    seconds on one clock: ``time.perf_counter``'s where recorded, the GPU's where its phases and
+    collectives were read from a CUDA trace (``ddp.bench.collectives.timeline.read_recorded``)."""
 
+    phases: dict[str, list[float]]
+    """``[start, end]`` of each phase the step's shape declares (``StepShape.phases``), in its order;
+    a phase entered again in the step (``accumulate``) spans its first start to its last end."""
+    backward_compute_end: float
+    """When backward computed its last gradient (``BackwardComputeEnd``)."""
+    collectives: list[dict] = field(default_factory=list)
+    """Each collective's ``label``, ``size_bytes``, ``ready_seconds``, ``launch_seconds`` and
+    ``done_seconds`` (``ddp.strategies.tracing.CollectiveSpan``'s fields), from ``comm_source``."""
+    comm_source: str | None = None
+    """Where the collectives' times came from (``ddp.bench.collectives.reading``'s ``COMM_FROM_*``);
+    None: the strategy's own records, as recorded."""
+    collective_records: list[dict] | None = None
+    """The strategy's own records, kept where ``collectives`` took their times from NCCL's kernels."""
+    unpaired: bool = False
+    """The profiler's c10d calls and gloo's work could not be paired: ``collectives`` is empty."""
+    timeline: dict | None = None
+    """The partition of its window (``ddp.bench.collectives.timeline``), once read."""
 
-def phases_of(step: dict) -> tuple[str, ...]:
-    """The phases a recorded step holds, in order (a step saved before accumulation has no ``accumulate``)."""
-    return tuple(phase for phase in ALL_PHASES if phase in step)
+    @property
+    def span(self) -> tuple[float, float]:
+        """``(start, end)``: from its first phase's start to the optimizer's end."""
+        first = self.phases[ACCUMULATE] if ACCUMULATE in self.phases else self.phases["forward"]
+        return first[0], self.phases["optimizer"][1]
+
+    @property
+    def seconds(self) -> float:
+        start, end = self.span
+        return end - start
+
+    @property
+    def launched(self) -> list[dict]:
+        """What the strategy launched (its records), whatever gave the collectives' times."""
+        return self.collectives if self.collective_records is None else self.collective_records
 
 
 # --------------------------------------------------------------------------- activation checkpointing

@@ -186,12 +186,19 @@ def build_workload(name: str, batch_size: int, seq_len: int, device: torch.devic
     return Workload(name, module.to(device), batch, loss)
 
 
+def meta_workload(name: str, batch_size: int, seq_len: int) -> Workload:
+    """The workload with its model on the meta device: its structure and parameter shapes, nothing
+    allocated or initialised (an 8B model in no memory); its batches are real, on the CPU. The one
+    place a workload is built on meta: the memory prediction, the cost model and the fake step ask here."""
+    with torch.device("meta"):
+        return build_workload(name, batch_size, seq_len, "meta")
+
+
 @functools.lru_cache(maxsize=32)
 def meta_module(name: str, batch_size: int, seq_len: int) -> nn.Module:
-    """The workload's model on the meta device: its structure and parameter shapes, nothing
-    allocated (kept: the memory prediction and the shape's checks ask again)."""
-    with torch.device("meta"):
-        return build_workload(name, batch_size, seq_len, "meta").module
+    """``meta_workload``'s model, kept (the memory prediction, the cost model and the shape's
+    checks ask again): read it, never change it (``meta_workload`` builds one to change)."""
+    return meta_workload(name, batch_size, seq_len).module
 
 
 def rank_batches(workload: Workload, seed: int, rank: int, world_size: int, device: torch.device | str,

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from ddp.bench.config.shape import StepShape
 from ddp.bench.config.values import forward_autocast  # the step's own autocast, defined once
-from ddp.bench.config.workloads import build_workload, rank_batches
+from ddp.bench.config.workloads import meta_workload, rank_batches
 
 CATEGORIES = ("activations", "temporaries", "gradients")
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
@@ -164,8 +164,7 @@ def run_fake_step(model: str, batch_size: int, seq_len: int, precision: str, act
     dtype gathers them (autocast then casts none of them, and their gradients are in it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with torch.device("meta"):  # shapes only: no weights, no initialisation
-        workload = build_workload(model, batch_size, seq_len, "meta")
+    workload = meta_workload(model, batch_size, seq_len)  # shapes only; its own, as to_empty changes it below
     [(inputs, targets)] = rank_batches(workload, 0, 0, 1, "cpu")  # real and small: token ids or a few samples
     fake = FakeTensorMode(allow_non_fake_inputs=True)  # the meta module is only read for shapes
     with fake:

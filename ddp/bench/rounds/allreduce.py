@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ddp.bench.collectives.reading import bus_factor
 from ddp.bench.config.options import RoundOptions
 from ddp.bench.results.records import AllReduceRecord
 from ddp.bench.results.stats import median_interval
@@ -166,5 +167,5 @@ def algbw_gbps(size_bytes: int, seconds: float) -> float:
 
 
 def busbw_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
-    """Bus bandwidth in GB/s: algbw x 2(n-1)/n."""
-    return algbw_gbps(size_bytes, seconds) * 2 * (world_size - 1) / world_size
+    """Bus bandwidth in GB/s: algbw x 2(n-1)/n (``bus_factor``)."""
+    return algbw_gbps(size_bytes, seconds) * bus_factor("AllReduce", world_size)

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 
 from ddp.bench.config.options import INTERLEAVE, RoundOptions
-from ddp.bench.config.shape import cannot_run
+from ddp.bench.config.shape import RecordedStep, cannot_run
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import NotBuilt, device_memory_bytes, fit, too_large
 from ddp.bench.results.stats import relative_half_width
@@ -91,7 +91,7 @@ class GridMeasurer:
         self.tracer = tracer
         self._measured: dict[StepConfig, tuple[Measurement, int, int | None] | NotRun] = {}
         self._alone: set[StepConfig] = set()
-        self._traced: dict[StepConfig, list[list[dict]]] = {}
+        self._traced: dict[StepConfig, list[list[RecordedStep]]] = {}
         self._memory_bytes = memory_bytes
         self.ledger = ledger if ledger is not None else Ledger()
         self._reusing = False

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.memory.predict import NotBuilt
 from ddp.bench.results.stats import relative_half_width
@@ -58,7 +59,7 @@ class Measurement:
     reached_precision: float
     """The widest relative half-width of a median's 95% interval among the configurations."""
     target_precision: float
-    traces: list[list[list[dict]]] | None = None
+    traces: list[list[list[RecordedStep]]] | None = None
     """Per configuration, per rank, its traced steps (``ddp.bench.collectives.recording``: each collective's
     ready, launch and completion), run apart from the timed rounds (``trace``); None if none ran."""
     round_groups: list[int] | None = None

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.collectives.recording import recorded_step
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import file_stem
 from ddp.bench.rounds.rank_state import RankCannotRun, first_withdrawn, skip_reason
@@ -76,8 +77,8 @@ def _trace_torch_reducer(model) -> None:
 def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
     """Runs on every rank: warm up, profile ``config.steps`` steps, write this rank's trace.
 
-    Returns ``{"rank", "device", "trace_file", "steps"}``; each step holds ``[start, end]`` of every
-    phase, ``backward_compute_end`` and its ``collectives``, in ``time.perf_counter`` seconds.
+    Returns ``{"rank", "device", "trace_file", "steps"}``, the steps ``RecordedStep``s on the
+    ``time.perf_counter`` clock.
     """
     info = rank.info
     on_cuda = info.device.type == "cuda"
@@ -95,7 +96,7 @@ def profile_rank(rank: Rank, config: ProfileConfig) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if on_cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        steps: list[dict] = []
+        steps: list[RecordedStep] = []
         with torch.profiler.profile(activities=activities) as profiler:
             for _ in range(config.steps):
                 steps.append(recorded_step(trainer))

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ddp.bench.collectives.recording import traced_steps
-from ddp.bench.config.shape import step_span
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.ledger import BUILDS, MEMORY_COUNTS, RESTORED, ROUNDS, TRACED, WARMUP, Ledger, take
 from ddp.bench.rounds.reuse import KeptModels
@@ -237,7 +237,7 @@ class RankBench:
                 with self.ledger.timing(TRACED, config, count=traced_steps):
                     trainer.traced = recorded = traced_in_warmup(trainer, traced_steps)
                 steps += traced_steps
-                seconds = [_slowest(info, end - start) for start, end in map(step_span, recorded)]
+                seconds = [_slowest(info, step.seconds) for step in recorded]
             if not fixed_warmup:
                 self._until_settled(info, config, seconds, steps)
 
@@ -262,7 +262,7 @@ class RankBench:
         return self._withdrawing(info, run)
 
     def trace(self, info: RankInfo, configs: Sequence[StepConfig], warmup_steps: int, steps: int,
-              keep_built: bool = False) -> list[list[dict]] | Withdrawn:
+              keep_built: bool = False) -> list[list[RecordedStep]] | Withdrawn:
         """``steps`` traced steps of each configuration (``ddp.bench.collectives.recording.traced_steps``), one
         configuration after the other, each built and warmed up first (as ``prepare`` does) unless
         it is built already, and everything freed afterwards; per configuration the step records
@@ -275,7 +275,7 @@ class RankBench:
         10-20% in the reports there. So this runs on ranks that time nothing afterwards
         (``ddp.bench.rounds.traced.trace``)."""
 
-        def run() -> list[list[dict]]:
+        def run() -> list[list[RecordedStep]]:
             self._build(info, configs, 0 if keep_built else warmup_steps, keep_others=keep_built)
             traces = []
             for config in configs:
@@ -429,7 +429,7 @@ def timed_round(rank: Rank, configs: Sequence[StepConfig], round_index: int = 0)
 
 @on_rank
 def traced(rank: Rank, configs: Sequence[StepConfig], warmup_steps: int, steps: int,
-           keep_built: bool = False) -> list[list[dict]] | Withdrawn:
+           keep_built: bool = False) -> list[list[RecordedStep]] | Withdrawn:
     return rank.keep(RankBench).trace(rank.info, configs, warmup_steps, steps, keep_built)
 
 

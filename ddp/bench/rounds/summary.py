@@ -13,7 +13,7 @@ import numpy as np
 from ddp.bench.collectives.reading import comm_source
 from ddp.bench.collectives.timeline import BOUND_BY_RULE, FIGURES, TAIL_RULE, usual_tail
 from ddp.bench.collectives.timeline import medians as timeline_medians
-from ddp.bench.config.shape import step_span
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.values import sharded_compute_dtype
 from ddp.bench.memory.predict import predict_or_none
 from ddp.bench.results.flops import achieved_tflops, mfu, workload_flops_per_token
@@ -44,7 +44,7 @@ def mfu_without_communication(local_rounds: list[float], rounds: list[float], mf
     return dict(local_mfu=mfu_seconds / statistics.median(local_rounds), mfu_lost_points=lost, mfu_lost_points_ci95=lost_ci)
 
 
-def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
+def collective_trace(rank_traces: list[list[RecordedStep]]) -> CollectiveTrace | None:
     """What bounds the step from every rank's traced steps (``ddp.bench.collectives.recording``),
     each with its ``timeline`` (``ddp.bench.collectives.timeline``), on the rank whose traced steps
     were slowest: medians over its steps of the partition and of each collective's times (from the
@@ -54,14 +54,14 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     ranks = [r for r, steps in enumerate(rank_traces) if steps]
     if not ranks:
         return None
-    rank = max(ranks, key=lambda r: statistics.median(step_span(s)[1] - step_span(s)[0] for s in rank_traces[r]))
+    rank = max(ranks, key=lambda r: statistics.median(s.seconds for s in rank_traces[r]))
     steps = rank_traces[rank]
-    timelines = [step["timeline"] for step in steps]
+    timelines = [step.timeline for step in steps]
     per_label: dict[str, dict[str, list]] = {}
     for step, timeline in zip(steps, timelines):
-        origin = step["backward_compute_end"]
+        origin = step.backward_compute_end
         shares = {row["label"]: row for row in timeline["collectives"]}
-        for c in step["collectives"]:
+        for c in step.collectives:
             figures = per_label.setdefault(c["label"], {"size_bytes": c["size_bytes"], "ready": [], "launch": [], "done": [],
                                                         "exposed": [], "overlapped": [], "phase": []})
             if c.get("ready_seconds") is not None:
@@ -87,7 +87,7 @@ def collective_trace(rank_traces: list[list[dict]]) -> CollectiveTrace | None:
     figures = timeline_medians(timelines)
     return CollectiveTrace(
         rank=rank, steps=len(steps), comm_source=comm_source(steps),
-        backward_start_seconds=statistics.median(s["backward"][0] - s["backward_compute_end"] for s in steps),
+        backward_start_seconds=statistics.median(s.phases["backward"][0] - s.backward_compute_end for s in steps),
         **{key: figures[key] for key in FIGURES}, exposed_comm_seconds_ci95=list(median_ci(exposed)),
         bound_by=figures["bound_by"], bound_by_rule=BOUND_BY_RULE,
         attributed_seconds=statistics.median(attributed), attributed_seconds_ci95=list(median_ci(attributed)),

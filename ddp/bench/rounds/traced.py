@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ddp.bench.config.options import RoundOptions
+from ddp.bench.config.shape import RecordedStep
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.rank_state import (
     first_withdrawn,
@@ -17,7 +18,7 @@ from ddp.bench.rounds.rank_state import (
 )
 
 
-def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions, keep_built: bool = False) -> list[list[list[dict]]] | None:
+def trace(ranks, configs: Sequence[StepConfig], policy: RoundOptions, keep_built: bool = False) -> list[list[list[RecordedStep]]] | None:
     """``policy.traced_steps`` traced steps of each configuration on ``ranks``
     (``ddp.bench.rounds.rank_state.traced``: each built and warmed up there unless it is, then traced, then
     everything freed): per configuration, per rank, the step records; None when a rank could not

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ddp.bench.config.shape import ACCUMULATE, NO_OBSERVER, StepObserver, cannot_run, repeated_blocks
+from ddp.bench.config.shape import ACCUMULATE, NO_OBSERVER, RecordedStep, StepObserver, cannot_run, repeated_blocks
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, forward_autocast, numerics, sharded_compute_dtype
 from ddp.bench.config.workloads import Workload, build_workload, rank_batches
@@ -69,7 +69,7 @@ class StepSetup:
     """This rank's parameters, gradients, optimizer state and peak (``ddp.bench.memory.state``)."""
     communicates: bool = True
     """Whether a step launches any collective (``Trainer.communicates``): what is traced."""
-    traced: list[dict] | None = None
+    traced: list[RecordedStep] | None = None
     """The traced steps this build ran in its warm-up (``ddp.bench.collectives.recording.traced_steps``),
     where asked (``RankBench.prepare``'s ``traced_steps``); None otherwise."""
 
@@ -239,7 +239,7 @@ class Trainer:
         self.counted_collectives: int | None = None  # see count_collectives
         self.memory: StateMemory | None = None
         """The training state ``count_setup`` counted, kept for the next ``count_setup``."""
-        self.traced: list[dict] | None = None
+        self.traced: list[RecordedStep] | None = None
         """The traced steps of its warm-up, where it ran some (``StepSetup.traced``)."""
         self.resident_bytes: int | None = None
         """On CUDA, what this configuration keeps allocated between its steps (parameters, optimizer

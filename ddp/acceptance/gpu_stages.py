@@ -435,8 +435,8 @@ def traced(target: Target, out: Path, suite: Path) -> str:
             measurement, index, _ = measurer.measurement(config)
             for rank_steps in measurement.traces[index]:
                 for step in rank_steps:
-                    target.check(adds_up(step["timeline"]), f"{config.strategy}: parts of a traced step's window do not add "
-                                 f"up: {_parts(step['timeline'])}")
+                    target.check(adds_up(step.timeline), f"{config.strategy}: parts of a traced step's window do not add "
+                                 f"up: {_parts(step.timeline)}")
             trace_record = collective_trace(measurement.traces[index])
             if config.strategy == FLOOR:
                 target.check(trace_record.comm_seconds == 0.0, f"local: {trace_record.comm_seconds} s of communication")
@@ -486,12 +486,12 @@ def one_nccl_rank_launches_no_kernel(target: Target, out: Path) -> str:
     # communication. The suite's strategies launch no collective at world size 1 (launch_all_reduce),
     # so NCCL ranges without a kernel (PyTorch's reducer's) are counted, not required.
     steps = [step for r in records for step in read_traces(r)[0]["steps"]]
-    without = sum(len(step["timeline"]["collectives_without_kernel"]) for step in steps)
+    without = sum(len(step.timeline["collectives_without_kernel"]) for step in steps)
     for step in steps:
         # (rehearsed on CPU, gloo's one-rank all-reduce is a collective of its own: it communicates)
-        target.check(adds_up(step["timeline"]) and (target.rehearse or step["timeline"]["comm_seconds"] == 0.0),
-                     f"world size 1: {_parts(step['timeline'])}, communication {step['timeline']['comm_seconds']} s")
-    bound = Counter(step["timeline"]["bound_by"] for step in steps)
+        target.check(adds_up(step.timeline) and (target.rehearse or step.timeline["comm_seconds"] == 0.0),
+                     f"world size 1: {_parts(step.timeline)}, communication {step.timeline['comm_seconds']} s")
+    bound = Counter(step.timeline["bound_by"] for step in steps)
     return (f"world size 1: {kinds.count('compute')} compute kernels, no NCCL kernel, no oneRankReduce; "
             f"{without} collectives without a kernel; bound by {dict(bound)}")
 
