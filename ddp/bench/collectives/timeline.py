@@ -483,11 +483,15 @@ class StepReading(NamedTuple):
     """gloo only: a collective launched in the step ran outside the trace, or ran without a launch in it."""
 
 
-def read_steps(events: list[dict], windows: list[StepWindow], to_seconds) -> list[StepReading]:
+def read_steps(events: list[dict], windows: list[StepWindow], to_seconds,
+               gpu_events: list[GpuEvent] | None = None) -> list[StepReading]:
     """Each step window of one trace read (module docstring): the one reader of a trace, for
     ``ddp trace``, ``ddp profile`` and the suite's traced steps. ``to_seconds`` maps the trace's
-    µs onto the windows' clock (seconds)."""
-    gpu = [e for e in read_gpu_events(events, -to_seconds(0.0) * 1e6) if e.kind != "sync"]
+    µs onto the windows' clock (seconds); ``gpu_events``: the trace's, on that clock, where the
+    caller has read them already (``read_gpu_events``)."""
+    if gpu_events is None:
+        gpu_events = read_gpu_events(events, -to_seconds(0.0) * 1e6)
+    gpu = [e for e in gpu_events if e.kind != "sync"]
     cpu = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") in CPU_RANGE_CATEGORIES]
     places = _Places(cpu, to_seconds)
     nccl_ranges = _cpu_spans(cpu, to_seconds, "nccl:")
@@ -600,7 +604,7 @@ def read_trace(trace: dict) -> TraceReading:
         windows = [StepWindow(0.0, max(to_seconds(e["ts"] + e.get("dur", 0)) for e in timed), WHOLE_TRACE, None)]
     gpu = read_gpu_events(events, origin_us)
     header = trace_header(trace)
-    steps = [s.facts for s in read_steps(events, windows, to_seconds)]
+    steps = [s.facts for s in read_steps(events, windows, to_seconds, gpu)]
     for step in steps:  # the bus bandwidth of each collective whose size and world size the trace gives
         for row in step["collectives"]:
             known = row["size_bytes"] and row["collective"] and header["world_size"]
