@@ -397,7 +397,7 @@ def collective_label(op: str | None, place: int) -> str:
     ``broadcast0``, ``alltoall2``; ``collective1`` where nothing says. ``op`` is c10d's, gloo's or
     NCCL's name for it (``all_reduce``, ``_allgather_base``, ``AllReduce``); one scheme for every
     reader, and the suite's records name the plan's buckets ``bucket0``, ... instead."""
-    return f"{re.sub(r'_|base', '', op).lower() if op else 'collective'}{place}"
+    return f"{_op_key(op).lower() if op else 'collective'}{place}"
 
 
 def _op_of_range(name: str | None) -> str | None:
