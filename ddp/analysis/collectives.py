@@ -18,7 +18,7 @@ from ddp.analysis.costmodel import NotModelled, plan_advice
 from ddp.analysis.figures import groups, several_models, sorted_steps
 from ddp.analysis.tables import interval_ms, mib, ms
 from ddp.bench.results.records import CollectiveTiming, StepRecord
-from ddp.strategies.registry import FLOOR, takes_bucket_size
+from ddp.strategies.registry import takes_bucket_size
 
 # A per-collective table lists the collectives exposed at least this long, the most exposed
 # first and at most so many, and the tail; the others (a per-parameter strategy launches
@@ -101,7 +101,7 @@ def local_seconds(step: StepRecord, steps: list[StepRecord]) -> float | None:
     """The step of ``step``'s ``local`` twin: paired in its rounds where it was, else the run's row."""
     if step.local_round_seconds:
         return statistics.median(step.local_round_seconds)
-    twin = next((s for s in steps if s.strategy == FLOOR and s.group == step.group), None)
+    twin = next((s for s in steps if s.config == step.config.local_twin()), None)
     return None if twin is None else twin.step_seconds
 
 

@@ -20,7 +20,7 @@ from ddp.analysis.tables import mib, ms, pct
 from ddp.bench.collectives.timeline import BOUND_BY_RULE
 from ddp.bench.results.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import FLOOR, traits
+from ddp.strategies.registry import is_floor, traits
 
 
 def _times(faster: StepRecord, slower: StepRecord) -> str:
@@ -127,7 +127,7 @@ def commentary_section(run: Run) -> list[str]:
         lines += [f"Fastest data-parallel strategy per configuration: {tally}.", ""]
         lines += [f"- {winner_sentence(win, with_model)}" for win in wins]
         lines.append("")
-    exposed = [s for s in steps if s.strategy != FLOOR and s.exposed_comm_seconds is not None]
+    exposed = [s for s in steps if not is_floor(s.strategy) and s.exposed_comm_seconds is not None]
     if exposed:
         worst = max(exposed, key=lambda s: s.exposed_comm_seconds)
         share = max(exposed, key=lambda s: s.exposed_comm_fraction or 0.0)

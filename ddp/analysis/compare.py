@@ -36,7 +36,7 @@ from ddp.bench.results.stats import (
     ratio_of_medians_ci,
     verdict,
 )
-from ddp.strategies.registry import FLOOR
+from ddp.strategies.registry import is_floor
 
 DEFAULT_THRESHOLD = 0.10
 """The gate's threshold unless told: ``ddp compare --fail-slower``, pytest's ``--ddp-fail-slower``
@@ -56,8 +56,8 @@ def machine_reference(record) -> str | None:
     machine out: between unchanged default runs on this project's 2-core machine, one all-reduce in
     six or two moved by x1.19 to x1.31 in 3 pairs of 7, ``local`` anywhere from x0.98 to x1.11
     (docs/regression-gate.md)."""
-    if getattr(record, "strategy", None) == FLOOR:
-        return "local is the machine's reference"
+    if is_floor(strategy := getattr(record, "strategy", None)):
+        return f"{strategy} is the machine's reference"
     if getattr(record, "kind", None) == "allreduce":
         return "an all-reduce times the backend on this machine, which a DDP's code does not change"
     return None
@@ -311,13 +311,12 @@ class AimAtDecision:
         self._last_configs: list | None = None
 
     def __call__(self, configs, seconds: list[list[float]], groups: list[int] | None = None) -> bool | None:
-        strategies = [c.strategy for c in configs]
         judged = []
         for index, config in enumerate(configs):
             old = self.old.get(self.name_of(config))
-            if config.strategy == FLOOR or old is None or not old.round_seconds:
+            if is_floor(config.strategy) or old is None or not old.round_seconds:
                 continue
-            twin = strategies.index(FLOOR) if FLOOR in strategies else None
+            twin = configs.index(config.local_twin()) if config.local_twin() in configs else None
             judged.append((self.name_of(config), old, seconds[index], None if twin is None else seconds[twin]))
         if not judged:
             return None  # nothing saved to compare with: the precision target decides

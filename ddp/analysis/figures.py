@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.results.records import Run, StepRecord
 from ddp.strategies.bucketed import BYTES_PER_MB
-from ddp.strategies.registry import FLOOR, traits
+from ddp.strategies.registry import is_floor, traits
 
 
 def step_order(step: StepRecord) -> tuple:
@@ -74,11 +74,11 @@ def resolved_apart(a: StepRecord, b: StepRecord) -> bool:
 
 def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
     """Every non-local step against ``local`` at the same configuration (where local ran)."""
-    local = {s.group: s.step_seconds for s in steps if s.strategy == FLOOR}
+    local = {s.config: s.step_seconds for s in steps if is_floor(s.strategy)}
     return [
-        Overhead(s, local[s.group])
+        Overhead(s, local[twin])
         for s in sorted_steps(steps)
-        if s.strategy != FLOOR and s.group in local and local[s.group] > 0
+        if not is_floor(s.strategy) and (twin := s.config.local_twin()) in local and local[twin] > 0
     ]
 
 
@@ -102,7 +102,7 @@ def winners(steps: list[StepRecord]) -> list[Win]:
     """Per configuration, the fastest strategy other than ``local`` (bucket caps at their best)."""
     wins = []
     for group in groups(steps):
-        here = [s for s in steps if s.group == group and s.strategy != FLOOR]
+        here = [s for s in steps if s.group == group and not is_floor(s.strategy)]
         winner = fastest(here)
         if winner is None:
             continue

@@ -44,7 +44,7 @@ from ddp.analysis.tables import interval_ms, mib, ms, pct, ratio_interval, table
 from ddp.bench.collectives.timeline import BOUND_BY_RULE
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.bench.results.records import Run, RunFileError, StepRecord, load_run
-from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, is_floor
 
 TABLE_FORMAT = "github"
 
@@ -212,12 +212,12 @@ def variant_section(run: Run) -> list[str]:
                 o = overhead.get(id(s)) if s is not None else None
                 row += ["", "", "", ""] if s is None else [
                     ms(s.step_seconds), "" if o is None else ms(o.extra_seconds),
-                    "" if s.strategy == FLOOR else ms(s.exposed_comm_seconds), s.bound_by or ""]
+                    "" if is_floor(s.strategy) else ms(s.exposed_comm_seconds), s.bound_by or ""]
             rows.append(row)
         headers = ["strategy"] + [f"{v}: {what}" for v in variants for what in ("step", "over local", "exposed comm", "bound by")]
         lines += [f"**{_workload_label(here[0], with_model)}**", "", _table(rows, headers), ""]
         for variant in variants:
-            ranked = sorted((s for s in here if s.config.variant == variant and s.strategy != FLOOR), key=lambda s: s.step_seconds)
+            ranked = sorted((s for s in here if s.config.variant == variant and not is_floor(s.strategy)), key=lambda s: s.step_seconds)
             if not ranked:
                 continue
             best_caps = {}
@@ -237,13 +237,19 @@ def _workload_label(step: StepRecord, with_model: bool) -> str:
     return workload_only.group_label(with_model)
 
 
+def _over(step: StepRecord) -> str:
+    """A step's label, naming its floor where it is not ``local`` (``fsdp (over local_mixed)``)."""
+    floor = step.config.local_twin().strategy
+    return step.label if floor == FLOOR else f"{step.label} (over {floor})"
+
+
 def overhead_section(run: Run) -> list[str]:
     overheads = overheads_over_local(run.steps)
     if not overheads:
         return ["## Overhead over `local`", "", "No `local` benchmark in this run: nothing to measure overhead against.", ""]
     with_model = several_models([o.step for o in overheads])
     rows = [
-        [o.step.group.group_label(with_model), o.step.label, ms(o.local_seconds), ms(o.step.step_seconds),
+        [o.step.group.group_label(with_model), _over(o.step), ms(o.local_seconds), ms(o.step.step_seconds),
          f"{ms(o.extra_seconds)} {interval_ms(o.interval)}", f"{o.ratio:.3f}",
          {None: "unpaired", True: "yes", False: "not resolved"}[o.resolved]]
         for o in overheads

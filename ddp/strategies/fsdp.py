@@ -87,6 +87,20 @@ def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
 ROOT_COPIES_AT_BACKWARD_END = 4  # see FullyShardedDP.step_buffers
 
 
+def forward_in(compute_dtype: torch.dtype | None, module: nn.Module, *args, **kwargs):
+    """``module``'s forward with its floating inputs cast to ``compute_dtype`` and its floating
+    outputs back to fp32 (the loss is taken in fp32), as ``MixedPrecisionPolicy(param_dtype=...)``
+    casts them; None: the plain forward."""
+    if compute_dtype is None:
+        return module(*args, **kwargs)
+
+    def cast(dtype):
+        return lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    output = module(*tree_map(cast(compute_dtype), args), **tree_map(cast(compute_dtype), kwargs))
+    return tree_map(cast(torch.float32), output)
+
+
 class FullyShardedDP(Strategy):
     """Parameters sharded per unit, all-gathered before each unit's forward and backward, freed
     after; gradients reduce-scattered to the shards; optional ``compute_dtype`` over fp32 shards."""
@@ -215,14 +229,7 @@ class FullyShardedDP(Strategy):
         unit.pending.append((work, piece))
 
     def forward(self, *args, **kwargs):
-        if self.compute_dtype is None:
-            return self.module(*args, **kwargs)
-
-        def cast(dtype):
-            return lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
-        output = self.module(*tree_map(cast(self.compute_dtype), args), **tree_map(cast(self.compute_dtype), kwargs))
-        return tree_map(cast(torch.float32), output)
+        return forward_in(self.compute_dtype, self.module, *args, **kwargs)
 
     @torch.no_grad()
     def no_sync(self) -> contextlib.AbstractContextManager:

@@ -26,7 +26,7 @@ from ddp.strategies.bucketed import BucketedDDP
 from ddp.strategies.declarations import Traits, sharding_of, traits_of
 from ddp.strategies.flat import FlatDDP
 from ddp.strategies.fsdp import FullyShardedDP
-from ddp.strategies.local import LocalTraining
+from ddp.strategies.local import LocalMixedPrecision, LocalTraining
 from ddp.strategies.naive import NaiveDDP
 from ddp.strategies.overlap import OverlapDDP
 from ddp.strategies.sharded_optimizer import ShardedOptimizerDDP, sharded_optimizer_strategy
@@ -38,9 +38,14 @@ from ddp.strategies.zero import ZeroDDP
 # The floor: the same training with no communication at all. Every overhead is measured against it
 # (a strategy's step minus the floor's, in the same round); it is this name everywhere.
 FLOOR = "local"
+# The floor of a strategy that computes in its own dtype (``compute_dtype``: FSDP's mixed
+# precision), in the same recipe: ``StepConfig.local_twin`` pairs them.
+FLOOR_MIXED = "local_mixed"
+FLOORS = (FLOOR, FLOOR_MIXED)
 
 STRATEGIES: dict[str, type[nn.Module]] = {
     FLOOR: LocalTraining,
+    FLOOR_MIXED: LocalMixedPrecision,
     "naive": NaiveDDP,
     "flat": FlatDDP,
     "overlap": OverlapDDP,
@@ -67,8 +72,10 @@ SHARDED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if sharding_
 # What a perf grid runs unless told: the replicated strategies that train exactly. The sharded ones
 # are asked for by name (``--strategies local,bucketed,sharded_optimizer,fsdp``): they would add
 # minutes to the default CPU run, and their headline figure, memory, needs no timing; an
-# approximating one (``torch_powersgd``) too: it trades accuracy for bytes, a choice of its own.
-DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES if name not in SHARDED_STRATEGIES + APPROXIMATE_STRATEGIES)
+# approximating one (``torch_powersgd``) too: it trades accuracy for bytes, a choice of its own;
+# and ``local_mixed``, which the sharded ones are paired with.
+DEFAULT_GRID_STRATEGIES = tuple(name for name in STRATEGIES
+                                if name not in (FLOOR_MIXED, *SHARDED_STRATEGIES, *APPROXIMATE_STRATEGIES))
 
 # The replicated strategies a race sets side by side unless told, and the report measures sharding
 # against: the hand-written bucketed DDP (which the sharded optimizer builds on) and PyTorch's, the
@@ -77,6 +84,11 @@ DEFAULT_CONTENDERS = ("bucketed", "torch")
 
 # Built-in strategies whose constructor takes ``bucket_size_mb``.
 BUCKETED_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if "bucket_size_mb" in inspect.signature(cls).parameters)
+
+
+def is_floor(strategy: str) -> bool:
+    """Whether ``strategy`` is a floor: what others are paired with, never paired itself."""
+    return strategy in FLOORS
 
 
 class StrategyError(ValueError):

@@ -35,11 +35,12 @@ from typing import Any
 
 from ddp.bench.config.parsing import OptionError, choice, parse_list, positive_float, positive_int
 from ddp.bench.config.shape import ACTIVATION_CHECKPOINTING, StepShape
-from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, PRECISION
+from ddp.bench.config.values import GRAD_COMM, OPTIMIZER, PRECISION, sharded_compute_dtype
 from ddp.bench.config.workloads import check_workload, max_seq_len
 from ddp.strategies.registry import (
     DEFAULT_GRID_STRATEGIES,
     FLOOR,
+    FLOOR_MIXED,
     STRATEGIES,
     StrategyError,
     resolve_strategy,
@@ -318,14 +319,20 @@ class StepConfig:
     # ----------------------------------------------------------------------- groups
 
     def local_twin(self) -> StepConfig:
-        """The floor of this configuration's group: ``local`` with the same workload and options."""
-        return StepConfig.of(FLOOR, {name: v for name, v in self.values().items()
-                                     if AXES.get(name) is None or AXES[name].role != "member"})
+        """What this configuration is paired with: its group's floor, ``local`` with the same
+        workload and options; ``local_mixed`` where the strategy computes in its own dtype under
+        this precision (``sharded_compute_dtype``: FSDP's mixed precision), the same recipe."""
+        floor = FLOOR_MIXED if sharded_compute_dtype(self.precision, self.strategy) is not None else FLOOR
+        return StepConfig.of(floor, self._shared())
 
     @property
     def group(self) -> StepConfig:
-        """What the strategies of one group share: its ``local`` twin."""
-        return self.local_twin()
+        """What the strategies of one group share, named by its floor: ``local`` with the same
+        workload and options."""
+        return StepConfig.of(FLOOR, self._shared())
+
+    def _shared(self) -> dict:
+        return {name: v for name, v in self.values().items() if AXES.get(name) is None or AXES[name].role != "member"}
 
     @property
     def step_shape(self) -> StepShape:
@@ -397,4 +404,10 @@ def expand(values: Mapping[str, tuple]) -> list[StepConfig]:
             choices = [given(name) if AXES[name].applies(strategy) else (AXES[name].default,) for name in members]
             for member_values in itertools.product(*choices):
                 configs.append(StepConfig.of(strategy, {**common, **dict(zip(members, member_values))}))
+    if FLOOR in given("strategy"):  # a grid with its floor has each configuration's (``local_twin``), after it
+        others: dict[StepConfig, list[StepConfig]] = {}
+        for config in configs:
+            if (twin := config.local_twin()).strategy != FLOOR:
+                others.setdefault(config.group, []).append(twin)
+        configs = [c for config in configs for c in ([config, *others.get(config, [])] if config.strategy == FLOOR else [config])]
     return list(dict.fromkeys(configs))

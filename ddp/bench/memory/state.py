@@ -185,6 +185,7 @@ def tracked_peak(trainer, observer=None) -> tuple[dict[str, int], list]:
     known |= {id(t) for o in optimizers for t in optimizer_state_tensors(o)}
     held = [t for t in strategy_tensors(trainer.model) if id(t) not in known]
     tracker.track_external(trainer.model, *optimizers, *held)
+    del held  # the tracker follows them by weak reference: one the strategy replaces is freed as in a step
     with _module_hooks_removed_afterwards(), tracker:
         timings = [trainer.step(_FreshModuleStats(tracker, observer)) for _ in range(TRACKED_STEPS)]
     peak = tracker.get_tracker_snapshot("peak").get(trainer.device, {})

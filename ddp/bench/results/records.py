@@ -32,6 +32,7 @@ from typing import Any
 
 from ddp.bench.config.step_config import AXES, StepConfig
 from ddp.strategies.declarations import Sharding
+from ddp.strategies.registry import is_floor
 
 SCHEMA_VERSION = 9
 # Schema 7 read what bounds a step from its traced steps' timeline (``ddp.bench.collectives.timeline``):
@@ -449,8 +450,8 @@ class RaceRecord:
 
     @property
     def primary(self) -> str:
-        """The first contender after local: the benchmark's rounds are its rounds."""
-        return self.contenders[1]
+        """The first contender after the floors: the benchmark's rounds are its rounds."""
+        return next(name for name in self.contenders if not is_floor(name))
 
     @property
     def config(self) -> StepConfig:

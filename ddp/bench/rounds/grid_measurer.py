@@ -32,7 +32,7 @@ from ddp.bench.rounds.reuse import restorable, workload_key
 from ddp.bench.rounds.spread import measure_in_rank_groups
 from ddp.bench.rounds.traced import trace
 from ddp.launcher import RankKilled
-from ddp.strategies.registry import FLOOR
+from ddp.strategies.registry import FLOOR, is_floor
 
 IN_GROUP = "in group"
 """``GridMeasurer``'s tracer on CPU: each configuration traced where it was timed."""
@@ -173,7 +173,7 @@ class GridMeasurer:
         if config not in self._measured:
             if self.interleave == "group" and config.group not in self._alone:
                 self._measure_grid_group(config)
-            elif self.interleave == FLOOR and config.strategy == FLOOR:
+            elif self.interleave == FLOOR and is_floor(config.strategy):
                 self._measure_local_from_twins(config)
             if config not in self._measured:
                 self._measure_alone(config)
@@ -183,7 +183,7 @@ class GridMeasurer:
         """With ``interleave`` local, the ``local`` benchmark is its twin's rounds while every other
         strategy of its group was measured: spread over the whole group's time rather than a few
         seconds of its own, so that a burst of load on a shared machine moves its median little."""
-        others = [c for c in self.configs if c.group == local.group and c.strategy != FLOOR]
+        others = [c for c in self.configs if c.local_twin() == local and not is_floor(c.strategy)]
         pairs = [self.measurement(c) for c in others]
         pairs = [p for p in pairs if not isinstance(p, NotRun)]
         if not pairs:
@@ -200,9 +200,9 @@ class GridMeasurer:
 
     def _measure_grid_group(self, config: StepConfig) -> None:
         grid_group = [c for c in self.configs if c.group == config.group and not self._not_built(c)]
-        local = next((c for c in grid_group if c.strategy == FLOOR), None) or config.local_twin()
-        members = [local] + [c for c in grid_group if c != local]
-        if self._not_built(local) or not self._fit(members, self.ranks.world_size).together:
+        floors = list(dict.fromkeys([config.group, *(c.local_twin() for c in grid_group)]))  # local first
+        members = floors + [c for c in grid_group if c not in floors]
+        if any(self._not_built(f) for f in floors) or not self._fit(members, self.ranks.world_size).together:
             self._alone.add(config.group)
             return
         result = self._timed(members, benchmarks=len(grid_group))
@@ -213,18 +213,18 @@ class GridMeasurer:
         if self.tracer is not None:
             self._trace(result, self.tracer)
         for index, member in enumerate(members):
-            self._measured[member] = (result, index, None if index == 0 else 0)
+            self._measured[member] = (result, index, None if is_floor(member.strategy) else members.index(member.local_twin()))
 
     def _measure_alone(self, config: StepConfig) -> None:
         unpaired = None
-        if self.interleave != "off" and config.strategy != FLOOR:
+        if self.interleave != "off" and not is_floor(config.strategy):
             twin = config.local_twin()
             together = None if self._not_built(twin) else self._fit([config, twin], self.ranks.world_size)
             if together is None:
                 unpaired = f"its {FLOOR} twin is not built: {self._not_built(twin)}"
             elif not together.together:  # each fits alone, not the two at once
                 unpaired = f"it and its {FLOOR} twin are predicted not to fit together ({together.explain()})"
-        paired = self.interleave != "off" and config.strategy != FLOOR and unpaired is None
+        paired = self.interleave != "off" and not is_floor(config.strategy) and unpaired is None
         members = [config, config.local_twin()] if paired else [config]
         result = self._timed(members)
         if isinstance(result, NotRun) and paired and isinstance(result.marker, (OutOfMemory, RankLost)):

@@ -36,7 +36,7 @@ from ddp.bench.rounds.loop import NotRun, free, measure
 from ddp.bench.rounds.rank_state import OutOfMemory, weights_sample
 from ddp.bench.rounds.summary import race_record
 from ddp.bench.rounds.trainer import CannotRun
-from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, traits
+from ddp.strategies.registry import DEFAULT_CONTENDERS, FLOOR, is_floor, traits
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,19 @@ class RaceResult:
 def check_contenders(contenders: Sequence[str]) -> tuple[str, ...]:
     """The contenders as raced: ``ValueError`` unless at least one of them communicates (the
     reference is the last one that does)."""
-    named = tuple(c for c in contenders if c != FLOOR)
+    named = tuple(c for c in contenders if not is_floor(c))
     if not any(traits(c).communicates for c in named):
         raise ValueError(f"a race needs a strategy that communicates among its contenders, got {', '.join(contenders) or 'none'}")
     return named
 
 
 def race_configs(contenders: Sequence[str], values: Mapping) -> list[StepConfig]:
-    """``local`` first, then the contenders in the order given, each with ``values`` (``StepConfig``
-    fields by name: model, batch size, bucket cap, precision, ...) where they apply to it."""
-    return [StepConfig.of(name, values) for name in (FLOOR, *check_contenders(contenders))]
+    """``local`` first, then any other floor a contender is paired with (``local_mixed``:
+    ``StepConfig.local_twin``), then the contenders in the order given, each with ``values``
+    (``StepConfig`` fields by name: model, batch size, bucket cap, precision, ...) where they apply to it."""
+    named = [StepConfig.of(name, values) for name in check_contenders(contenders)]
+    floors = dict.fromkeys([StepConfig.of(FLOOR, values), *(c.local_twin() for c in named)])
+    return [*floors, *named]
 
 
 def race(ranks, values: Mapping, policy: RoundOptions, contenders: Sequence[str] = DEFAULT_CONTENDERS) -> RaceResult:

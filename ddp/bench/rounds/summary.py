@@ -28,7 +28,7 @@ from ddp.bench.results.stats import (
     relative_half_width,
 )
 from ddp.strategies.declarations import sharding_of
-from ddp.strategies.registry import resolve_strategy
+from ddp.strategies.registry import is_floor, resolve_strategy
 
 
 def mfu_without_communication(local_rounds: list[float], rounds: list[float], mfu_seconds: float,
@@ -168,13 +168,15 @@ def _dtype_name(dtype) -> str | None:
 
 
 def race_record(measurement, backend: str, reference: str) -> RaceRecord:
-    """The record of a race (``ddp.bench.rounds.race``): ``local`` (configuration 0) and the contenders in the
-    same rounds, each divided by ``reference``'s."""
-    names = [config.strategy for config in measurement.configs]
-    floor = names[0]
+    """The record of a race (``ddp.bench.rounds.race``): ``local`` (configuration 0), any other floor
+    and the contenders in the same rounds, each divided by ``reference``'s and less its floor's
+    (``StepConfig.local_twin``)."""
+    configs = list(measurement.configs)
+    names = [config.strategy for config in configs]
     rounds = {name: measurement.round_seconds(index) for index, name in enumerate(names)}
-    ratios = {name: paired_ratio_ci(rounds[name], rounds[reference]) for name in names[1:] if name != reference}
-    overhead = {name: paired_difference_ci(rounds[name], rounds[floor]) for name in names[1:]}
+    contenders = [c for c in configs if not is_floor(c.strategy)]
+    ratios = {c.strategy: paired_ratio_ci(rounds[c.strategy], rounds[reference]) for c in contenders if c.strategy != reference}
+    overhead = {c.strategy: paired_difference_ci(rounds[c.strategy], rounds[c.local_twin().strategy]) for c in contenders}
     return RaceRecord(
         configs=list(measurement.configs), num_parameters=measurement.setups[0][0].num_parameters,
         world_size=len(measurement.setups[0]), backend=backend, contenders=names, reference=reference, round_seconds=rounds,
