@@ -22,6 +22,7 @@ one of torchrun's ranks. Spreading a measurement over several groups of ranks is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -185,7 +186,7 @@ def measure(ranks, configs: Sequence[StepConfig], policy: RoundOptions, benchmar
         seconds = [earlier + now for earlier, now in zip(seconds_before, config_round_seconds(rounds))]
         return stop(configs, seconds, groups_before + [group] * len(rounds))
 
-    outcome = timed_rounds(lambda index: ranks.run(timed_round, configs, index), policy, budget_scale=benchmarks,
+    outcome = timed_rounds(functools.partial(ranks.run, timed_round, configs), policy, budget_scale=benchmarks,
                            settled=None if stop is None else settled)
     if isinstance(outcome, (OutOfMemory, RankCannotRun)):
         return NotRun(configs[0], outcome)
