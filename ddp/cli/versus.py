@@ -1,7 +1,8 @@
 """``python -m ddp versus``: strategies raced on one rank group (``ddp.bench.rounds.race``), by default
 ``bucketed`` against PyTorch's DistributedDataParallel, with ``local`` as the floor. Prints each
 median with its 95% interval, each contender's paired ratio over the reference (the last one
-given; below 1: faster) and its overhead over local; ``--json`` saves the ``RaceRecord``."""
+given; below 1: faster) and its overhead over its floor (``local``, or ``local_mixed`` for FSDP
+in bf16); ``--json`` saves the ``RaceRecord``."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def table(record) -> str:
         else:
             row.append("reference" if name == record.reference else "")
         rows.append(row)
-    headers = ["strategy", "median step ms", "95% interval", "overhead over local ms", "95% interval",
+    headers = ["strategy", "median step ms", "95% interval", "overhead over its floor ms", "95% interval",
                f"step / {record.reference} [95%]"]
     return tabulate(rows, headers=headers, disable_numparse=True)
 
