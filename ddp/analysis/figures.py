@@ -73,7 +73,8 @@ def resolved_apart(a: StepRecord, b: StepRecord) -> bool:
 
 
 def overheads_over_local(steps: list[StepRecord]) -> list[Overhead]:
-    """Every non-local step against ``local`` at the same configuration (where local ran)."""
+    """Every step but the floors' against its floor (``StepConfig.local_twin``: ``local``, or
+    ``local_mixed`` for FSDP in bf16) at the same configuration, where the floor ran."""
     local = {s.config: s.step_seconds for s in steps if is_floor(s.strategy)}
     return [
         Overhead(s, local[twin])
