@@ -316,8 +316,8 @@ class AimAtDecision:
             old = self.old.get(self.name_of(config))
             if is_floor(config.strategy) or old is None or not old.round_seconds:
                 continue
-            twin = configs.index(config.local_twin()) if config.local_twin() in configs else None
-            judged.append((self.name_of(config), old, seconds[index], None if twin is None else seconds[twin]))
+            twin = config.local_twin()
+            judged.append((self.name_of(config), old, seconds[index], seconds[configs.index(twin)] if twin in configs else None))
         if not judged:
             return None  # nothing saved to compare with: the precision target decides
         rounds = len(seconds[0])

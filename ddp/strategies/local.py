@@ -65,6 +65,9 @@ class LocalMixedPrecision(LocalTraining):
                     slots.setdefault(id(param), (param, []))[1].append((child, attribute))
         self._slots = list(slots.values())
         self.masters = nn.ParameterList([param for param, _ in self._slots])
+        for _, places in self._slots:  # the module's names become plain attributes, set each forward
+            for child, attribute in places:
+                del child._parameters[attribute]
         with torch.no_grad():
             self._point_at_copies()
 
@@ -72,7 +75,6 @@ class LocalMixedPrecision(LocalTraining):
         for master, places in self._slots:
             weight = master.to(self.compute_dtype)
             for child, attribute in places:
-                child._parameters.pop(attribute, None)
                 setattr(child, attribute, weight)
 
     def forward(self, *args, **kwargs):
