@@ -21,7 +21,7 @@ import torch
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds import rank_state
 from ddp.bench.rounds.rank_state import RankBench
-from ddp.bench.rounds.reuse import attached, restorable
+from ddp.bench.rounds.reuse import KeptModels, attached, restorable, workload_key
 from ddp.launcher import Rank, on_rank
 
 BASE = dict(model="tiny", batch_size=2, seq_len=32, bucket_size_mb=1.0)
@@ -89,11 +89,14 @@ def built_both_ways(rank: Rank, previous: StepConfig, config: StepConfig) -> dic
     return result
 
 
-@pytest.mark.parametrize("previous, strategy", [("torch", "bucketed"), ("bucketed", "torch"), ("overlap", "naive"),
-                                                ("flat", "local")])
-def test_a_reused_model_trains_as_a_fresh_build(rank_group, previous, strategy):
-    config = StepConfig.of(strategy, BASE)
-    before = StepConfig.of(previous, BASE)
+@pytest.mark.parametrize("previous, strategy, precision", [
+    ("torch", "bucketed", "fp32"), ("bucketed", "torch", "fp32"), ("overlap", "naive", "fp32"), ("flat", "local", "fp32"),
+    # local_mixed takes the parameters out of the module for its masters: close() must put them back
+    ("local_mixed", "bucketed", "bf16"),
+])
+def test_a_reused_model_trains_as_a_fresh_build(rank_group, previous, strategy, precision):
+    config = StepConfig.of(strategy, {**BASE, "precision": precision})
+    before = StepConfig.of(previous, {**BASE, "precision": precision})
     for result in rank_group.run(built_both_ways, before, config):
         assert result["restores"] == 1 and result["builds"] == 1, "the second build must come from the kept model"
         assert result["initial_equal"], "restored weights differ from a fresh build's"
@@ -119,6 +122,20 @@ def test_what_is_not_restorable_is_built_fresh():
     assert not restorable(StepConfig.of("zero", BASE))
     assert not restorable(StepConfig.of("bucketed", {**BASE, "compile": "on"}))
     assert not restorable(StepConfig.of("bucketed", {**BASE, "activation_checkpointing": "blocks"}))
+
+
+def test_a_model_missing_a_parameter_is_not_kept():
+    config = StepConfig.of("bucketed", BASE)
+    kept = KeptModels(enabled=True)
+    torch.manual_seed(config.seed)
+    whole = kept.workload(config, torch.device("cpu"))
+    kept.give_back(config, whole)
+    assert kept.spares[workload_key(config)] == [whole]
+    emptied = kept.workload(config, torch.device("cpu"))
+    assert emptied is whole and kept.restores == 1
+    del emptied.module.ln_final._parameters["weight"]  # a strategy that took a parameter out and left it out
+    kept.give_back(config, emptied)
+    assert kept.spares[workload_key(config)] == [], "a module without its parameters was kept for the next build"
 
 
 def test_a_model_with_a_hook_left_on_it_is_not_kept():

@@ -85,6 +85,15 @@ class LocalMixedPrecision(LocalTraining):
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         return {name: param.detach() for name, param in self._trained.items()}
 
+    def close(self) -> None:
+        """Put the masters back as the module's parameters, the copies gone: the module as built."""
+        super().close()
+        for master, places in self._slots:
+            for child, attribute in places:
+                delattr(child, attribute)
+                child._parameters[attribute] = master
+        self._slots = []
+
 
 def mixed_precision_copies(plan: MemoryPlan) -> StepBuffers:
     """The masters' copy in the compute dtype, held from one forward to the next; none without one."""

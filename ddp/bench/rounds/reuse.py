@@ -134,7 +134,10 @@ class KeptModels:
         key = workload_key(config)
         if workload is None or not (self.enabled and restorable(config) and key in self.copies):
             return
-        if attached(workload.module) is None:
+        copy = self.copies[key].tensors
+        state = _state(workload.module)
+        whole = state.keys() == copy.keys() and all(state[name].shape == copy[name].shape for name in copy)
+        if whole and attached(workload.module) is None:  # a strategy that took a parameter out did not put it back
             self.spares.setdefault(key, []).append(workload)
 
     def keep_only(self, configs: list[StepConfig]) -> None:
