@@ -12,11 +12,11 @@ module level so that they load by import path, like a user's class:
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ddp.strategies.declarations import declarations, declare
 from ddp.strategies.fsdp import FullyShardedDP, Unit
 from ddp.strategies.sharded_optimizer import ShardedOptimizer
+from ddp.strategies.tracing import ReduceScatter
 
 
 class StepsShardTwice(ShardedOptimizer):
@@ -53,9 +53,7 @@ class SumsShardedGradients(FullyShardedDP):
         gradient = unit.full.grad.to(torch.float32)
         unit.full.grad = None
         unit.full.untyped_storage().resize_(0)
-        piece = torch.empty_like(unit.shard)
-        work = dist.reduce_scatter_tensor(piece, gradient, group=self.process_group, async_op=True)
-        unit.pending.append((work, piece))
+        unit.pending.append(ReduceScatter(gradient, self.process_group))
 
 
 declare(SumsShardedGradients, **declarations(FullyShardedDP))

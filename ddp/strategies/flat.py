@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ddp.strategies.base import DataParallel
 from ddp.strategies.declarations import REPLICATED, MemoryPlan, StepBuffers, Transfer, declare
-from ddp.strategies.tracing import launch_all_reduce, ready_stamp
+from ddp.strategies.tracing import free_sent, launch_all_reduce, ready_stamp
 
 
 class FlatDDP(DataParallel):
@@ -56,6 +56,7 @@ class FlatDDP(DataParallel):
                     else:
                         param.grad.copy_(averaged)
                 offset += numel
+            free_sent(flat)
 
 
 def one_flattened_copy(plan: MemoryPlan) -> StepBuffers:

@@ -11,7 +11,7 @@ For compute, a forward pre-hook all-gathers the unit's shards into its flat buff
 the module's parameter names at views of it; a forward post-hook frees the buffer's storage (the
 views autograd saved stay, their memory does not), and a hook on the unit's output gathers it
 again when backward reaches the unit. When autograd has accumulated the unit's whole flat
-gradient, it is reduce-scattered (asynchronously, gloo in torch 2.13 has ``reduce_scatter_tensor``)
+gradient, it is reduce-scattered (asynchronously; ``ReduceScatter``, gloo's the way gloo does it)
 in fp32, each rank keeping the average of its slice; ``finish_gradient_synchronization`` waits for
 those and adds them to the shards' gradients. Memory per rank: 16/N bytes a parameter, plus the
 largest gathered unit and its gradient.
@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ddp.strategies.base import Strategy, broadcast_from_rank0, require_process_group
 from ddp.strategies.declarations import MemoryPlan, Sharding, StepBuffers, declare, gathered_unit_buffers
+from ddp.strategies.tracing import ReduceScatter
 
 
 @dataclass
@@ -53,8 +54,8 @@ class Unit:
     """The gathered flat parameters (compute dtype, requires grad); its storage is freed between uses."""
     full_bytes: int
     gathered: bool = False
-    pending: list[tuple[dist.Work, torch.Tensor]] = field(default_factory=list)
-    """Reduce-scatters launched by backward, and the slice each one fills."""
+    pending: list[ReduceScatter] = field(default_factory=list)
+    """The reduce-scatters backward launched, not yet waited."""
 
 
 def plan_units(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -224,9 +225,10 @@ class FullyShardedDP(Strategy):
         gradient = unit.full.grad.to(torch.float32).div_(self.world_size)
         unit.full.grad = None
         unit.full.untyped_storage().resize_(0)
-        piece = torch.empty_like(unit.shard)
-        work = dist.reduce_scatter_tensor(piece, gradient, group=self.process_group, async_op=True)
-        unit.pending.append((work, piece))
+        for earlier in self.units:  # on gloo, buffers whose collective is done are freed now
+            for scatter in earlier.pending:
+                scatter.collect_if_done()
+        unit.pending.append(ReduceScatter(gradient, self.process_group))
 
     def forward(self, *args, **kwargs):
         return forward_in(self.compute_dtype, self.module, *args, **kwargs)
@@ -239,8 +241,8 @@ class FullyShardedDP(Strategy):
 
     def finish_gradient_synchronization(self) -> None:
         for unit in self.units:
-            for work, piece in unit.pending:
-                work.wait()
+            for scatter in unit.pending:
+                piece = scatter.wait()
                 if unit.shard.grad is None:
                     unit.shard.grad = piece
                 else:

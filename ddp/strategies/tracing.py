@@ -81,6 +81,55 @@ def launch_all_reduce(
     return work
 
 
+def free_sent(tensor: torch.Tensor) -> None:
+    """Free ``tensor``, the input of a collective already waited, now, whoever else still refers
+    to it. gloo: ``wait()`` returns when the work is complete, but the worker thread that ran it
+    lets it (and its tensors) go a moment later, so the buffer's lifetime, and a step's memory
+    peak, would otherwise depend on which thread runs first. NCCL: ``wait()`` orders the current
+    stream after the collective and the caching allocator reuses a freed block in stream order
+    (or after the events ``record_stream`` put on it), so freeing here is safe there too."""
+    tensor.untyped_storage().resize_(0)
+
+
+class ReduceScatter:
+    """The sum of ``tensor`` over the group's ranks, reduce-scattered: ``wait()`` returns this
+    rank's chunk (``tensor``'s length over the world size). ``tensor`` is the collective's to use:
+    it is freed, at the latest, when ``wait()`` returns."""
+
+    def __init__(self, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+        self._rank, self._world_size = dist.get_rank(group), dist.get_world_size(group)
+        if dist.get_backend(group) == "gloo":
+            # gloo's reduce_scatter_tensor is an all-reduce of a clone of its input on gloo's worker
+            # thread, this rank's chunk copied out on wait (ProcessGroupGloo::
+            # reduce_scatter_tensor_coalesced). Done here on ``tensor`` itself, one copy fewer, and
+            # freed when the chunk is out (``free_sent``): gloo's clone was out of reach, so whether
+            # the optimizer step still held it was a race (MemTracker saw the root's gradient there
+            # once, fsdp on tiny in bf16).
+            self._sent: torch.Tensor | None = tensor
+            self._piece: torch.Tensor | None = None
+            self._work = dist.all_reduce(tensor, group=group, async_op=True)
+        else:
+            # NCCL: one reduce-scatter kernel (half an all-reduce's traffic) into the piece; the
+            # work keeps ``tensor`` until the kernel is done (record_stream or its stash), not us.
+            self._sent = None
+            self._piece = tensor.new_empty(tensor.numel() // self._world_size)
+            self._work = dist.reduce_scatter_tensor(self._piece, tensor, group=group, async_op=True)
+
+    def collect_if_done(self) -> None:
+        """On gloo, take this rank's chunk and free ``tensor`` now if the collective is done, as
+        gloo's worker would have freed its clone: the owner calls it when it launches the next."""
+        if self._sent is not None and self._work.is_completed():
+            self.wait()
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        if self._sent is not None:
+            self._piece = self._sent.chunk(self._world_size)[self._rank].clone()
+            free_sent(self._sent)
+            self._sent = None
+        return self._piece
+
+
 def ready_stamp(recorder: CollectiveRecorder | None) -> float | None:
     """``time.perf_counter()`` when a recorder is attached, else None (nothing read untraced)."""
     return None if recorder is None else time.perf_counter()
