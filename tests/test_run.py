@@ -73,7 +73,10 @@ def test_step_extra_info_matches_perf_tests(torchrun_json) -> None:
         assert extra["world_size"] == 2 and extra["backend"] == "gloo" and extra["config"]["model"] == "tiny"
         assert len(extra["rank_step_seconds"]) == 2
         assert extra["round_groups"] == [0] * len(extra["round_seconds"])  # the torchrun job is one group of ranks
-        assert 0 <= extra["exposed_comm_seconds"] <= bench["stats"]["max"] and extra["bound_by"] in BOUND_BY
+        # Exposed communication is the traced steps' and within their window; the timed rounds are
+        # other steps (a traced one may be the longer: CI saw 11.4 ms exposed beside a 9.6 ms round).
+        assert 0 <= extra["exposed_comm_seconds"] <= extra["collectives"]["window_seconds"]
+        assert extra["bound_by"] in BOUND_BY
         assert bench["group"] == "step: model tiny, batch 2, seq len 16"
     buckets = {b["extra_info"]["config"]["bucket_size_mb"]: b["extra_info"]["num_buckets"] for b in steps[1:]}
     assert buckets[1.0] == 1 and buckets[0.1] > 1, f"tiny has 1 MB of gradients; got bucket counts {buckets}"
