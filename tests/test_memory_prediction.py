@@ -23,8 +23,8 @@ are compared with the one that matches.
 
 Known blind spot, and why ``fsdp`` passes with room: the tracker does not see ``fsdp``'s gathered
 root (its storage is grown with ``UntypedStorage.resize_`` through a handle other than the one it
-registered), so where the peak falls at backward's start the prediction is above it by the
-root's size (6% on tiny, 8% on mini in bf16).
+registered), so where the peak falls at backward's start (tiny in bf16) the prediction is above it
+by the root's size (5%).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def check_compute_dtype(compute_dtype: object) -> torch.dtype | None:
     return dtype
 
 
-ROOT_COPIES_AT_BACKWARD_END = 4  # see FullyShardedDP.step_buffers
+ROOT_COPIES_AT_BACKWARD_END = 3  # see FullyShardedDP.step_buffers
 
 
 def forward_in(compute_dtype: torch.dtype | None, module: nn.Module, *args, **kwargs):
@@ -194,10 +194,13 @@ class FullyShardedDP(Strategy):
             return
         self._all_gather_into_full(unit)
         unit.gathered = True
-        offset = 0
-        for numel, shape, param_slots in zip(unit.numels, unit.shapes, unit.slots):
-            view = unit.full[offset : offset + numel].view(shape)  # differentiable: gradients reach unit.full
-            offset += numel
+        # One differentiable split, the padding its last piece: in backward its gradient is one
+        # concatenation into a unit-sized tensor. A slice per parameter would make each
+        # parameter's gradient a unit-sized tensor of its own (slice_backward), summed: a unit of
+        # 1,000 tensors paid 1,000 of them (docs/results.md).
+        pieces = torch.split(unit.full, [*unit.numels, unit.full.numel() - sum(unit.numels)])
+        for piece, shape, param_slots in zip(pieces, unit.shapes, unit.slots):
+            view = piece.view(shape)
             for child, attribute in param_slots:
                 setattr(child, attribute, view)
 
@@ -274,15 +277,15 @@ class FullyShardedDP(Strategy):
 
 def units_and_root_copies(plan: MemoryPlan) -> StepBuffers:
     """``fully_shard``'s (``gathered_unit_buffers``), and at backward's end the root's: its gathered
-    parameters, and its whole gradient built from one root-sized gradient per view of ``unit.full``
-    (``slice_backward``), summed: MemTracker saw 3.9 roots of temporaries there on mini (its 19.5
-    MiB root: embedding and lm_head), so 4 roots in all."""
+    parameters, its parameters' gradients and their concatenation into the unit's gradient (the
+    split's backward), 3 roots; in a compute dtype, then the gathered root, that gradient and its
+    fp32 copy to be reduced (``_reduce_scatter``). The root's own piece of the reduce-scatter does
+    not exist yet then: it is taken off the gradients the prediction counts for every unit."""
     buffers = gathered_unit_buffers(plan, prefetches_next_unit=False)
     root = plan.unit_bytes[-1] if plan.unit_bytes else 0
-    # In a compute dtype the copies are in it, and then, the gathered root and its gradient still
-    # held, the gradient is copied to fp32 to be reduced (``_reduce_scatter``).
     gathered, copied = plan.gathered(root), root if plan.computes_in_another_dtype else 0
-    return buffers._replace(synchronization_bytes=max(ROOT_COPIES_AT_BACKWARD_END * gathered, 2 * gathered + copied))
+    at_root = max(ROOT_COPIES_AT_BACKWARD_END * gathered, 2 * gathered + copied) - root // plan.world_size
+    return buffers._replace(synchronization_bytes=at_root)
 
 
 # What the memory prediction and the cost model read of it (ddp.strategies.declarations).
