@@ -10,6 +10,7 @@ from ddp.bench.config.options import RoundOptions
 from ddp.bench.config.step_config import StepConfig
 from ddp.bench.rounds.grid_measurer import IN_GROUP, GridMeasurer
 from ddp.bench.rounds.ledger import BUILDS, PARTS, ROUNDS, Ledger, SavedRun, estimated_length, minutes_text, take, time_left
+from ddp.bench.rounds.rank_state import prepare, release
 from ddp.launcher import RankGroup
 from ddp.strategies.registry import steps_to_settle
 
@@ -39,9 +40,12 @@ def second_group(rank_group):
 def test_each_record_counts_what_its_configuration_cost_over_both_groups(rank_group, second_group):
     """Two timing groups, the default layout on CPU (each strategy with its local twin, traced
     where it was timed): every configuration built once a group (the second strategy of the
-    workload from a kept copy), warmed up as its strategy needs, counted once, traced once."""
+    workload from a kept copy), warmed up as its strategy needs, counted once, traced once; what
+    other callers did on the same ranks before (a build of the same configuration) is not its."""
     base = dict(model="tiny", batch_size=2, seq_len=16, bucket_size_mb=1.0)
     configs = [StepConfig.of(name, base) for name in ("bucketed", "torch")]
+    rank_group.run(prepare, [configs[0]], 1)  # as tests/test_release.py does before this test, in reverse order
+    rank_group.run(release)
     policy = RoundOptions.fixed(4, 1, traced_steps=2)
     measurer = GridMeasurer(rank_group, configs, policy, "local", tracer=IN_GROUP, more_groups=[second_group])
     for config in configs:

@@ -100,12 +100,16 @@ class GridMeasurer:
         """Why a configuration ran without its ``local`` twin where the grid pairs them (the record's
         ``unpaired_reason``)."""
 
-    def _take_ledgers(self) -> None:
+    def _take_ledgers(self, keep: bool = True) -> None:
         """Add what every started group of ranks spent since the last call to ``ledger``: the
-        first rank's figures (the ranks of a group run the same steps in step)."""
+        first rank's figures (the ranks of a group run the same steps in step). ``keep=False``:
+        empty them instead, before this grid's work, of what others did on the same ranks (a
+        test's or the harness check's builds of the same configurations), which is not its cost."""
         for ranks in [*self.rank_groups, self.tracer]:
             if ranks is not None and ranks is not IN_GROUP and getattr(ranks, "usable", True):
-                self.ledger.merge(ranks.run(take_ledger)[0])
+                taken = ranks.run(take_ledger)[0]
+                if keep:
+                    self.ledger.merge(taken)
 
     def record_counts(self, config: StepConfig) -> dict[str, int]:
         """The builds, warm-up steps, memory counts and traced steps ``config`` took, over every
@@ -146,6 +150,7 @@ class GridMeasurer:
         reuse = bool(copies) and self._fit(held, self.ranks.world_size, copies).together
         together = reuse or self._fit(held, self.ranks.world_size).together
         self._reusing = reuse
+        self._take_ledgers(keep=False)
         try:
             for ranks in self.rank_groups:
                 ranks.run(set_model_reuse, reuse)
@@ -272,6 +277,7 @@ class GridMeasurer:
                 if not in_group and ranks is not self.ranks and \
                         not self._fit([*held, config], len(measurement.setups[0]), copies).together:
                     self._free()
+                self._take_ledgers(keep=False)
                 try:
                     traced_steps = trace(ranks, [config], self.policy, keep_built=in_group)
                 except RankKilled as error:  # as out of memory under the profiler: the timing stands
