@@ -8,10 +8,10 @@ one ``nn.Parameter`` of that unit the optimizer sees (so optimizer state is shar
 
 For compute, a forward pre-hook all-gathers the unit's shards into its flat buffer (in
 ``compute_dtype`` if one is given: fp32 master shards, bf16 weights for the matmuls) and points
-the module's parameter names at views of it; a forward post-hook frees the buffer's storage (the
-views autograd saved stay, their memory does not), and a hook on the unit's output gathers it
-again when backward reaches the unit. When autograd has accumulated the unit's whole flat
-gradient, it is reduce-scattered (asynchronously; ``ReduceScatter``, gloo's the way gloo does it)
+the module's parameter names at the pieces of one split of it; a forward post-hook frees the
+buffer's storage (the views autograd saved stay, their memory does not), and a hook on the unit's
+output gathers it again when backward reaches the unit. When autograd has accumulated the unit's whole flat
+gradient, it is reduce-scattered (asynchronously, ``ReduceScatter``: on gloo as gloo's own is done)
 in fp32, each rank keeping the average of its slice; ``finish_gradient_synchronization`` waits for
 those and adds them to the shards' gradients. Memory per rank: 16/N bytes a parameter, plus the
 largest gathered unit and its gradient.

@@ -10,7 +10,8 @@ later than its data was ready (buckets go out in order; ``naive`` waits for back
 when it was ready; otherwise ready is the launch. Without a recorder it costs one comparison with None.
 
 ``USED_MASK_LABEL`` names the one collective that carries no gradient: the used-parameter mask of
-``naive`` and ``overlap`` (``Strategy._all_reduce_used_mask``).
+``naive`` and ``overlap`` (``Strategy._all_reduce_used_mask``). ``ReduceScatter`` is ``fsdp``'s
+reduce-scatter, and ``free_sent`` frees a buffer a collective sent once it is waited.
 """
 
 from __future__ import annotations
