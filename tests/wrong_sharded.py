@@ -16,7 +16,6 @@ import torch
 from ddp.strategies.declarations import declarations, declare
 from ddp.strategies.fsdp import FullyShardedDP, Unit
 from ddp.strategies.sharded_optimizer import ShardedOptimizer
-from ddp.strategies.tracing import ReduceScatter
 
 
 class StepsShardTwice(ShardedOptimizer):
@@ -53,7 +52,7 @@ class SumsShardedGradients(FullyShardedDP):
         gradient = unit.full.grad.to(torch.float32)
         unit.full.grad = None
         unit.full.untyped_storage().resize_(0)
-        unit.pending.append(ReduceScatter(gradient, self.process_group))
+        self._send(unit, gradient)
 
 
 declare(SumsShardedGradients, **declarations(FullyShardedDP))

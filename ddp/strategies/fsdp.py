@@ -228,6 +228,10 @@ class FullyShardedDP(Strategy):
         gradient = unit.full.grad.to(torch.float32).div_(self.world_size)
         unit.full.grad = None
         unit.full.untyped_storage().resize_(0)
+        self._send(unit, gradient)
+
+    def _send(self, unit: Unit, gradient: torch.Tensor) -> None:
+        """Launch the reduce-scatter of ``unit``'s flat fp32 ``gradient`` (no longer the caller's)."""
         for earlier in self.units:  # on gloo, buffers whose collective is done are freed now
             for scatter in earlier.pending:
                 scatter.collect_if_done()
